@@ -1,0 +1,55 @@
+"""Errors a user can cause and fix.
+
+Every error raised for bad input (a recipe typo, a missing file, an unknown name, a damaged
+checkpoint) is a :class:`RollError`. The CLI prints its one-paragraph message and exits with
+``exit_code``; it shows a traceback only under ``--debug``. Anything else that escapes is a bug.
+"""
+
+from __future__ import annotations
+
+
+class RollError(Exception):
+    """An error caused by input the user can fix. ``str(err)`` is the whole message."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(message if hint is None else f"{message}\n{hint}")
+
+
+class ConfigError(RollError):
+    """A recipe or override that does not validate (exit code 2, like any usage error)."""
+
+    exit_code = 2
+
+
+class UsageError(RollError):
+    """A command-line mistake: a missing file, an unknown run id or name (exit code 2)."""
+
+    exit_code = 2
+
+
+class DataError(RollError):
+    """A dataset that cannot be read or does not have the columns the recipe names."""
+
+    exit_code = 2
+
+
+class ModelError(RollError):
+    """A model or tokenizer that cannot be found or loaded."""
+
+    exit_code = 2
+
+
+class CheckpointError(RollError):
+    """No usable checkpoint, or one that cannot be written."""
+
+    exit_code = 1
+
+
+class RunDirError(RollError):
+    """A run directory that cannot be created or written."""
+
+    exit_code = 1
