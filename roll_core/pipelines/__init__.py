@@ -1,0 +1,85 @@
+"""Pipelines and the two entry points the CLI calls: `launch` (a new run) and `resume`.
+
+Both wrap the pipeline's driver loop so the run's status is always right: `finished`,
+`interrupted` (Ctrl-C / SIGTERM, resumable) or `failed` (with the error kept in meta.json).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from roll_core.config.loader import apply_overrides, dump_config, read_yaml, schema_for, validate
+from roll_core.pipelines import sft
+from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
+from roll_core.runs import Run
+
+RUNNERS: dict[str, Callable[[Any, DriverLoop], dict[str, float]]] = {"sft": sft.run}
+PLANS: dict[str, Callable[[Any], list[RolePlan]]] = {"sft": sft.plan}
+
+
+@dataclass
+class RunResult:
+    run: Run
+    metrics: dict[str, float]
+
+
+def plan(cfg: Any) -> list[RolePlan]:
+    """The resource plan of a validated recipe (loads no model)."""
+    return PLANS[cfg.pipeline](cfg)
+
+
+def _execute(cfg: Any, run: Run, *, resume: bool) -> RunResult:
+    loop = DriverLoop(cfg, run, resume=resume)
+    try:
+        metrics = RUNNERS[cfg.pipeline](cfg, loop)
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt:
+        loop.close("interrupted")
+        raise RunInterrupted(
+            f"run {run.id} interrupted; it resumes from its last checkpoint.",
+            hint=f"Continue it with: roll resume {run.id} --runs-dir {run.dir.parent}",
+        ) from None
+    except BaseException as err:
+        loop.close("failed")
+        run.update_meta(error=f"{type(err).__name__}: {err}"[:2000])
+        raise
+    return RunResult(run=run, metrics=metrics)
+
+
+def launch(cfg: Any, *, recipe: str | None, run_id: str | None = None) -> RunResult:
+    """Create a run directory for `cfg` and run its pipeline."""
+    run = Run.create(
+        cfg.runs_dir,
+        config_yaml=dump_config(cfg),
+        name=cfg.name,
+        pipeline=cfg.pipeline,
+        command=sys.argv,
+        recipe=recipe,
+        run_id=run_id,
+    )
+    return _execute(cfg, run, resume=False)
+
+
+def load_run_config(run: Run, overrides: list[str]) -> Any:
+    """The run's resolved config.yaml with `overrides` applied, validated again."""
+    data = apply_overrides(read_yaml(run.config_path), overrides)
+    schema = schema_for(data, source=str(run.config_path))
+    cfg = validate(schema, data, source=str(run.config_path))
+    if overrides:
+        Path(run.config_path).write_text(dump_config(cfg))
+    return cfg
+
+
+def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = None) -> RunResult:
+    """Continue run `run_id` in its own directory from its newest intact checkpoint."""
+    run = Run.open(runs_dir, run_id)
+    cfg = load_run_config(run, list(overrides or []))
+    return _execute(cfg, run, resume=True)
+
+
+__all__ = ["PLANS", "RUNNERS", "RolePlan", "RunInterrupted", "RunResult", "launch", "plan", "resume"]

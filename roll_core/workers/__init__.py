@@ -1,0 +1,1 @@
+"""Role logic (ActorTrain, ...): no Ray here."""

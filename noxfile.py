@@ -1,0 +1,49 @@
+"""Sessions: `nox -s tests` (the default suite), `nox -s demo` (tiny SFT demo), `nox -s lint`.
+
+Each session installs roll into its own virtualenv. torch is pinned by constraints-cpu.txt
+so pip never swaps the CPU build for a multi-GB CUDA build on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+PYTHON = "3.11"
+
+
+def install(session: nox.Session, extras: str = "dev") -> None:
+    session.install("-q", "-c", "constraints-cpu.txt", "torch==2.13.0")
+    session.install("-q", "-c", "constraints-cpu.txt", "-e", f".[{extras}]")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The default test suite: unit tests and end-to-end CLI runs on tiny models (CPU)."""
+    install(session)
+    session.run("pytest", "-q", *session.posargs, env={"OMP_NUM_THREADS": "2"})
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """Install roll and fine-tune the built-in tiny model on arithmetic (about 5 minutes on 2 cores)."""
+    install(session)
+    session.run("roll", "sft", "recipes/tiny-arith-sft.yaml", *session.posargs)
+    session.run("roll", "runs", "--limit", "3")
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) and mypy."""
+    install(session)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy", "roll_core", "roll_cli")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """SFT throughput of `roll sft` against a hand-written PyTorch loop (prints the ratio)."""
+    install(session)
+    session.run("python", "benchmarks/sft_throughput.py", *session.posargs)

@@ -1,0 +1,283 @@
+"""The `roll` command. Each command parses its arguments, loads the recipe, calls one
+roll_core entry point and turns known errors into a message and an exit code."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from roll_core import __version__
+
+app = typer.Typer(
+    name="roll",
+    help="RL post-training of LLMs: strict recipes, exact resume, local debug, Ray scale-out.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+data_app = typer.Typer(help="Make the small datasets the tiny recipes use.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+out = Console()
+err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+Recipe = Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(help="Overrides: key.path=value (e.g. trainer.max_steps=10).", show_default=False),
+]
+DryRun = Annotated[
+    bool, typer.Option("--dry-run", help="Validate, print the resolved config and the resource plan, exit.")
+]
+Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
+RunsDir = Annotated[
+    Path,
+    typer.Option("--runs-dir", help="Directory holding run directories.", envvar="ROLL_RUNS_DIR"),
+]
+
+
+def handle_errors(fn: F) -> F:
+    """Turn RollError into `error: ...` + exit code; anything else into a short bug report."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from roll_core.errors import RollError
+
+        debug = bool(kwargs.get("debug")) or os.environ.get("ROLL_DEBUG") == "1"
+        try:
+            return fn(*args, **kwargs)
+        except RollError as e:
+            if debug:
+                traceback.print_exc()
+            err.print(f"[bold red]error:[/bold red] {e.message}", highlight=False, soft_wrap=True)
+            if e.hint:
+                err.print(e.hint, highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted[/yellow]")
+            raise typer.Exit(130) from None
+        except Exception as e:  # a bug, not bad input
+            if debug:
+                traceback.print_exc()
+            err.print(
+                f"[bold red]internal error:[/bold red] {type(e).__name__}: {e}\n"
+                "This is a bug in roll; rerun with --debug for the traceback and report it.",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _print_plan(cfg: Any) -> None:
+    from rich.syntax import Syntax
+    from rich.table import Table
+
+    from roll_core.config import dump_config
+    from roll_core.models import model_summary
+    from roll_core.pipelines import plan
+
+    out.print(Syntax(dump_config(cfg), "yaml", theme="ansi_dark", background_color="default"))
+    table = Table(title="resource plan", title_justify="left")
+    for col in ("role", "worker", "backend", "world_size", "device", "executor", "detail"):
+        table.add_column(col)
+    for row in plan(cfg):
+        table.add_row(
+            row.role, row.worker, row.backend, str(row.world_size), row.device, row.executor, row.detail
+        )
+    out.print(table)
+    summary = model_summary(cfg.model.path)
+    out.print("model: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
+    out.print("[green]recipe is valid[/green] (dry run: no model loaded, nothing written)")
+
+
+def _run_training(pipeline: str, recipe: Path, overrides: list[str] | None, dry_run: bool,
+                  run_id: str | None) -> None:
+    from roll_core.config import load_recipe
+    from roll_core.pipelines import launch
+
+    cfg = load_recipe(recipe, overrides or [], expected=pipeline)
+    if dry_run:
+        _print_plan(cfg)
+        return
+    result = launch(cfg, recipe=str(recipe), run_id=run_id)
+    _report(result)
+
+
+def _report(result: Any) -> None:
+    shown = {k: v for k, v in result.metrics.items() if k.startswith(("eval/", "train/loss"))}
+    out.print(
+        f"[green]run {result.run.id} finished[/green]: "
+        + "  ".join(f"{k} {v:.4g}" for k, v in shown.items() if isinstance(v, float))
+    )
+    out.print(f"run directory: {result.run.dir}")
+
+
+@app.command()
+@handle_errors
+def sft(
+    recipe: Recipe,
+    overrides: Overrides = None,
+    dry_run: DryRun = False,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Name the run (default: generated).")] = None,
+    debug: Debug = False,
+) -> None:
+    """Supervised fine-tuning (loss on response tokens) from a recipe."""
+    _run_training("sft", recipe, overrides, dry_run, run_id)
+
+
+@app.command()
+@handle_errors
+def validate(recipe: Recipe, overrides: Overrides = None, debug: Debug = False) -> None:
+    """Validate any recipe and print its resolved config and resource plan."""
+    from roll_core.config import load_recipe
+
+    _print_plan(load_recipe(recipe, overrides or []))
+
+
+@app.command()
+@handle_errors
+def resume(
+    run_id: Annotated[str, typer.Argument(help="Run id (see `roll runs`).", show_default=False)],
+    overrides: Overrides = None,
+    runs_dir: RunsDir = Path("runs"),
+    debug: Debug = False,
+) -> None:
+    """Continue a run in its own directory from its newest intact checkpoint."""
+    from roll_core.pipelines import resume as resume_run
+
+    _report(resume_run(run_id, runs_dir=runs_dir, overrides=overrides or []))
+
+
+@app.command()
+@handle_errors
+def runs(
+    runs_dir: RunsDir = Path("runs"),
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Show at most N runs.")] = 20,
+    debug: Debug = False,
+) -> None:
+    """List runs: id, recipe, status, step, key metric, age."""
+    import time
+
+    from rich.table import Table
+
+    from roll_core.runs import list_runs
+
+    table = Table(title=f"runs in {runs_dir}", title_justify="left")
+    for col in ("id", "pipeline", "recipe", "status", "step", "key metric", "age"):
+        table.add_column(col)
+    for run in list_runs(runs_dir)[:limit]:
+        meta = run.meta()
+        metrics = meta.get("metrics") or {}
+        key = next(
+            (f"{k} {metrics[k]:.4g}" for k in ("eval/exact_match", "eval/loss", "train/loss") if k in metrics),
+            "",
+        )
+        step = f"{meta.get('step', 0)}/{_max_steps(run)}"
+        table.add_row(
+            run.id, meta.get("pipeline", "?"), str(meta.get("recipe") or ""), meta.get("status", "?"),
+            step, key, _age(time.time() - meta.get("created", time.time())),
+        )
+    if table.row_count == 0:
+        out.print(f"no runs in {runs_dir}")
+    else:
+        out.print(table)
+
+
+def _max_steps(run: Any) -> str:
+    import yaml
+
+    try:
+        return str(yaml.safe_load(run.config_path.read_text())["trainer"]["max_steps"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return "?"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+@app.command()
+@handle_errors
+def models(debug: Debug = False) -> None:
+    """List the built-in tiny models (use them as `model.path: builtin:NAME`)."""
+    from rich.table import Table
+
+    from roll_core.models import BUILTIN_MODELS, model_summary
+
+    table = Table(title="built-in models", title_justify="left")
+    for col in ("name", "params", "layers", "hidden", "description"):
+        table.add_column(col)
+    for name, spec in BUILTIN_MODELS.items():
+        s = model_summary(f"builtin:{name}")
+        table.add_row(
+            f"builtin:{name}", f"{s.get('approx_params', 0):,}", str(s.get("num_layers")),
+            str(s.get("hidden_size")), spec.description,
+        )
+    out.print(table)
+
+
+@app.command()
+@handle_errors
+def schema(
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the reference as Markdown.")] = True,
+    debug: Debug = False,
+) -> None:
+    """Print the config reference (docs/config.md) generated from the schema."""
+    from roll_core.config.reference import config_reference
+
+    sys.stdout.write(config_reference() + "\n")
+
+
+@data_app.command("arith")
+@handle_errors
+def data_arith(
+    out_dir: Annotated[Path, typer.Argument(help="Directory for train.jsonl and test.jsonl.")],
+    n_train: Annotated[int, typer.Option(help="Training rows.")] = 20000,
+    n_test: Annotated[int, typer.Option(help="Held-out rows (disjoint from train).")] = 500,
+    seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
+    debug: Debug = False,
+) -> None:
+    """Write the arithmetic dataset the tiny recipes use (deterministic for a seed)."""
+    from roll_core.data.arith import write_arith_dataset
+
+    write_arith_dataset(out_dir, n_train=n_train, n_test=n_test, seed=seed)
+    out.print(f"wrote {out_dir}/train.jsonl ({n_train} rows) and {out_dir}/test.jsonl ({n_test} rows)")
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"roll {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """RL post-training of LLMs from one CLI."""
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

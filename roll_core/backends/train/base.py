@@ -1,0 +1,41 @@
+"""The TrainBackend interface. `torch` implements it now; FSDP2 and DeepSpeed join later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from roll_core.data import Batch
+
+
+class TrainBackend(Protocol):
+    """Owns a model and its optimizer on one rank."""
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step over `batch`, accumulated in micro-batches.
+
+        `batch.meta["loss_tokens"]` is the number of trained tokens in the whole global batch
+        (all ranks): the loss is the token mean over it, so accumulation and data parallelism
+        give the same update as one big batch.
+        """
+        ...
+
+    def eval_loss(self, batch: Batch) -> dict[str, float]:
+        """Summed token loss and token count on `batch` (no update)."""
+        ...
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuation token ids for each prompt (no prompt tokens, no padding)."""
+        ...
+
+    def save(self, path: Path) -> None:
+        """Write the full training state (model in HF format, optimizer, scheduler, RNG)."""
+        ...
+
+    def load(self, path: Path) -> None:
+        """Restore exactly what `save` wrote."""
+        ...
+
+    def export(self, path: Path) -> None:
+        """Write the model and tokenizer in Hugging Face format."""
+        ...

@@ -1,0 +1,228 @@
+"""The `torch` train backend: one process, CPU or one CUDA device.
+
+AdamW, gradient accumulation over micro-batches, global-norm clipping, warmup + cosine/linear
+LR, bfloat16 autocast on CUDA. Its checkpoint holds everything a bitwise-exact resume needs:
+weights (Hugging Face format), optimizer and scheduler state, and every RNG it touches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from roll_core.backends.train.schedules import lr_multiplier
+from roll_core.config.schema import OptimConfig
+from roll_core.data import Batch
+from roll_core.errors import CheckpointError
+from roll_core.models import load_causal_lm, load_tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        from roll_core.errors import ConfigError
+
+        raise ConfigError(
+            "actor_train.device is cuda but no CUDA device is visible.",
+            hint="Set actor_train.device=cpu (or auto) on this machine.",
+        )
+    return torch.device(device)
+
+
+def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy over masked positions.
+
+    logits [B, T, V] predict input_ids[:, 1:]; loss_mask [B, T] marks trained *tokens*, so the
+    target mask is loss_mask[:, 1:].
+    """
+    targets = input_ids[:, 1:]
+    mask = loss_mask[:, 1:].to(torch.float32)
+    per_token = F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
+    )
+    return (per_token.view_as(mask) * mask).sum()
+
+
+class TorchTrainBackend:
+    """TrainBackend for a single process."""
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        tokenizer_path: str | None = None,
+        dtype: str = "float32",
+        device: str = "auto",
+        precision: str = "auto",
+        optim: OptimConfig,
+        total_steps: int,
+        micro_batch_size: int,
+        seed: int = 0,
+        num_threads: int | None = None,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        self.device = resolve_device(device)
+        use_bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
+        self.micro_batch_size = micro_batch_size
+        self.tokenizer = load_tokenizer(tokenizer_path or model_path)
+        self.model = load_causal_lm(model_path, dtype=_DTYPES[dtype], device=self.device)
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optim_cfg = optim
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: lr_multiplier(
+                step,
+                warmup_steps=optim.warmup_steps,
+                total_steps=total_steps,
+                kind=optim.scheduler,
+                min_ratio=optim.min_lr_ratio,
+            ),
+        )
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _loss_sum(self, mb: Batch) -> tuple[torch.Tensor, int]:
+        ids = mb["input_ids"].to(self.device)
+        attn = mb["attention_mask"].to(self.device)
+        with self._autocast():
+            logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        return token_loss_sum(logits, ids, mb["loss_mask"].to(self.device)), int(attn.sum())
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        start = time.perf_counter()
+        self.model.train()
+        loss_tokens = float(batch.meta["loss_tokens"])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, seen_tokens = 0.0, 0
+        for mb in batch.chunk(self.micro_batch_size):
+            summed, n_tokens = self._loss_sum(mb)
+            (summed / loss_tokens).backward()
+            loss_sum += float(summed.detach())
+            seen_tokens += n_tokens
+        max_norm = self.optim_cfg.max_grad_norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.params, max_norm if max_norm is not None else float("inf")
+        )
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        return {
+            "train/loss_sum": loss_sum,
+            "train/grad_norm": float(grad_norm),
+            "train/lr": lr,
+            "perf/tokens": float(seen_tokens),
+            "perf/train_s": time.perf_counter() - start,
+        }
+
+    @torch.no_grad()
+    def eval_loss(self, batch: Batch) -> dict[str, float]:
+        self.model.eval()
+        total = 0.0
+        for mb in batch.chunk(self.micro_batch_size):
+            total += float(self._loss_sum(mb)[0])
+        return {"loss_sum": total, "loss_tokens": float(batch["loss_mask"][:, 1:].sum())}
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
+        self.model.eval()
+        pad = self.tokenizer.pad_token_id
+        eos = self.tokenizer.eos_token_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding, so every row continues at the end
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attn[i, width - len(p) :] = 1
+        with self._autocast():
+            out = self.model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=attn.to(self.device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+        results = []
+        for row in out[:, width:].tolist():
+            results.append(row[: row.index(eos)] if eos in row else row)
+        return results
+
+    # ---- state -----------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        self.export(path / "model")
+        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), path / "scheduler.pt")
+        rng = {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+        torch.save(rng, path / "rng.pt")
+
+    def load(self, path: Path) -> None:
+        try:
+            state = load_file(str(path / "model" / "model.safetensors"), device=str(self.device))
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            tied = {k for k in missing if k.endswith("lm_head.weight")}
+            if set(missing) - tied or unexpected:
+                raise CheckpointError(
+                    f"checkpoint {path} does not match the model: missing "
+                    f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}."
+                )
+            if tied and not getattr(self.model.config, "tie_word_embeddings", False):
+                raise CheckpointError(f"checkpoint {path} has no lm_head.weight.")
+            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+            self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+            rng = torch.load(path / "rng.pt", weights_only=False)
+        except (OSError, RuntimeError, KeyError) as err:
+            raise CheckpointError(f"cannot load checkpoint {path}: {err}") from None
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def export(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+
+    def state_digest(self) -> str:
+        """sha256 of every parameter's bytes, for exactness checks in tests and logs."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name, p in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()

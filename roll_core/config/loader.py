@@ -1,0 +1,165 @@
+"""YAML recipe -> typed config, with `a.b.c=value` overrides and readable errors.
+
+Every error names the file, the key path, what was expected and, for a typo, the closest
+valid key: ``recipe.yaml: trainer.max_step: unknown key; did you mean trainer.max_steps?``
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from roll_core.config.schema import PIPELINES, Strict
+from roll_core.errors import ConfigError, UsageError
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a recipe file into a dict; a missing file or bad YAML is a clear error."""
+    p = Path(path)
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise UsageError(
+            f"recipe file {p} {what}.",
+            hint="Pass the path of a YAML recipe, e.g. `roll sft recipes/tiny-arith-sft.yaml`.",
+        )
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(
+            f"{p}: YAML syntax error{where}: {problem}.",
+            hint="Fix the YAML (indentation, a missing ':' or an unclosed quote are common).",
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read recipe {p}: {err}.") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{p}: a recipe is a mapping of sections (model:, data:, trainer: ...), "
+            f"not a {type(data).__name__}."
+        )
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict, in place."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(
+                f"override {item!r} is not of the form key.path=value.",
+                hint="Example: `trainer.max_steps=100` or `actor_train.optim.lr=1e-4`.",
+            )
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                prefix = ".".join(parts[: depth + 1])
+                raise ConfigError(f"override {item!r}: {prefix} is a value, not a section.")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _model_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The schema class that owns the last element of `loc` (None when not a model)."""
+    model: type[BaseModel] | None = schema
+    for part in loc[:-1]:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        ann = model.model_fields[part].annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        model = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+    return model
+
+
+def _describe(err: dict[str, Any], schema: type[BaseModel]) -> str:
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        owner = _model_at(schema, loc)
+        valid = list(owner.model_fields) if owner else []
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        prefix = ".".join(str(p) for p in loc[:-1])
+        if close:
+            suggestion = f"{prefix}.{close[0]}" if prefix else close[0]
+            return f"{path}: unknown key; did you mean {suggestion}?"
+        return f"{path}: unknown key; valid keys here: {', '.join(valid)}."
+    if kind == "missing":
+        return f"{path}: required key is missing."
+    got = err.get("input")
+    shown = repr(got) if not isinstance(got, dict) else "a mapping"
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return f"{path}: {err['msg'].rstrip('.')} (got {shown})."
+
+
+def validate(schema: type[C], data: dict[str, Any], *, source: str) -> C:
+    """Validate `data` against `schema`; raise a ConfigError listing every problem."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(e, schema) for e in exc.errors()]
+        head = f"{source}: {lines[0]}" if len(lines) == 1 else f"{source}: {len(lines)} problems:"
+        body = "" if len(lines) == 1 else "\n" + "\n".join(f"  - {line}" for line in lines)
+        raise ConfigError(
+            head + body,
+            hint="See docs/config.md for every key, or `roll validate RECIPE` after fixing.",
+        ) from None
+
+
+def schema_for(data: dict[str, Any], *, source: str, expected: str | None = None) -> type[Strict]:
+    """Pick the pipeline schema from the recipe's `pipeline:` key (or the command's)."""
+    name = data.get("pipeline", expected)
+    if name is None:
+        raise ConfigError(
+            f"{source}: the recipe has no `pipeline:` key.",
+            hint=f"Add `pipeline: NAME` with one of: {', '.join(PIPELINES)}.",
+        )
+    if expected is not None and name != expected:
+        raise ConfigError(
+            f"{source}: this recipe is for `{name}`, not `{expected}`.",
+            hint=f"Run it with `roll {name}` (or `roll validate`), or fix `pipeline:`.",
+        )
+    if name not in PIPELINES:
+        close = difflib.get_close_matches(str(name), list(PIPELINES), n=1)
+        extra = f" Did you mean {close[0]}?" if close else ""
+        raise ConfigError(
+            f"{source}: pipeline: unknown pipeline {name!r}.{extra}",
+            hint=f"Valid pipelines: {', '.join(PIPELINES)}.",
+        )
+    return PIPELINES[name]
+
+
+def load_recipe(
+    path: str | Path, overrides: list[str] | None = None, *, expected: str | None = None
+) -> Strict:
+    """Read, override and validate a recipe; `expected` is the pipeline the command runs."""
+    data = apply_overrides(read_yaml(path), list(overrides or []))
+    schema = schema_for(data, source=str(path), expected=expected)
+    data.setdefault("pipeline", expected or data.get("pipeline"))
+    return validate(schema, data, source=str(path))
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """The resolved config as YAML (every default filled in), as written to the run directory."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,234 @@
+"""Typed recipe schema.
+
+A recipe is YAML; it becomes one of these objects at the CLI edge and raw dicts never travel
+deeper. Every model forbids unknown keys (a typo is an error, never silently ignored) and every
+field carries a description: `docs/config.md` is generated from them (`roll schema --markdown`)
+and a test keeps the two in sync.
+
+Components are nested the same way in every pipeline: ``model``, ``data``, ``trainer``,
+``actor_train`` (the role that trains), ``eval``, ``checkpoint``, ``executor``, ``tracking``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    """Base for every recipe section: unknown keys are errors; defaults are validated too."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ModelConfig(Strict):
+    """Which model and tokenizer to start from."""
+
+    path: str = Field(
+        description="`builtin:NAME` (see `roll models`), a local Hugging Face model directory, "
+        "or a Hugging Face hub id such as `Qwen/Qwen3-8B` (downloaded when online)."
+    )
+    tokenizer: str | None = Field(
+        default=None, description="Tokenizer location when it differs from `model.path`."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32",
+        description="Dtype of the trained parameters. Keep float32 with mixed precision "
+        "(`actor_train.precision: bf16`); lower it only to save memory.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in the backward pass to save memory."
+    )
+
+
+class DatasetSource(Strict):
+    """One dataset: a local json/jsonl/parquet/csv file or directory, or a hub dataset name."""
+
+    path: str = Field(description="Local file or directory, or a hub dataset name.")
+    split: str = Field(default="train", description="Split to read.")
+    subset: str | None = Field(default=None, description="Hub dataset configuration name.")
+    max_rows: int | None = Field(
+        default=None, ge=1, description="Read at most this many rows (None: all)."
+    )
+
+
+class SFTDataConfig(Strict):
+    """Supervised data: prompt/response pairs or chat messages; loss on response tokens only."""
+
+    train: DatasetSource = Field(description="Training data.")
+    eval: DatasetSource | None = Field(default=None, description="Held-out data for `eval`.")
+    format: Literal["prompt_response", "messages"] = Field(
+        default="prompt_response",
+        description="`prompt_response`: one user prompt and one answer per row; `messages`: a "
+        "list of {role, content} chat messages (every assistant turn is trained).",
+    )
+    prompt_key: str = Field(default="prompt", description="Column holding the prompt.")
+    response_key: str = Field(default="response", description="Column holding the response.")
+    messages_key: str = Field(default="messages", description="Column holding chat messages.")
+    max_length: int = Field(
+        default=1024,
+        ge=8,
+        description="Longest tokenised example (prompt + response). Longer rows are dropped "
+        "and counted, never silently truncated.",
+    )
+    shuffle: bool = Field(default=True, description="Shuffle every epoch (seeded by `seed`).")
+
+
+class OptimConfig(Strict):
+    """AdamW with warmup and a decaying learning rate."""
+
+    lr: float = Field(default=1e-5, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW betas.")
+    eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
+    max_grad_norm: float | None = Field(
+        default=1.0, gt=0, description="Clip the global gradient norm to this (None: no clip)."
+    )
+    scheduler: Literal["cosine", "linear", "constant"] = Field(
+        default="cosine", description="Decay after warmup."
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps from 0.")
+    min_lr_ratio: float = Field(
+        default=0.0, ge=0, le=1, description="Final learning rate as a fraction of `lr`."
+    )
+
+
+class ActorTrainConfig(Strict):
+    """The role that trains the policy: its backend, devices and optimizer."""
+
+    backend: Literal["torch"] = Field(
+        default="torch",
+        description="Train backend. `torch`: one process, CPU or one CUDA device.",
+    )
+    world_size: int = Field(
+        default=1, ge=1, le=1, description="Data-parallel ranks (the torch backend has one)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="`auto` picks CUDA when available, else CPU."
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="`bf16`: bfloat16 autocast (CUDA); `auto`: bf16 on CUDA, fp32 on CPU.",
+    )
+    num_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch CPU threads in the worker (None: torch's default). Set it to get "
+        "identical numbers across executors.",
+    )
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer.")
+
+
+class TrainerConfig(Strict):
+    """The driver loop: how many steps, how big a batch."""
+
+    max_steps: int = Field(ge=1, description="Optimizer steps to run.")
+    micro_batch_size: int = Field(
+        default=8, ge=1, description="Rows per forward/backward pass on one rank."
+    )
+    grad_accum_steps: int = Field(
+        default=1, ge=1, description="Micro-batches accumulated into one optimizer step."
+    )
+    log_every_steps: int = Field(default=1, ge=1, description="Log metrics every N steps.")
+
+    def global_batch_size(self, world_size: int) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * world_size
+
+
+class EvalConfig(Strict):
+    """Periodic evaluation on `data.eval`."""
+
+    every_steps: int | None = Field(
+        default=None, ge=1, description="Evaluate every N steps and at the end (None: only at the end)."
+    )
+    batch_size: int = Field(default=64, ge=1, description="Rows per evaluation batch.")
+    max_samples: int | None = Field(
+        default=None, ge=1, description="Evaluate on at most this many rows (None: all)."
+    )
+    exact_match: bool = Field(
+        default=False,
+        description="Also generate greedily for each prompt and report `eval/exact_match`: the "
+        "fraction whose stripped output equals the reference answer.",
+    )
+    answer_key: str | None = Field(
+        default=None,
+        description="Column with the reference answer for exact match (None: the response).",
+    )
+    max_new_tokens: int = Field(default=32, ge=1, description="Generation budget for exact match.")
+
+
+class CheckpointConfig(Strict):
+    """When to save, how many to keep, and the final export."""
+
+    every_steps: int | None = Field(
+        default=None, ge=1, description="Save a full checkpoint every N steps (None: only at the end)."
+    )
+    keep_last: int = Field(default=2, ge=1, description="Complete checkpoints kept on disk.")
+    export_final: bool = Field(
+        default=True,
+        description="Write the final model in Hugging Face format to `runs/<id>/final/`.",
+    )
+
+
+class ExecutorConfig(Strict):
+    """Where workers run."""
+
+    type: Literal["local", "ray"] = Field(
+        default="local",
+        description="`local`: every worker in the driver process (no Ray; debugging and single "
+        "device). `ray`: workers are Ray actors.",
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="Ray cluster to join (`auto` or `ray://host:port`). None starts a local one.",
+    )
+    num_cpus: int | None = Field(
+        default=None, ge=1, description="CPUs for a local Ray cluster (None: Ray's choice)."
+    )
+
+
+class TrackingConfig(Strict):
+    """Where metrics go. metrics.jsonl in the run directory is always written."""
+
+    backends: list[str] = Field(
+        default_factory=lambda: ["console", "jsonl", "tensorboard"],
+        description="Any of console, jsonl, tensorboard, swanlab (local mode, no account), "
+        "wandb (when installed).",
+    )
+    project: str = Field(default="roll", description="Project name for SwanLab / W&B.")
+
+
+class SFTConfig(Strict):
+    """`roll sft`: supervised fine-tuning with the loss on response tokens."""
+
+    pipeline: Literal["sft"] = Field(default="sft", description="Which pipeline this recipe is for.")
+    name: str = Field(default="sft", description="Human name of the experiment, shown by `roll runs`.")
+    seed: int = Field(default=0, description="Seed for initialisation, shuffling and sampling.")
+    runs_dir: str = Field(
+        default="runs", description="Parent directory of run directories (`runs/<run-id>/`)."
+    )
+    model: ModelConfig = Field(description="Model to fine-tune.")
+    data: SFTDataConfig = Field(description="Training and evaluation data.")
+    trainer: TrainerConfig = Field(description="Driver loop.")
+    actor_train: ActorTrainConfig = Field(
+        default_factory=ActorTrainConfig, description="The training role."
+    )
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints and export."
+    )
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Executor.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
+
+    @model_validator(mode="after")
+    def _eval_needs_data(self) -> SFTConfig:
+        if self.eval.every_steps is not None and self.data.eval is None:
+            raise ValueError("eval.every_steps is set but data.eval is not: add data.eval.path")
+        if self.eval.exact_match and self.data.eval is None:
+            raise ValueError("eval.exact_match is true but data.eval is not set: add data.eval.path")
+        return self
+
+
+PIPELINES: dict[str, type[Strict]] = {"sft": SFTConfig}
+"""Recipe schema per pipeline name (the recipe's `pipeline:` key)."""

@@ -1,0 +1,181 @@
+"""Built-in tiny models in the Qwen3 architecture, addressed as ``builtin:NAME``.
+
+A built-in model is a registry entry (:data:`BUILTIN_MODELS`) until something needs its files;
+then :func:`materialize_builtin` writes a real Hugging Face model directory (config, generation
+config, safetensors weights, tokenizer with chat template) into the roll cache, once. The weights
+are the random initialisation under ``torch.manual_seed(0)`` in float32, and writing them again
+gives byte-identical files, so a builtin name means the same model on every machine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from roll_core.errors import ModelError
+from roll_core.models.tokenizer import (
+    EOS_TOKEN,
+    PAD_TOKEN,
+    build_tokenizer,
+    padded_vocab_size,
+    save_tokenizer,
+    tokenizer_size,
+)
+
+BUILTIN_PREFIX = "builtin:"
+# Bump when the files a builtin materializes to change (tokenizer, init, config), so old caches
+# are never mistaken for new ones.
+BUILTIN_FORMAT_VERSION = 1
+ARCHITECTURE = "Qwen3ForCausalLM"
+INIT_SEED = 0
+
+# Settings every builtin shares (Qwen3 defaults made explicit).
+_COMMON_CONFIG: Mapping[str, Any] = MappingProxyType(
+    {
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_sliding_window": False,
+        "rope_theta": 10000.0,
+    }
+)
+
+
+@dataclass(frozen=True)
+class BuiltinSpec:
+    """One built-in model: its name, a one-line description and its ``Qwen3Config`` kwargs."""
+
+    name: str
+    description: str
+    config_kwargs: Mapping[str, Any]
+
+    def config_dict(self) -> dict[str, Any]:
+        """All ``Qwen3Config`` kwargs of this model, vocab size and special token ids included."""
+        return {
+            **_COMMON_CONFIG,
+            **self.config_kwargs,
+            "vocab_size": padded_vocab_size(tokenizer_size()),
+        }
+
+
+def _spec(name: str, description: str, **config_kwargs: Any) -> BuiltinSpec:
+    return BuiltinSpec(name, description, MappingProxyType(config_kwargs))
+
+
+BUILTIN_MODELS: dict[str, BuiltinSpec] = {
+    spec.name: spec
+    for spec in (
+        _spec(
+            "tiny-qwen3",
+            "Qwen3, 2 layers, hidden 128 (~0.43M params): the default model of CPU recipes.",
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=384,
+            tie_word_embeddings=True,
+            max_position_embeddings=512,
+        ),
+        _spec(
+            "small-qwen3",
+            "Qwen3, 4 layers, hidden 256 (~3.2M params): a teacher for distillation on CPU.",
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=32,
+            intermediate_size=768,
+            tie_word_embeddings=True,
+            max_position_embeddings=1024,
+        ),
+    )
+}
+
+
+def get_builtin(name: str) -> BuiltinSpec:
+    """The spec of builtin ``name`` (with or without the ``builtin:`` prefix)."""
+    name = name.removeprefix(BUILTIN_PREFIX)
+    if name in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name]
+    valid = ", ".join(sorted(BUILTIN_MODELS))
+    close = difflib.get_close_matches(name, BUILTIN_MODELS, n=1)
+    suggestion = f"Did you mean 'builtin:{close[0]}'? " if close else ""
+    raise ModelError(
+        f"unknown built-in model 'builtin:{name}'. The built-in models are: {valid}.",
+        hint=f"{suggestion}Write the model as builtin:NAME with one of those names, "
+        "or give a local model directory or a Hugging Face hub id instead.",
+    )
+
+
+def default_cache_dir() -> Path:
+    """The roll cache: ``$ROLL_CACHE_DIR`` if set, else ``~/.cache/roll``."""
+    env = os.environ.get("ROLL_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "roll"
+
+
+def builtin_dir(name: str, cache_dir: Path | None = None) -> Path:
+    """Where builtin ``name`` is (or would be) materialized; nothing is written."""
+    spec = get_builtin(name)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / "builtin" / f"{spec.name}-v{BUILTIN_FORMAT_VERSION}"
+
+
+def materialize_builtin(name: str, cache_dir: Path | None = None) -> Path:
+    """Write builtin ``name`` as a Hugging Face model directory (once) and return its path.
+
+    The directory is written into a temporary sibling and renamed into place, so a reader never
+    sees a half-written model; if another process renamed its copy first, that copy is used.
+    """
+    target = builtin_dir(name, cache_dir)
+    if target.is_dir():
+        return target
+    spec = get_builtin(name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _write_model_dir(spec, tmp)
+        os.rename(tmp, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _write_model_dir(spec: BuiltinSpec, directory: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    config_kwargs = spec.config_dict()
+    tokenizer = build_tokenizer(model_max_length=config_kwargs["max_position_embeddings"])
+    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    config = Qwen3Config(**config_kwargs, pad_token_id=pad_id, eos_token_id=eos_id, dtype="float32")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(INIT_SEED)
+        model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
+    model.save_pretrained(directory)
+    save_tokenizer(tokenizer, directory)
+    _add_legacy_rope_theta(directory / "config.json", config_kwargs["rope_theta"])
+
+
+def _add_legacy_rope_theta(config_file: Path, rope_theta: float) -> None:
+    # transformers 5 writes rope_theta only inside rope_parameters; transformers 4 (and engines
+    # built on it) read the top-level key and would otherwise fall back to Qwen3's 1e6.
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config.setdefault("rope_theta", rope_theta)
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    config_file.write_text(text, encoding="utf-8")

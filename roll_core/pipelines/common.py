@@ -1,0 +1,214 @@
+"""What every pipeline's driver loop shares: the step counter that resumes, the eval and
+checkpoint schedule, tracking, run status, and a clean stop on Ctrl-C.
+
+A pipeline calls ``start = loop.begin(save_state=..., load_state=...)``, iterates
+``loop.steps(start, max_steps)``, calls ``loop.end_step(step, metrics)`` once per step and
+``loop.finish(export=...)`` at the end. Step numbers are 1-based: step N is the state after N
+optimizer updates, and checkpoint step-N resumes at step N + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from roll_core.errors import RollError
+from roll_core.runs import CheckpointManager, Run, atomic_write_text
+from roll_core.tracking import build_tracking
+from roll_core.tracking.jsonl import truncate_after
+
+TRAINER_STATE = "trainer_state.json"
+
+
+class RunInterrupted(RollError):
+    """The user stopped the run (Ctrl-C / SIGTERM); it can be resumed."""
+
+    exit_code = 130
+
+
+@dataclass
+class RolePlan:
+    """One row of the resource plan `--dry-run` prints."""
+
+    role: str
+    worker: str
+    backend: str
+    world_size: int
+    device: str
+    executor: str
+    detail: str = ""
+
+
+def evaluate_exact_match(
+    generate: Callable[[list[list[int]]], list[list[int]]],
+    prompts: list[list[int]],
+    answers: list[str],
+    tokenizer: Any,
+    *,
+    batch_size: int,
+) -> float:
+    """Fraction of prompts whose greedy output, decoded and stripped, equals the answer."""
+    hits = 0
+    for i in range(0, len(prompts), batch_size):
+        outs = generate(prompts[i : i + batch_size])
+        for out, ref in zip(outs, answers[i : i + batch_size]):
+            hits += tokenizer.decode(out, skip_special_tokens=True).strip() == ref
+    return hits / max(1, len(prompts))
+
+
+class DriverLoop:
+    """Step counter, schedules, tracking and status for one run of one pipeline."""
+
+    def __init__(self, cfg: Any, run: Run, *, resume: bool, console: Console | None = None):
+        self.cfg = cfg
+        self.run = run
+        self.resume = resume
+        self.console = console or Console(stderr=True)
+        self.ckpts = CheckpointManager(run.checkpoints_dir, keep_last=cfg.checkpoint.keep_last)
+        self.tracking: Any = None
+        self._save_state: Callable[[Path], dict[str, Any]] | None = None
+        self._stop_requested = False
+        self._last_saved = -1
+        self._last_evaluated = -1
+        self.last_metrics: dict[str, float] = {}
+        self._old_handlers: dict[int, Any] = {}
+
+    def console_note(self, message: str) -> None:
+        self.console.print(f"[dim]{message}[/dim]")
+
+    # ---- start / resume ----------------------------------------------------------------------
+    def begin(
+        self,
+        *,
+        save_state: Callable[[Path], dict[str, Any]],
+        load_state: Callable[[Path, dict[str, Any]], None],
+    ) -> int:
+        """Restore the newest intact checkpoint when resuming; return the last completed step."""
+        self._save_state = save_state
+        start = 0
+        if self.resume:
+            found = self.ckpts.find_resumable()
+            if found is not None:
+                for name, reason in found.skipped:
+                    self.console.print(
+                        f"[yellow]checkpoint {name} is damaged ({reason}); "
+                        f"falling back to {found.path.name}.[/yellow]"
+                    )
+                state = json.loads((found.path / TRAINER_STATE).read_text())
+                load_state(found.path, state)
+                start = found.step
+                self._last_saved = start
+                self.console_note(f"resumed from {found.path.name}")
+            else:
+                self.console_note("no checkpoint was saved yet: starting again from step 0")
+            self.run.record_resume(
+                command=sys.argv, from_step=start, checkpoint=found.path.name if found else None
+            )
+        truncate_after(self.run.metrics_path, start)
+        self.tracking = build_tracking(
+            backends=self.cfg.tracking.backends,
+            run_dir=self.run.dir,
+            run_name=self.run.id,
+            project=self.cfg.tracking.project,
+            config=self.cfg.model_dump(mode="json"),
+            total_steps=self.cfg.trainer.max_steps,
+            start_step=start,
+        )
+        self._install_signal_handlers()
+        return start
+
+    def _install_signal_handlers(self) -> None:
+        def request_stop(signum: int, frame: Any) -> None:
+            if self._stop_requested:
+                raise KeyboardInterrupt
+            self._stop_requested = True
+            self.console.print(
+                "[yellow]stopping after this step and saving a checkpoint "
+                "(press Ctrl-C again to stop now)[/yellow]"
+            )
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, request_stop)
+            except ValueError:  # not the main thread
+                pass
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def steps(self, start: int, max_steps: int) -> Iterator[int]:
+        for step in range(start + 1, max_steps + 1):
+            yield step
+            if self._stop_requested and step < max_steps:
+                if self._last_saved != step:
+                    self.save(step)
+                self.close("interrupted")
+                raise RunInterrupted(
+                    f"run {self.run.id} stopped at step {step} (checkpoint saved).",
+                    hint=f"Continue it with: roll resume {self.run.id}"
+                    + self._runs_dir_flag(),
+                )
+
+    def _runs_dir_flag(self) -> str:
+        return "" if self.run.dir.parent == Path("runs") else f" --runs-dir {self.run.dir.parent}"
+
+    def _due(self, step: int, every: int | None) -> bool:
+        return step == self.cfg.trainer.max_steps or (every is not None and step % every == 0)
+
+    def end_step(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        *,
+        evaluate: Callable[[int], dict[str, float]] | None = None,
+    ) -> None:
+        """Evaluate, log and checkpoint as the schedule says for a finished step."""
+        if evaluate is not None and self._due(step, self.cfg.eval.every_steps):
+            metrics = {**metrics, **evaluate(step)}
+            self._last_evaluated = step
+        self.last_metrics = metrics
+        if step % self.cfg.trainer.log_every_steps == 0 or step == self.cfg.trainer.max_steps or any(
+            k.startswith("eval/") for k in metrics
+        ):
+            self.tracking.log(step, metrics)
+        key = {k: v for k, v in metrics.items() if k in ("train/loss", "eval/loss", "eval/exact_match")}
+        self.run.update_meta(step=step, metrics=key)
+        if self._due(step, self.cfg.checkpoint.every_steps):
+            self.save(step)
+
+    def save(self, step: int) -> Path:
+        assert self._save_state is not None
+
+        def write(tmp: Path) -> None:
+            state = self._save_state(tmp)  # type: ignore[misc]
+            state["step"] = step
+            atomic_write_text(tmp / TRAINER_STATE, json.dumps(state, indent=1))
+
+        path = self.ckpts.save(step, write)
+        self._last_saved = step
+        return path
+
+    def finish(self, *, export: Callable[[Path], Any] | None) -> dict[str, float]:
+        if export is not None and self.cfg.checkpoint.export_final:
+            final = self.run.dir / "final"
+            export(final)
+            self.console_note(f"final model (Hugging Face format): {final}")
+        self.close("finished")
+        return dict(self.last_metrics)
+
+    def close(self, status: str) -> None:
+        self._restore_signal_handlers()
+        if self.tracking is not None:
+            self.tracking.close()
+            self.tracking = None
+        self.run.update_meta(status=status)

@@ -1,0 +1,58 @@
+"""ActorTrain: the role that trains the policy. Knows nothing about Ray.
+
+Built by the executor with its settings; `setup()` loads the model (kept out of the
+constructor so a load error surfaces as the user's error, not as an actor-creation failure).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from roll_core.backends.train import TRAIN_BACKENDS, TrainBackend
+from roll_core.data import Batch
+from roll_core.engine import Worker
+
+
+class ActorTrain(Worker):
+    """One rank of actor_train: forwards to the configured TrainBackend."""
+
+    def __init__(self, *, backend: str, backend_kwargs: dict[str, Any], **rank_info: Any) -> None:
+        super().__init__(**rank_info)
+        self.backend_name = backend
+        self.backend_kwargs = backend_kwargs
+        self.backend: TrainBackend | None = None
+
+    def setup(self) -> dict[str, Any]:
+        self.backend = TRAIN_BACKENDS[self.backend_name](**self.backend_kwargs)
+        n_params = sum(p.numel() for p in self.backend.model.parameters())  # type: ignore[attr-defined]
+        return {"params": n_params, "device": str(self.backend.device)}  # type: ignore[attr-defined]
+
+    def _b(self) -> TrainBackend:
+        if self.backend is None:
+            raise RuntimeError("ActorTrain.setup() was not called")
+        return self.backend
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        return self._b().train_step(batch)
+
+    def eval_loss(self, batch: Batch) -> dict[str, float]:
+        return self._b().eval_loss(batch)
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
+        return self._b().generate(prompts, max_new_tokens=max_new_tokens)
+
+    def save(self, path: str) -> None:
+        """Write this rank's state to `path/rank-<rank>/`."""
+        target = Path(path) / f"rank-{self.rank}"
+        target.mkdir(parents=True, exist_ok=True)
+        self._b().save(target)
+
+    def load(self, path: str) -> None:
+        self._b().load(Path(path) / f"rank-{self.rank}")
+
+    def export(self, path: str) -> None:
+        self._b().export(Path(path))
+
+    def state_digest(self) -> str:
+        return self._b().state_digest()  # type: ignore[attr-defined]
