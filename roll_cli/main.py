@@ -275,7 +275,17 @@ def _root(
     """RL post-training of LLMs from one CLI."""
 
 
+def _quiet_libraries() -> None:
+    """Progress bars of datasets/transformers/hub are noise in a training log."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def main() -> None:
+    _quiet_libraries()
     app()
 
 

@@ -14,7 +14,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -35,6 +36,7 @@ BUILTIN_PREFIX = "builtin:"
 # are never mistaken for new ones.
 BUILTIN_FORMAT_VERSION = 1
 ARCHITECTURE = "Qwen3ForCausalLM"
+MODEL_TYPE = "qwen3"
 INIT_SEED = 0
 
 # Settings every builtin shares (Qwen3 defaults made explicit).
@@ -144,6 +146,7 @@ def materialize_builtin(name: str, cache_dir: Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
         _write_model_dir(spec, tmp)
         os.rename(tmp, target)
     except OSError:
@@ -167,9 +170,23 @@ def _write_model_dir(spec: BuiltinSpec, directory: Path) -> None:
         torch.manual_seed(INIT_SEED)
         model = Qwen3ForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
-    model.save_pretrained(directory)
+    with _no_progress_bars():
+        model.save_pretrained(directory)
     save_tokenizer(tokenizer, directory)
     _add_legacy_rope_theta(directory / "config.json", config_kwargs["rope_theta"])
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _add_legacy_rope_theta(config_file: Path, rope_theta: float) -> None:

@@ -17,8 +17,18 @@ from roll_core.pipelines import sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
 from roll_core.runs import Run
 
-RUNNERS: dict[str, Callable[[Any, DriverLoop], dict[str, float]]] = {"sft": sft.run}
-PLANS: dict[str, Callable[[Any], list[RolePlan]]] = {"sft": sft.plan}
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A pipeline's three entry points: `plan` (dry run), `prepare` (checks and data, before
+    a run directory exists) and `run` (the driver loop)."""
+
+    plan: Callable[[Any], list[RolePlan]]
+    prepare: Callable[[Any], Any]
+    run: Callable[[Any, Any, DriverLoop], dict[str, float]]
+
+
+PIPELINES: dict[str, Pipeline] = {"sft": Pipeline(plan=sft.plan, prepare=sft.prepare, run=sft.run)}
 
 
 @dataclass
@@ -29,13 +39,13 @@ class RunResult:
 
 def plan(cfg: Any) -> list[RolePlan]:
     """The resource plan of a validated recipe (loads no model)."""
-    return PLANS[cfg.pipeline](cfg)
+    return PIPELINES[cfg.pipeline].plan(cfg)
 
 
-def _execute(cfg: Any, run: Run, *, resume: bool) -> RunResult:
+def _execute(cfg: Any, setup: Any, run: Run, *, resume: bool) -> RunResult:
     loop = DriverLoop(cfg, run, resume=resume)
     try:
-        metrics = RUNNERS[cfg.pipeline](cfg, loop)
+        metrics = PIPELINES[cfg.pipeline].run(cfg, setup, loop)
     except RunInterrupted:
         raise
     except KeyboardInterrupt:
@@ -53,6 +63,7 @@ def _execute(cfg: Any, run: Run, *, resume: bool) -> RunResult:
 
 def launch(cfg: Any, *, recipe: str | None, run_id: str | None = None) -> RunResult:
     """Create a run directory for `cfg` and run its pipeline."""
+    setup = PIPELINES[cfg.pipeline].prepare(cfg)
     run = Run.create(
         cfg.runs_dir,
         config_yaml=dump_config(cfg),
@@ -62,7 +73,7 @@ def launch(cfg: Any, *, recipe: str | None, run_id: str | None = None) -> RunRes
         recipe=recipe,
         run_id=run_id,
     )
-    return _execute(cfg, run, resume=False)
+    return _execute(cfg, setup, run, resume=False)
 
 
 def load_run_config(run: Run, overrides: list[str]) -> Any:
@@ -79,7 +90,8 @@ def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = N
     """Continue run `run_id` in its own directory from its newest intact checkpoint."""
     run = Run.open(runs_dir, run_id)
     cfg = load_run_config(run, list(overrides or []))
-    return _execute(cfg, run, resume=True)
+    setup = PIPELINES[cfg.pipeline].prepare(cfg)
+    return _execute(cfg, setup, run, resume=True)
 
 
-__all__ = ["PLANS", "RUNNERS", "RolePlan", "RunInterrupted", "RunResult", "launch", "plan", "resume"]
+__all__ = ["PIPELINES", "Pipeline", "RolePlan", "RunInterrupted", "RunResult", "launch", "plan", "resume"]

@@ -112,6 +112,7 @@ class DriverLoop:
                 command=sys.argv, from_step=start, checkpoint=found.path.name if found else None
             )
         truncate_after(self.run.metrics_path, start)
+        self._install_signal_handlers()  # before trackers: SwanLab chains to the handler it finds
         self.tracking = build_tracking(
             backends=self.cfg.tracking.backends,
             run_dir=self.run.dir,
@@ -120,8 +121,8 @@ class DriverLoop:
             config=self.cfg.model_dump(mode="json"),
             total_steps=self.cfg.trainer.max_steps,
             start_step=start,
+            console=self.console,
         )
-        self._install_signal_handlers()
         return start
 
     def _install_signal_handlers(self) -> None:

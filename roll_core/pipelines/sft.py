@@ -76,7 +76,9 @@ def prepare_data(cfg: SFTConfig, tokenizer: Any) -> SFTData:
         max_rows = min(x for x in (d.eval.max_rows, cfg.eval.max_samples) if x) if (
             d.eval.max_rows or cfg.eval.max_samples
         ) else None
-        erows = load_rows(d.eval.path, split=d.eval.split, subset=d.eval.subset, max_rows=max_rows)
+        erows = load_rows(
+            d.eval.path, split=d.eval.split, subset=d.eval.subset, max_rows=max_rows, key="data.eval.path"
+        )
         eval_set, _ = build_sft_dataset(erows, tokenizer, **keys)
         if cfg.eval.exact_match:
             prompts, answers = _exact_match_pairs(cfg, erows, tokenizer)
@@ -103,12 +105,28 @@ def _exact_match_pairs(cfg: SFTConfig, rows: Any, tokenizer: Any) -> tuple[list[
     return prompts, answers
 
 
-def run(cfg: SFTConfig, loop: DriverLoop) -> dict[str, float]:
-    """Train `cfg` inside the run `loop` manages (fresh or resumed); returns final metrics."""
+@dataclass
+class SFTSetup:
+    """What `prepare` checks and builds before a run directory exists."""
+
+    model_path: str
+    tokenizer_path: str
+    tokenizer: Any
+    data: SFTData
+
+
+def prepare(cfg: SFTConfig) -> SFTSetup:
+    """Resolve the model and tokenise the data: bad paths fail here, before a run is created."""
     model_path = resolve_model_path(cfg.model.path)
     tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
-    data = prepare_data(cfg, tokenizer)
+    return SFTSetup(model_path, tok_path, tokenizer, prepare_data(cfg, tokenizer))
+
+
+def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
+    """Train `cfg` inside the run `loop` manages (fresh or resumed); returns final metrics."""
+    data, tokenizer = setup.data, setup.tokenizer
+    model_path, tok_path = setup.model_path, setup.tokenizer_path
     world = cfg.actor_train.world_size
     global_batch = cfg.trainer.global_batch_size(world)
     loader = StatefulLoader(len(data.train), global_batch, seed=cfg.seed, shuffle=cfg.data.shuffle)

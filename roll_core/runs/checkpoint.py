@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,13 @@ def _fsync_tree(root: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fault_injection(step: int) -> None:
+    """Test hook: `ROLL_DEBUG_KILL_IN_SAVE=N` SIGKILLs this process mid-save of step N (after
+    the files are written, before the manifest and rename), to prove saves are atomic."""
+    if os.environ.get("ROLL_DEBUG_KILL_IN_SAVE") == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def verify(ckpt: Path) -> str | None:
@@ -97,6 +105,7 @@ class CheckpointManager:
         try:
             tmp.mkdir()
             write(tmp)
+            _fault_injection(step)
             files = {
                 str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
                 for p in _files(tmp)

@@ -1,0 +1,208 @@
+"""Reading dataset rows: local json/jsonl/parquet/csv files and directories, or the HF hub.
+
+``load_rows`` turns a recipe's ``path`` into a :class:`datasets.Dataset`. A path that exists
+on disk, starts with ``/``, ``.`` or ``~``, or ends in a data-file extension is local; anything
+else (``org/name``, ``name``) is a hub dataset name passed to :func:`datasets.load_dataset`.
+
+A local file is read whole, whatever ``split`` says (the split name is only a label). In a
+directory, files named after the split (``test.jsonl``, ``train-00000-of-00002.parquet``) are
+the split; a directory whose files carry no split name is all ``train``.
+
+Every problem a user can fix (missing file, unknown extension, unparsable file, hub offline,
+missing column) is a :class:`~roll_core.errors.DataError` with a one-paragraph message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import datasets
+
+from roll_core.errors import DataError
+
+#: file extension -> ``datasets`` builder name
+BUILDERS: dict[str, str] = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+_SPLIT_WORDS = ("train", "test", "validation", "valid", "dev", "eval")
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_FILE_LIKE = {*BUILDERS, ".txt", ".tsv", ".arrow", ".gz", ".zip", ".xlsx", ".yaml", ".yml"}
+
+
+def load_rows(
+    path: str,
+    *,
+    split: str = "train",
+    subset: str | None = None,
+    max_rows: int | None = None,
+    key: str = "data.train.path",
+) -> datasets.Dataset:
+    """Load the rows of one dataset split.
+
+    Args:
+        path: a local file or directory, or a hub dataset name (``org/name``).
+        split: the split to read (a label only for a single local file).
+        subset: the hub configuration name (``main`` for ``openai/gsm8k``); ignored locally.
+        max_rows: keep at most this many rows (the first ones), or all when None.
+        key: the recipe key that holds ``path``, named in error messages.
+    """
+    if max_rows is not None and max_rows < 1:
+        raise DataError(f"max_rows must be at least 1, got {max_rows}.")
+    if is_local_path(path):
+        ds = _load_local(Path(path).expanduser(), split=split, key=key)
+    else:
+        ds = _load_hub(path, split=split, subset=subset, key=key)
+    if max_rows is not None and max_rows < len(ds):
+        ds = ds.select(range(max_rows))
+    return ds
+
+
+def is_local_path(path: str) -> bool:
+    """True when ``path`` names (or plainly means to name) something on the local disk."""
+    if Path(path).expanduser().exists():
+        return True
+    if path.startswith(("/", ".", "~")) or "\\" in path:
+        return True
+    if Path(path).suffix.lower() in _FILE_LIKE:
+        return True
+    return not _HUB_NAME.match(path)
+
+
+def require_columns(
+    ds: datasets.Dataset, columns: Iterable[str], *, what: str, hint: str | None = None
+) -> None:
+    """Raise a DataError naming the missing and the available columns of ``ds``.
+
+    ``what`` names the dataset in the message (``"the SFT training data"``).
+    """
+    available = list(ds.column_names)
+    missing = [c for c in columns if c not in available]
+    if missing:
+        raise DataError(
+            f"{what} has no column {_names(missing)}; its columns are {_names(available)}.",
+            hint=hint
+            or "Rename the columns in the data or point the recipe's *_key settings at "
+            "existing columns.",
+        )
+
+
+# -- local files ------------------------------------------------------------------------------
+
+
+def _load_local(path: Path, *, split: str, key: str) -> datasets.Dataset:
+    if not path.exists():
+        shown = repr(str(path))
+        if not path.is_absolute():
+            shown += f" (resolved to {str(path.resolve())!r})"
+        raise DataError(
+            f"Dataset file {shown} does not exist.",
+            hint=f"Set {key} to an existing json/jsonl/parquet/csv file or directory, or to a "
+            "hub dataset name such as 'openai/gsm8k'.",
+        )
+    if path.is_dir():
+        builder, files = _directory_files(path, split=split, key=key)
+    else:
+        builder, files = _builder_for(path, key=key), [path]
+    try:
+        return datasets.load_dataset(
+            builder, data_files={split: [str(f) for f in files]}, split=split
+        )
+    except Exception as err:  # any parse failure of user data
+        raise DataError(
+            f"Could not read {_names([str(f) for f in files])} as {builder}: {_reason(err)}",
+            hint=f"Fix the file or set {key} to a different one.",
+        ) from err
+
+
+def _builder_for(path: Path, *, key: str) -> str:
+    builder = BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise DataError(
+            f"Cannot read {str(path)!r}: unknown file extension {path.suffix!r}. "
+            f"Supported extensions: {', '.join(BUILDERS)}.",
+            hint=f"Convert the file to one of these formats or set {key} to another file.",
+        )
+    return builder
+
+
+def _directory_files(directory: Path, *, split: str, key: str) -> tuple[str, list[Path]]:
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in BUILDERS)
+    if not files:
+        raise DataError(
+            f"Directory {str(directory)!r} holds no {'/'.join(BUILDERS)} files.",
+            hint=f"Set {key} to a data file or a directory of data files.",
+        )
+    named = [p for p in files if _split_of(p) == split]
+    if not named:
+        splits = sorted({s for p in files if (s := _split_of(p))})
+        if splits or split != "train":
+            raise DataError(
+                f"Directory {str(directory)!r} has no file for split {split!r}; "
+                f"it has splits {_names(splits or ['train'])}.",
+                hint="Set the split to one of those, or name a file after the split "
+                f"(for example {split}.jsonl).",
+            )
+        named = files
+    builders = sorted({BUILDERS[p.suffix.lower()] for p in named})
+    if len(builders) > 1:
+        raise DataError(
+            f"Split {split!r} of {str(directory)!r} mixes file formats ({', '.join(builders)}).",
+            hint=f"Keep one format per split, or set {key} to a single file.",
+        )
+    return builders[0], named
+
+
+def _split_of(path: Path) -> str | None:
+    """``train`` for train.jsonl / train-0000.parquet / train_part1.csv; None otherwise."""
+    stem = path.name[: -len(path.suffix)]
+    for word in _SPLIT_WORDS:
+        if stem == word or stem.startswith((f"{word}-", f"{word}_", f"{word}.")):
+            return word
+    return None
+
+
+# -- hub --------------------------------------------------------------------------------------
+
+
+def _load_hub(name: str, *, split: str, subset: str | None, key: str) -> datasets.Dataset:
+    not_local = (
+        f"{name!r} is not a local file or directory (relative to {str(Path.cwd())!r}), "
+        "so it was read as a hub dataset name"
+    )
+    try:
+        return datasets.load_dataset(name, subset, split=split)
+    except ConnectionError as err:
+        raise DataError(
+            f"{not_local}, but the Hugging Face hub is unreachable ({_reason(err)}).",
+            hint=f"Go online, or download the data and set {key} to the local file.",
+        ) from err
+    except datasets.exceptions.DatasetNotFoundError as err:
+        raise DataError(
+            f"{not_local}, but the hub has no dataset {name!r} ({_reason(err)}).",
+            hint=f"Check the spelling of {key}, or point it at a local file.",
+        ) from err
+    except Exception as err:  # unknown split or subset, gated dataset, broken files
+        raise DataError(
+            f"Could not load hub dataset {name!r} (subset {subset!r}, split {split!r}): "
+            f"{_reason(err)}",
+            hint=f"Check {key} and the split/subset settings next to it.",
+        ) from err
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _reason(err: BaseException) -> str:
+    """First line of the most telling error in the chain (skipping datasets' generic wrapper)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    telling = next((e for e in chain if type(e).__name__ != "DatasetGenerationError"), err)
+    lines = str(telling).strip().splitlines()
+    return f"{type(telling).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _names(items: Iterable[str]) -> str:
+    return ", ".join(repr(i) for i in items) or "(none)"

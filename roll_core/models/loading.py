@@ -1,0 +1,241 @@
+"""Finding and loading models and tokenizers: builtin names, local directories, hub ids.
+
+A model is named in one of three ways:
+
+* ``builtin:NAME``: a built-in tiny model, materialized into the roll cache on first use;
+* a local directory holding a Hugging Face model (``config.json`` + weights + tokenizer);
+* a Hugging Face hub id (``org/name``), passed to ``from_pretrained`` unchanged.
+
+Every failure a user can fix (a typo, a missing directory, no network) becomes a
+:class:`~roll_core.errors.ModelError`. :func:`model_summary` reads only ``config.json`` and
+never loads weights, for ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import torch
+
+from roll_core.errors import ModelError
+from roll_core.models.builtin import (
+    ARCHITECTURE,
+    BUILTIN_MODELS,
+    BUILTIN_PREFIX,
+    MODEL_TYPE,
+    get_builtin,
+    materialize_builtin,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+Source = Literal["builtin", "local", "hub"]
+_T = TypeVar("_T")
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """The path or hub id to hand to ``from_pretrained`` for ``name_or_path``.
+
+    ``builtin:NAME`` becomes its materialized directory, a local model directory its absolute
+    path; anything else that looks like a path must exist; the rest is a hub id, unchanged.
+    """
+    source = _classify(name_or_path)
+    if source == "builtin":
+        return str(materialize_builtin(name_or_path))
+    if source == "local":
+        return str(_local_model_dir(name_or_path))
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of ``name_or_path``; its pad token falls back to the eos token."""
+    from transformers import AutoTokenizer
+
+    resolved = resolve_model_path(name_or_path)
+    tokenizer = _load("tokenizer", name_or_path, resolved, AutoTokenizer.from_pretrained)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelError(
+                f"the tokenizer of '{name_or_path}' has neither a pad token nor an eos token, "
+                "so batches cannot be padded.",
+                hint="Use a model whose tokenizer defines an eos token (every chat model does).",
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(
+    name_or_path: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> PreTrainedModel:
+    """Load ``name_or_path`` as a causal LM in ``dtype`` on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    resolved = resolve_model_path(name_or_path)
+
+    def from_pretrained(path: str) -> PreTrainedModel:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+    model = _load("model", name_or_path, resolved, from_pretrained)
+    return model.to(device)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of parameters of ``model``; tied weights count once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_summary(name_or_path: str) -> dict[str, Any]:
+    """What is known about a model without loading weights (nor, for builtins, writing files).
+
+    Returns ``name``, ``source`` (builtin / local / hub) and ``architecture``, ``num_layers``,
+    ``hidden_size``, ``vocab_size``, ``approx_params``; these are ``None`` when unknown (a hub
+    id not in the local Hugging Face cache: the network is never used).
+    """
+    source = _classify(name_or_path)
+    if source == "builtin":
+        spec_config = get_builtin(name_or_path).config_dict()
+        config = {**spec_config, "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE}
+    elif source == "local":
+        config = _read_config(_local_model_dir(name_or_path) / "config.json")
+    else:
+        config = _cached_hub_config(name_or_path)
+    return {"name": name_or_path, "source": source, **_summarize_config(config)}
+
+
+def _classify(name_or_path: str) -> Source:
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        return "builtin"
+    if not name_or_path.strip():
+        raise ModelError(
+            "the model name is empty.",
+            hint=f"Give a built-in model ({_builtin_names()}), a local model directory "
+            "or a Hugging Face hub id such as Qwen/Qwen3-0.6B.",
+        )
+    if Path(name_or_path).expanduser().exists() or _looks_local(name_or_path):
+        return "local"
+    return "hub"
+
+
+def _looks_local(name_or_path: str) -> bool:
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        return True
+    # `runs/x` where `runs/` exists here is a path with a typo, not the hub repo `runs/x`.
+    first = name_or_path.split("/", 1)[0]
+    return "/" in name_or_path and Path(first).expanduser().exists()
+
+
+def _local_model_dir(name_or_path: str) -> Path:
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise ModelError(
+            f"model path not found: {name_or_path} (resolved to {path.absolute()}).",
+            hint="Check the path, or name a built-in model "
+            f"({_builtin_names()}) or a Hugging Face hub id (org/name).",
+        )
+    if not path.is_dir():
+        raise ModelError(
+            f"model path {path.absolute()} is a file, but a model is a directory.",
+            hint="Point to the directory that holds config.json, the weights and the tokenizer.",
+        )
+    if not (path / "config.json").is_file():
+        raise ModelError(
+            f"model directory {path.absolute()} has no config.json, so it is not a Hugging Face "
+            "model directory.",
+            hint="A model directory holds config.json, the weights (*.safetensors) and the "
+            "tokenizer files, as written by save_pretrained(); point to such a directory.",
+        )
+    return path.resolve()
+
+
+def _load(what: str, name_or_path: str, resolved: str, loader: Callable[[str], _T]) -> _T:
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        return loader(resolved)
+    except (OSError, ValueError, EntryNotFoundError) as err:
+        raise _load_error(what, name_or_path, resolved, err) from err
+
+
+def _load_error(what: str, name_or_path: str, resolved: str, err: Exception) -> ModelError:
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if Path(resolved).is_dir():
+        return ModelError(
+            f"could not load the {what} from {resolved}: {reason}",
+            hint="The directory must hold a complete Hugging Face model (config.json, "
+            "*.safetensors weights, tokenizer files); re-save it with save_pretrained().",
+        )
+    return ModelError(
+        f"could not load the {what} of '{name_or_path}' from the Hugging Face hub: the hub "
+        f"could not be reached or has no such repository ({reason}).",
+        hint="Check the id and your network (set HF_HUB_OFFLINE=1 to use only cached models), "
+        f"or use a local model directory or a built-in model: {_builtin_names()}.",
+    )
+
+
+def _builtin_names() -> str:
+    return ", ".join(f"{BUILTIN_PREFIX}{name}" for name in sorted(BUILTIN_MODELS))
+
+
+def _read_config(config_file: Path) -> dict[str, Any]:
+    try:
+        return json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelError(
+            f"could not read {config_file}: {err}",
+            hint="config.json must be the JSON file written by save_pretrained().",
+        ) from err
+
+
+def _cached_hub_config(repo_id: str) -> dict[str, Any]:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # not a valid repo id
+        return {}
+    if not isinstance(cached, str):
+        return {}
+    try:
+        return json.loads(Path(cached).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    text = config.get("text_config") or config  # multimodal configs nest the language model
+    architectures = config.get("architectures") or []
+    return {
+        "architecture": architectures[0] if architectures else config.get("model_type"),
+        "num_layers": text.get("num_hidden_layers"),
+        "hidden_size": text.get("hidden_size"),
+        "vocab_size": text.get("vocab_size"),
+        "approx_params": _approx_params(text),
+    }
+
+
+def _approx_params(config: Mapping[str, Any]) -> int | None:
+    """Parameter count of a dense Llama/Qwen-style decoder (exact for Qwen3, MoE not counted)."""
+    try:
+        hidden = int(config["hidden_size"])
+        layers = int(config["num_hidden_layers"])
+        vocab = int(config["vocab_size"])
+        inter = int(config["intermediate_size"])
+        heads = int(config["num_attention_heads"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o and k, v projections
+    if config.get("attention_bias"):
+        attn += head_dim * (heads + 2 * kv_heads) + hidden
+    qk_norm = 2 * head_dim if config.get("model_type") == "qwen3" else 0  # q_norm, k_norm
+    layer = attn + qk_norm + 3 * hidden * inter + 2 * hidden  # + gate/up/down MLP + 2 norms
+    lm_head = 0 if config.get("tie_word_embeddings", False) else vocab * hidden
+    return vocab * hidden + layers * layer + hidden + lm_head

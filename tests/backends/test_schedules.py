@@ -1,0 +1,33 @@
+"""LR multipliers, checked against hand-computed values."""
+
+import math
+
+import pytest
+
+from roll_core.backends.train.schedules import lr_multiplier
+
+
+def test_warmup_is_linear_from_first_step() -> None:
+    # warmup 4: steps 0..3 -> 1/4, 2/4, 3/4, 4/4
+    got = [lr_multiplier(s, warmup_steps=4, total_steps=10, kind="cosine") for s in range(4)]
+    assert got == [0.25, 0.5, 0.75, 1.0]
+
+
+def test_cosine_hits_min_ratio_at_last_step() -> None:
+    # warmup 2, total 12: decay over steps 2..11 (span 9); step 2 -> 1, step 11 -> min_ratio
+    assert lr_multiplier(2, warmup_steps=2, total_steps=12, kind="cosine", min_ratio=0.1) == 1.0
+    assert lr_multiplier(11, warmup_steps=2, total_steps=12, kind="cosine", min_ratio=0.1) == pytest.approx(0.1)
+    # midpoint progress 0.5 at step 2 + 4.5 -> not integral; use total 11 (span 8): step 6
+    mid = lr_multiplier(6, warmup_steps=2, total_steps=11, kind="cosine", min_ratio=0.0)
+    assert mid == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))  # 0.5
+
+
+def test_linear_and_constant() -> None:
+    # no warmup, total 5: span 4; step 1 -> 1 - 1/4 = 0.75
+    assert lr_multiplier(1, warmup_steps=0, total_steps=5, kind="linear") == 0.75
+    assert lr_multiplier(3, warmup_steps=0, total_steps=5, kind="constant") == 1.0
+
+
+def test_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="valid: cosine, linear, constant"):
+        lr_multiplier(5, warmup_steps=0, total_steps=10, kind="exp")

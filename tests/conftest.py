@@ -1,0 +1,80 @@
+"""Shared fixtures: a session-wide model cache and helpers to run the real `roll` CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLL = str(Path(sys.executable).parent / "roll")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One built-in-model cache for the whole session (materialised once)."""
+    return tmp_path_factory.mktemp("roll-cache")
+
+
+@pytest.fixture
+def cli_env(cache_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        ROLL_CACHE_DIR=str(cache_dir),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        COLUMNS="200",
+        RAY_DEDUP_LOGS="0",
+    )
+    env.pop("ROLL_DEBUG", None)
+    return env
+
+
+@pytest.fixture
+def roll(cli_env: dict[str, str]):
+    """`roll(*args)` runs the installed `roll` console script and captures its output."""
+
+    def run(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None):
+        return subprocess.run(
+            [ROLL, *args], env={**cli_env, **(env or {})}, cwd=cwd, capture_output=True,
+            text=True, timeout=timeout,
+        )
+
+    return run
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path: Path):
+    """Write a small, fast SFT recipe into tmp_path; keyword args replace top-level sections."""
+
+    def make(**sections: object) -> Path:
+        import yaml
+
+        recipe = {
+            "pipeline": "sft",
+            "name": "tiny-test",
+            "seed": 0,
+            "runs_dir": str(tmp_path / "runs"),
+            "model": {"path": "builtin:tiny-qwen3"},
+            "data": {
+                "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 512},
+                "eval": {"path": str(ROOT / "data/tiny-arith/test.jsonl"), "max_rows": 32},
+                "max_length": 64,
+            },
+            "trainer": {"max_steps": 12, "micro_batch_size": 8, "grad_accum_steps": 2},
+            "actor_train": {"num_threads": 1, "optim": {"lr": 3.0e-3, "warmup_steps": 2}},
+            "eval": {"every_steps": 6, "exact_match": True, "batch_size": 16, "max_new_tokens": 4},
+            "checkpoint": {"every_steps": 4, "keep_last": 3},
+            "tracking": {"backends": ["console", "jsonl"]},
+        }
+        recipe.update(sections)
+        path = tmp_path / "recipe.yaml"
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        return path
+
+    return make

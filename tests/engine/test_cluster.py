@@ -1,0 +1,51 @@
+"""Cluster dispatch reads the same with the local and the Ray executor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roll_core.data import Batch
+from roll_core.engine import Cluster, LocalExecutor, Worker
+from roll_core.errors import DataError
+
+
+class Summer(Worker):
+    def __init__(self, *, offset: int = 0, **rank_info) -> None:
+        super().__init__(**rank_info)
+        self.offset = offset
+
+    def total(self, batch: Batch) -> tuple[int, int]:
+        return self.rank, int(batch["x"].sum()) + self.offset
+
+    def fail(self) -> None:
+        raise DataError("bad rows")
+
+
+def test_local_run_dp_splits_contiguously() -> None:
+    cluster = Cluster("s", Summer, LocalExecutor(), world_size=2, worker_kwargs={"offset": 100})
+    batch = Batch(tensors={"x": torch.arange(5)}, non_tensors={}, meta={})
+    # shards [0,1,2] and [3,4] -> sums 3 and 7, plus offset 100
+    assert cluster.run_dp("total", batch) == [(0, 103), (1, 107)]
+    assert cluster.run("ping") == [0, 1]
+
+
+def test_private_methods_are_not_callable() -> None:
+    cluster = Cluster("s", Summer, LocalExecutor())
+    with pytest.raises(AttributeError):
+        cluster.run("_secret")
+
+
+@pytest.mark.ray
+def test_ray_executor_same_results_and_errors() -> None:
+    from roll_core.engine import RayExecutor
+
+    ex = RayExecutor(num_cpus=2)
+    try:
+        cluster = Cluster("s", Summer, ex, world_size=2, worker_kwargs={"offset": 100})
+        batch = Batch(tensors={"x": torch.arange(5)}, non_tensors={}, meta={})
+        assert cluster.run_dp("total", batch) == [(0, 103), (1, 107)]
+        with pytest.raises(DataError, match="bad rows"):
+            cluster.run("fail")
+    finally:
+        ex.shutdown()
