@@ -35,10 +35,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)]
 Overrides = Annotated[
     list[str] | None,
-    typer.Argument(help="Overrides: key.path=value (e.g. trainer.max_steps=10).", show_default=False),
+    typer.Argument(
+        help="Overrides: key.path=value (e.g. trainer.max_steps=10).", show_default=False
+    ),
 ]
 DryRun = Annotated[
-    bool, typer.Option("--dry-run", help="Validate, print the resolved config and the resource plan, exit.")
+    bool,
+    typer.Option(
+        "--dry-run", help="Validate, print the resolved config and the resource plan, exit."
+    ),
 ]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
 RunsDir = Annotated[
@@ -95,7 +100,13 @@ def _print_plan(cfg: Any) -> None:
         table.add_column(col)
     for row in plan(cfg):
         table.add_row(
-            row.role, row.worker, row.backend, str(row.world_size), row.device, row.executor, row.detail
+            row.role,
+            row.worker,
+            row.backend,
+            str(row.world_size),
+            row.device,
+            row.executor,
+            row.detail,
         )
     out.print(table)
     summary = model_summary(cfg.model.path)
@@ -103,8 +114,9 @@ def _print_plan(cfg: Any) -> None:
     out.print("[green]recipe is valid[/green] (dry run: no model loaded, nothing written)")
 
 
-def _run_training(pipeline: str, recipe: Path, overrides: list[str] | None, dry_run: bool,
-                  run_id: str | None) -> None:
+def _run_training(
+    pipeline: str, recipe: Path, overrides: list[str] | None, dry_run: bool, run_id: str | None
+) -> None:
     from roll_core.config import load_recipe
     from roll_core.pipelines import launch
 
@@ -131,7 +143,9 @@ def sft(
     recipe: Recipe,
     overrides: Overrides = None,
     dry_run: DryRun = False,
-    run_id: Annotated[str | None, typer.Option("--run-id", help="Name the run (default: generated).")] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """Supervised fine-tuning (loss on response tokens) from a recipe."""
@@ -182,13 +196,22 @@ def runs(
         meta = run.meta()
         metrics = meta.get("metrics") or {}
         key = next(
-            (f"{k} {metrics[k]:.4g}" for k in ("eval/exact_match", "eval/loss", "train/loss") if k in metrics),
+            (
+                f"{k} {metrics[k]:.4g}"
+                for k in ("eval/exact_match", "eval/loss", "train/loss")
+                if k in metrics
+            ),
             "",
         )
         step = f"{meta.get('step', 0)}/{_max_steps(run)}"
         table.add_row(
-            run.id, meta.get("pipeline", "?"), str(meta.get("recipe") or ""), meta.get("status", "?"),
-            step, key, _age(time.time() - meta.get("created", time.time())),
+            run.id,
+            meta.get("pipeline", "?"),
+            str(meta.get("recipe") or ""),
+            meta.get("status", "?"),
+            step,
+            key,
+            _age(time.time() - meta.get("created", time.time())),
         )
     if table.row_count == 0:
         out.print(f"no runs in {runs_dir}")
@@ -226,8 +249,11 @@ def models(debug: Debug = False) -> None:
     for name, spec in BUILTIN_MODELS.items():
         s = model_summary(f"builtin:{name}")
         table.add_row(
-            f"builtin:{name}", f"{s.get('approx_params', 0):,}", str(s.get("num_layers")),
-            str(s.get("hidden_size")), spec.description,
+            f"builtin:{name}",
+            f"{s.get('approx_params', 0):,}",
+            str(s.get("num_layers")),
+            str(s.get("hidden_size")),
+            spec.description,
         )
     out.print(table)
 
@@ -235,7 +261,9 @@ def models(debug: Debug = False) -> None:
 @app.command()
 @handle_errors
 def schema(
-    markdown: Annotated[bool, typer.Option("--markdown", help="Print the reference as Markdown.")] = True,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the reference as Markdown.")
+    ] = True,
     debug: Debug = False,
 ) -> None:
     """Print the config reference (docs/config.md) generated from the schema."""
@@ -257,7 +285,9 @@ def data_arith(
     from roll_core.data.arith import write_arith_dataset
 
     write_arith_dataset(out_dir, n_train=n_train, n_test=n_test, seed=seed)
-    out.print(f"wrote {out_dir}/train.jsonl ({n_train} rows) and {out_dir}/test.jsonl ({n_test} rows)")
+    out.print(
+        f"wrote {out_dir}/train.jsonl ({n_train} rows) and {out_dir}/test.jsonl ({n_test} rows)"
+    )
 
 
 def _version(value: bool) -> None:

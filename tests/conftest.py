@@ -41,8 +41,12 @@ def roll(cli_env: dict[str, str]):
 
     def run(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None):
         return subprocess.run(
-            [ROLL, *args], env={**cli_env, **(env or {})}, cwd=cwd, capture_output=True,
-            text=True, timeout=timeout,
+            [ROLL, *args],
+            env={**cli_env, **(env or {})},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     return run

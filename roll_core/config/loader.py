@@ -91,7 +91,7 @@ def _model_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] 
     return model
 
 
-def _describe(err: dict[str, Any], schema: type[BaseModel]) -> str:
+def _describe(err: Any, schema: type[BaseModel]) -> str:
     loc = tuple(err["loc"])
     path = ".".join(str(p) for p in loc) or "(top level)"
     kind = err["type"]

@@ -51,7 +51,9 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
             rows.append(f"| `{path}` | section | {_default(field)} | {desc} |")
             rows.extend(_rows(sub, path + "."))
         else:
-            rows.append(f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |")
+            rows.append(
+                f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |"
+            )
     return rows
 
 

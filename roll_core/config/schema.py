@@ -140,7 +140,9 @@ class EvalConfig(Strict):
     """Periodic evaluation on `data.eval`."""
 
     every_steps: int | None = Field(
-        default=None, ge=1, description="Evaluate every N steps and at the end (None: only at the end)."
+        default=None,
+        ge=1,
+        description="Evaluate every N steps and at the end (None: only at the end).",
     )
     batch_size: int = Field(default=64, ge=1, description="Rows per evaluation batch.")
     max_samples: int | None = Field(
@@ -162,7 +164,9 @@ class CheckpointConfig(Strict):
     """When to save, how many to keep, and the final export."""
 
     every_steps: int | None = Field(
-        default=None, ge=1, description="Save a full checkpoint every N steps (None: only at the end)."
+        default=None,
+        ge=1,
+        description="Save a full checkpoint every N steps (None: only at the end).",
     )
     keep_last: int = Field(default=2, ge=1, description="Complete checkpoints kept on disk.")
     export_final: bool = Field(
@@ -202,8 +206,12 @@ class TrackingConfig(Strict):
 class SFTConfig(Strict):
     """`roll sft`: supervised fine-tuning with the loss on response tokens."""
 
-    pipeline: Literal["sft"] = Field(default="sft", description="Which pipeline this recipe is for.")
-    name: str = Field(default="sft", description="Human name of the experiment, shown by `roll runs`.")
+    pipeline: Literal["sft"] = Field(
+        default="sft", description="Which pipeline this recipe is for."
+    )
+    name: str = Field(
+        default="sft", description="Human name of the experiment, shown by `roll runs`."
+    )
     seed: int = Field(default=0, description="Seed for initialisation, shuffling and sampling.")
     runs_dir: str = Field(
         default="runs", description="Parent directory of run directories (`runs/<run-id>/`)."
@@ -226,7 +234,9 @@ class SFTConfig(Strict):
         if self.eval.every_steps is not None and self.data.eval is None:
             raise ValueError("eval.every_steps is set but data.eval is not: add data.eval.path")
         if self.eval.exact_match and self.data.eval is None:
-            raise ValueError("eval.exact_match is true but data.eval is not set: add data.eval.path")
+            raise ValueError(
+                "eval.exact_match is true but data.eval is not set: add data.eval.path"
+            )
         return self
 
 

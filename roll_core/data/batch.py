@@ -25,7 +25,9 @@ class Batch:
 
     Construction checks that every tensor has the same first dimension and every non-tensor
     list the same length, and raises ``ValueError`` naming the offending key otherwise.
-    Methods never modify a Batch in place, except ``batch[key] = value``.
+    Methods never modify a Batch in place, except ``batch[key] = value``. Results of ``split``
+    and ``chunk`` hold views of the tensors (like torch slicing); every result gets a shallow
+    copy of ``meta``.
     """
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -51,20 +53,20 @@ class Batch:
             if value.dim() == 0:
                 raise ValueError(f"Batch tensor {key!r} is a scalar; it needs a batch dimension.")
             expected = _check_length(key, value.shape[0], expected)
-        for key, value in self.non_tensors.items():
-            if not isinstance(value, list):
+        for key, values in self.non_tensors.items():
+            if not isinstance(values, list):
                 raise ValueError(
-                    f"Batch non-tensor {key!r} is a {type(value).__name__}; it must be a list."
+                    f"Batch non-tensor {key!r} is a {type(values).__name__}; it must be a list."
                 )
-            expected = _check_length(key, len(value), expected)
+            expected = _check_length(key, len(values), expected)
 
     # -- mapping-like access ----------------------------------------------------------------
 
     def __len__(self) -> int:
         for value in self.tensors.values():
             return int(value.shape[0])
-        for value in self.non_tensors.values():
-            return len(value)
+        for values in self.non_tensors.values():
+            return len(values)
         return 0
 
     def __contains__(self, key: object) -> bool:
@@ -81,12 +83,15 @@ class Batch:
         """Add or replace one field; its length is checked against the other fields."""
         old_tensor = self.tensors.pop(key, None)
         old_list = self.non_tensors.pop(key, None)
-        target = self.tensors if isinstance(value, torch.Tensor) else self.non_tensors
-        target[key] = value
+        if isinstance(value, torch.Tensor):
+            self.tensors[key] = value
+        else:
+            self.non_tensors[key] = value
         try:
             self._check()
         except ValueError:
-            del target[key]
+            self.tensors.pop(key, None)
+            self.non_tensors.pop(key, None)
             if old_tensor is not None:
                 self.tensors[key] = old_tensor
             if old_list is not None:
@@ -100,7 +105,7 @@ class Batch:
     # -- slicing ----------------------------------------------------------------------------
 
     def select(self, indices: Indices) -> Batch:
-        """The samples at ``indices`` (ints or a bool mask), in that order; meta is shared."""
+        """The samples at ``indices`` (ints or a bool mask), in that order."""
         index = torch.as_tensor(indices) if not isinstance(indices, torch.Tensor) else indices
         if index.dtype == torch.bool:
             if index.shape != (len(self),):
@@ -172,7 +177,7 @@ class Batch:
         return Batch(tensors=tensors, non_tensors=non_tensors, meta=first.meta)
 
     def to(self, device: torch.device | str) -> Batch:
-        """A Batch whose tensors are on ``device`` (non-tensors and meta are shared)."""
+        """A Batch whose tensors are on ``device`` (the non-tensor lists are not copied)."""
         return Batch(
             tensors={k: v.to(device) for k, v in self.tensors.items()},
             non_tensors=self.non_tensors,

@@ -254,7 +254,9 @@ def _render_ids(
         )
     try:
         text = tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+            [dict(m) for m in messages],
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
         )
     except Exception as err:  # jinja raises on conversations the template rejects
         raise DataError(
@@ -278,6 +280,6 @@ def _strip_trailing_whitespace(
     tokenizer: PreTrainedTokenizerBase, ids: list[int], start: int, stop: int
 ) -> int:
     """``stop`` moved left past whitespace-only tokens (never before ``start``)."""
-    while stop > start and not tokenizer.decode([ids[stop - 1]]).strip():
+    while stop > start and not str(tokenizer.decode([ids[stop - 1]])).strip():
         stop -= 1
     return stop

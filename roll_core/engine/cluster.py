@@ -23,7 +23,12 @@ class Executor(Protocol):
     name: str
 
     def spawn(
-        self, worker_cls: type[Worker], *, rank: int, world_size: int, resources: dict[str, float],
+        self,
+        worker_cls: type[Worker],
+        *,
+        rank: int,
+        world_size: int,
+        resources: dict[str, float],
         kwargs: dict[str, Any],
     ) -> Handle: ...
 
@@ -70,5 +75,7 @@ class Cluster:
     def run_dp(self, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
         """Split `batch` into one contiguous shard per rank and call `method` on each."""
         shards = batch.split(self.world_size)
-        futures = [h.submit(method, shard, **kwargs) for h, shard in zip(self.handles, shards)]
+        futures = [
+            h.submit(method, shard, **kwargs) for h, shard in zip(self.handles, shards, strict=True)
+        ]
         return self.executor.gather(futures)

@@ -23,7 +23,12 @@ class LocalExecutor:
     name = "local"
 
     def spawn(
-        self, worker_cls: type[Worker], *, rank: int, world_size: int, resources: dict[str, float],
+        self,
+        worker_cls: type[Worker],
+        *,
+        rank: int,
+        world_size: int,
+        resources: dict[str, float],
         kwargs: dict[str, Any],
     ) -> _LocalHandle:
         return _LocalHandle(worker_cls(rank=rank, world_size=world_size, **kwargs))
@@ -72,7 +77,12 @@ class RayExecutor:
             self._started_here = True
 
     def spawn(
-        self, worker_cls: type[Worker], *, rank: int, world_size: int, resources: dict[str, float],
+        self,
+        worker_cls: type[Worker],
+        *,
+        rank: int,
+        world_size: int,
+        resources: dict[str, float],
         kwargs: dict[str, Any],
     ) -> _RayHandle:
         options = {

@@ -165,10 +165,10 @@ def _write_model_dir(spec: BuiltinSpec, directory: Path) -> None:
     tokenizer = build_tokenizer(model_max_length=config_kwargs["max_position_embeddings"])
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    config = Qwen3Config(**config_kwargs, pad_token_id=pad_id, eos_token_id=eos_id, dtype="float32")
+    config = Qwen3Config(**config_kwargs, pad_token_id=pad_id, eos_token_id=eos_id, dtype="float32")  # type: ignore[arg-type]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED)
-        model = Qwen3ForCausalLM(config).to(torch.float32)
+        model = Qwen3ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     with _no_progress_bars():
         model.save_pretrained(directory)

@@ -83,7 +83,7 @@ def load_causal_lm(
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
     model = _load("model", name_or_path, resolved, from_pretrained)
-    return model.to(device)
+    return model.to(device)  # type: ignore[arg-type]
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -94,4 +94,13 @@ def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = N
     return _execute(cfg, setup, run, resume=True)
 
 
-__all__ = ["PIPELINES", "Pipeline", "RolePlan", "RunInterrupted", "RunResult", "launch", "plan", "resume"]
+__all__ = [
+    "PIPELINES",
+    "Pipeline",
+    "RolePlan",
+    "RunInterrupted",
+    "RunResult",
+    "launch",
+    "plan",
+    "resume",
+]

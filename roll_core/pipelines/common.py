@@ -9,6 +9,7 @@ optimizer updates, and checkpoint step-N resumes at step N + 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -58,7 +59,7 @@ def evaluate_exact_match(
     hits = 0
     for i in range(0, len(prompts), batch_size):
         outs = generate(prompts[i : i + batch_size])
-        for out, ref in zip(outs, answers[i : i + batch_size]):
+        for out, ref in zip(outs, answers[i : i + batch_size], strict=True):
             hits += tokenizer.decode(out, skip_special_tokens=True).strip() == ref
     return hits / max(1, len(prompts))
 
@@ -136,10 +137,8 @@ class DriverLoop:
             )
 
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers
                 self._old_handlers[sig] = signal.signal(sig, request_stop)
-            except ValueError:  # not the main thread
-                pass
 
     def _restore_signal_handlers(self) -> None:
         for sig, handler in self._old_handlers.items():
@@ -156,8 +155,7 @@ class DriverLoop:
                 self.close("interrupted")
                 raise RunInterrupted(
                     f"run {self.run.id} stopped at step {step} (checkpoint saved).",
-                    hint=f"Continue it with: roll resume {self.run.id}"
-                    + self._runs_dir_flag(),
+                    hint=f"Continue it with: roll resume {self.run.id}" + self._runs_dir_flag(),
                 )
 
     def _runs_dir_flag(self) -> str:
@@ -178,11 +176,15 @@ class DriverLoop:
             metrics = {**metrics, **evaluate(step)}
             self._last_evaluated = step
         self.last_metrics = metrics
-        if step % self.cfg.trainer.log_every_steps == 0 or step == self.cfg.trainer.max_steps or any(
-            k.startswith("eval/") for k in metrics
+        if (
+            step % self.cfg.trainer.log_every_steps == 0
+            or step == self.cfg.trainer.max_steps
+            or any(k.startswith("eval/") for k in metrics)
         ):
             self.tracking.log(step, metrics)
-        key = {k: v for k, v in metrics.items() if k in ("train/loss", "eval/loss", "eval/exact_match")}
+        key = {
+            k: v for k, v in metrics.items() if k in ("train/loss", "eval/loss", "eval/exact_match")
+        }
         self.run.update_meta(step=step, metrics=key)
         if self._due(step, self.cfg.checkpoint.every_steps):
             self.save(step)

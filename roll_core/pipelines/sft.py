@@ -23,6 +23,7 @@ from roll_core.data import (
     StatefulLoader,
     build_sft_dataset,
     collate_sft,
+    encode_prompt,
     load_rows,
 )
 from roll_core.engine import Cluster, make_executor
@@ -60,24 +61,32 @@ class SFTData:
 
 def prepare_data(cfg: SFTConfig, tokenizer: Any) -> SFTData:
     d = cfg.data
-    keys = dict(
+    keys: dict[str, Any] = dict(
         fmt=d.format,
         prompt_key=d.prompt_key,
         response_key=d.response_key,
         messages_key=d.messages_key,
         max_length=d.max_length,
     )
-    rows = load_rows(d.train.path, split=d.train.split, subset=d.train.subset, max_rows=d.train.max_rows)
+    rows = load_rows(
+        d.train.path, split=d.train.split, subset=d.train.subset, max_rows=d.train.max_rows
+    )
     train, stats = build_sft_dataset(rows, tokenizer, **keys)
     eval_set: list[dict[str, Any]] = []
     prompts: list[list[int]] = []
     answers: list[str] = []
     if d.eval is not None:
-        max_rows = min(x for x in (d.eval.max_rows, cfg.eval.max_samples) if x) if (
-            d.eval.max_rows or cfg.eval.max_samples
-        ) else None
+        max_rows = (
+            min(x for x in (d.eval.max_rows, cfg.eval.max_samples) if x)
+            if (d.eval.max_rows or cfg.eval.max_samples)
+            else None
+        )
         erows = load_rows(
-            d.eval.path, split=d.eval.split, subset=d.eval.subset, max_rows=max_rows, key="data.eval.path"
+            d.eval.path,
+            split=d.eval.split,
+            subset=d.eval.subset,
+            max_rows=max_rows,
+            key="data.eval.path",
         )
         eval_set, _ = build_sft_dataset(erows, tokenizer, **keys)
         if cfg.eval.exact_match:
@@ -85,7 +94,9 @@ def prepare_data(cfg: SFTConfig, tokenizer: Any) -> SFTData:
     return SFTData(train, eval_set, prompts, answers, stats)
 
 
-def _exact_match_pairs(cfg: SFTConfig, rows: Any, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
+def _exact_match_pairs(
+    cfg: SFTConfig, rows: Any, tokenizer: Any
+) -> tuple[list[list[int]], list[str]]:
     d = cfg.data
     prompts, answers = [], []
     for row in rows:
@@ -94,13 +105,13 @@ def _exact_match_pairs(cfg: SFTConfig, rows: Any, tokenizer: Any) -> tuple[list[
             last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
             context, reference = msgs[:last], msgs[last]["content"]
         else:
-            context, reference = [{"role": "user", "content": row[d.prompt_key]}], row[d.response_key]
+            context, reference = (
+                [{"role": "user", "content": row[d.prompt_key]}],
+                row[d.response_key],
+            )
         if cfg.eval.answer_key is not None:
             reference = row[cfg.eval.answer_key]
-        ids = tokenizer.apply_chat_template(context, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        prompts.append(list(ids))
+        prompts.append(_prompt_ids(tokenizer, context))
         answers.append(str(reference).strip())
     return prompts, answers
 
@@ -121,6 +132,14 @@ def prepare(cfg: SFTConfig) -> SFTSetup:
     tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
     return SFTSetup(model_path, tok_path, tokenizer, prepare_data(cfg, tokenizer))
+
+
+def _prompt_ids(tokenizer: Any, context: list[dict[str, str]]) -> list[int]:
+    """Token ids of `context` followed by the assistant generation header."""
+    if len(context) == 1 and context[0]["role"] == "user":
+        return encode_prompt(tokenizer, context[0]["content"])
+    out = tokenizer.apply_chat_template(context, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
 def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
@@ -183,7 +202,7 @@ def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
         for step in loop.steps(start, cfg.trainer.max_steps):
             t0 = time.perf_counter()
             batch = collate_sft([data.train[i] for i in next(loader)], pad_id=pad_id)
-            loss_tokens = int(batch["loss_mask"][:, 1:].sum())
+            loss_tokens = int(batch.tensors["loss_mask"][:, 1:].sum())
             batch.meta["loss_tokens"] = loss_tokens
             out = actor.run_dp("train_step", batch)
             wall = time.perf_counter() - t0
@@ -216,7 +235,9 @@ def _evaluate(cfg: SFTConfig, data: SFTData, actor: Cluster, tokenizer: Any) -> 
     metrics = {"eval/loss": loss_sum / max(1.0, loss_tokens)}
     if cfg.eval.exact_match and data.eval_prompts:
         metrics["eval/exact_match"] = evaluate_exact_match(
-            lambda prompts: actor.run_rank0("generate", prompts, max_new_tokens=cfg.eval.max_new_tokens),
+            lambda prompts: actor.run_rank0(
+                "generate", prompts, max_new_tokens=cfg.eval.max_new_tokens
+            ),
             data.eval_prompts,
             data.eval_answers,
             tokenizer,

@@ -183,7 +183,12 @@ class Run:
     def record_resume(self, *, command: list[str], from_step: int, checkpoint: str | None) -> None:
         meta = self.meta()
         meta["resumes"].append(
-            {"time": time.time(), "command": command, "from_step": from_step, "checkpoint": checkpoint}
+            {
+                "time": time.time(),
+                "command": command,
+                "from_step": from_step,
+                "checkpoint": checkpoint,
+            }
         )
         meta.update(status="running", step=from_step, updated=time.time())
         self.write_meta(meta)

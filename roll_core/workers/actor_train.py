@@ -25,8 +25,8 @@ class ActorTrain(Worker):
 
     def setup(self) -> dict[str, Any]:
         self.backend = TRAIN_BACKENDS[self.backend_name](**self.backend_kwargs)
-        n_params = sum(p.numel() for p in self.backend.model.parameters())  # type: ignore[attr-defined]
-        return {"params": n_params, "device": str(self.backend.device)}  # type: ignore[attr-defined]
+        n_params = sum(p.numel() for p in self.backend.model.parameters())
+        return {"params": n_params, "device": str(self.backend.device)}
 
     def _b(self) -> TrainBackend:
         if self.backend is None:
@@ -55,4 +55,4 @@ class ActorTrain(Worker):
         self._b().export(Path(path))
 
     def state_digest(self) -> str:
-        return self._b().state_digest()  # type: ignore[attr-defined]
+        return self._b().state_digest()

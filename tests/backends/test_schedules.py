@@ -16,7 +16,9 @@ def test_warmup_is_linear_from_first_step() -> None:
 def test_cosine_hits_min_ratio_at_last_step() -> None:
     # warmup 2, total 12: decay over steps 2..11 (span 9); step 2 -> 1, step 11 -> min_ratio
     assert lr_multiplier(2, warmup_steps=2, total_steps=12, kind="cosine", min_ratio=0.1) == 1.0
-    assert lr_multiplier(11, warmup_steps=2, total_steps=12, kind="cosine", min_ratio=0.1) == pytest.approx(0.1)
+    assert lr_multiplier(
+        11, warmup_steps=2, total_steps=12, kind="cosine", min_ratio=0.1
+    ) == pytest.approx(0.1)
     # midpoint progress 0.5 at step 2 + 4.5 -> not integral; use total 11 (span 8): step 6
     mid = lr_multiplier(6, warmup_steps=2, total_steps=11, kind="cosine", min_ratio=0.0)
     assert mid == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))  # 0.5

@@ -29,42 +29,83 @@ def test_yaml_syntax_error(roll, tmp_path: Path) -> None:
 
 def test_unknown_key(roll, tiny_recipe) -> None:
     recipe = tiny_recipe(trainer={"max_step": 5})
-    check(roll("sft", str(recipe)), 2, "trainer.max_step: unknown key; did you mean trainer.max_steps?")
+    check(
+        roll("sft", str(recipe)),
+        2,
+        "trainer.max_step: unknown key; did you mean trainer.max_steps?",
+    )
 
 
 def test_wrong_type(roll, tiny_recipe) -> None:
-    check(roll("sft", str(tiny_recipe()), "trainer.micro_batch_size=big"), 2, "trainer.micro_batch_size")
+    check(
+        roll("sft", str(tiny_recipe()), "trainer.micro_batch_size=big"),
+        2,
+        "trainer.micro_batch_size",
+    )
 
 
 def test_missing_dataset_file(roll, tiny_recipe, tmp_path: Path) -> None:
     recipe = tiny_recipe()
     check(roll("sft", str(recipe), f"data.train.path={tmp_path}/nope.jsonl"), 2, "nope.jsonl")
+    assert not (tmp_path / "runs").exists()  # checked before a run directory is created
 
 
 def test_model_path_not_found(roll, tiny_recipe, tmp_path: Path) -> None:
-    check(roll("sft", str(tiny_recipe()), f"model.path={tmp_path}/no-model"), 2, "model path not found")
+    check(
+        roll("sft", str(tiny_recipe()), f"model.path={tmp_path}/no-model"),
+        2,
+        "model path not found",
+    )
 
 
 def test_unknown_builtin_lists_valid(roll, tiny_recipe) -> None:
-    check(roll("sft", str(tiny_recipe()), "model.path=builtin:tiny-qwen"), 2, "tiny-qwen3", "small-qwen3")
+    check(
+        roll("sft", str(tiny_recipe()), "model.path=builtin:tiny-qwen"),
+        2,
+        "tiny-qwen3",
+        "small-qwen3",
+    )
 
 
 def test_unknown_run_id_lists_recent(roll, tmp_path: Path) -> None:
-    Run.create(tmp_path, config_yaml="x: 1\n", name="n", pipeline="sft", command=[], recipe=None, run_id="old-run-01")
-    check(roll("resume", "no-such-run", "--runs-dir", str(tmp_path)), 2, "no run 'no-such-run'", "old-run-01")
+    Run.create(
+        tmp_path,
+        config_yaml="x: 1\n",
+        name="n",
+        pipeline="sft",
+        command=[],
+        recipe=None,
+        run_id="old-run-01",
+    )
+    check(
+        roll("resume", "no-such-run", "--runs-dir", str(tmp_path)),
+        2,
+        "no run 'no-such-run'",
+        "old-run-01",
+    )
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; covered by the file-parent case")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root can write anywhere; covered by the file-parent case"
+)
 def test_unwritable_runs_dir_permissions(roll, tiny_recipe, tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    check(roll("sft", str(tiny_recipe()), f"runs_dir={locked}/runs"), 1, "cannot create a run directory")
+    check(
+        roll("sft", str(tiny_recipe()), f"runs_dir={locked}/runs"),
+        1,
+        "cannot create a run directory",
+    )
 
 
 def test_unwritable_runs_dir(roll, tiny_recipe, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    check(roll("sft", str(tiny_recipe()), f"runs_dir={blocker}/runs"), 1, "cannot create a run directory")
+    check(
+        roll("sft", str(tiny_recipe()), f"runs_dir={blocker}/runs"),
+        1,
+        "cannot create a run directory",
+    )
 
 
 def test_debug_shows_traceback(roll, tmp_path: Path) -> None:

@@ -9,11 +9,15 @@ from roll_core.data.arith import write_arith_dataset  # noqa: F401  (import chec
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_dry_run_prints_plan_and_loads_nothing(roll, tiny_recipe, cache_dir: Path, tmp_path: Path) -> None:
+def test_dry_run_prints_plan_and_loads_nothing(
+    roll, tiny_recipe, cache_dir: Path, tmp_path: Path
+) -> None:
     before = sorted(cache_dir.rglob("*"))
     res = roll("sft", str(tiny_recipe()), "--dry-run")
     assert res.returncode == 0, res.stderr
-    assert "resource plan" in res.stdout and "actor_train" in res.stdout and "ActorTrain" in res.stdout
+    assert (
+        "resource plan" in res.stdout and "actor_train" in res.stdout and "ActorTrain" in res.stdout
+    )
     assert "max_steps: 12" in res.stdout
     assert "recipe is valid" in res.stdout
     assert not (tmp_path / "runs").exists()
@@ -42,7 +46,9 @@ def test_data_arith_regenerates_shipped_files(roll, tmp_path: Path) -> None:
     res = roll("data", "arith", str(tmp_path / "arith"))
     assert res.returncode == 0, res.stderr
     for name in ("train.jsonl", "test.jsonl"):
-        assert (tmp_path / "arith" / name).read_bytes() == (ROOT / "data/tiny-arith" / name).read_bytes()
+        assert (tmp_path / "arith" / name).read_bytes() == (
+            ROOT / "data/tiny-arith" / name
+        ).read_bytes()
 
 
 def test_runs_on_empty_dir(roll, tmp_path: Path) -> None:

@@ -34,14 +34,18 @@ def test_minimal_recipe_fills_defaults(tmp_path: Path) -> None:
 
 def test_overrides_parse_values_as_yaml() -> None:
     data: dict = {"trainer": {"max_steps": 5}}
-    apply_overrides(data, ["trainer.max_steps=10", "actor_train.optim.lr=1e-4", "eval.max_samples=null"])
+    apply_overrides(
+        data, ["trainer.max_steps=10", "actor_train.optim.lr=1e-4", "eval.max_samples=null"]
+    )
     assert data["trainer"]["max_steps"] == 10
     assert data["actor_train"]["optim"]["lr"] == "1e-4"  # YAML 1.1 string; pydantic coerces
     assert data["eval"]["max_samples"] is None
 
 
 def test_override_applied_before_validation(tmp_path: Path) -> None:
-    cfg = load_recipe(write(tmp_path, MINIMAL), ["actor_train.optim.lr=1e-4", "trainer.max_steps=7"])
+    cfg = load_recipe(
+        write(tmp_path, MINIMAL), ["actor_train.optim.lr=1e-4", "trainer.max_steps=7"]
+    )
     assert cfg.actor_train.optim.lr == pytest.approx(1e-4)
     assert cfg.trainer.max_steps == 7
 
@@ -62,7 +66,10 @@ def test_unknown_key_suggests_closest(tmp_path: Path) -> None:
 
 
 def test_unknown_nested_key_in_override(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"actor_train\.optim\.lrr: unknown key; did you mean actor_train\.optim\.lr\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_train\.optim\.lrr: unknown key; did you mean actor_train\.optim\.lr\?",
+    ):
         load_recipe(write(tmp_path, MINIMAL), ["actor_train.optim.lrr=0.1"])
 
 

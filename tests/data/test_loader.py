@@ -33,7 +33,12 @@ def test_shuffled_order_is_randperm_of_seed_plus_epoch() -> None:
     loader = StatefulLoader(6, 2, seed=7)
     epoch0 = torch.randperm(6, generator=torch.Generator().manual_seed(7)).tolist()
     epoch1 = torch.randperm(6, generator=torch.Generator().manual_seed(8)).tolist()
-    assert take(loader, 6) == [epoch0[0:2], epoch0[2:4], epoch0[4:6], *[epoch1[i : i + 2] for i in (0, 2, 4)]]
+    assert take(loader, 6) == [
+        epoch0[0:2],
+        epoch0[2:4],
+        epoch0[4:6],
+        *[epoch1[i : i + 2] for i in (0, 2, 4)],
+    ]
     assert epoch0 != epoch1
 
 

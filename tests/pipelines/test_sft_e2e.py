@@ -64,28 +64,41 @@ def test_sft_run_layout_and_hf_export(baseline: Path, roll, tmp_path: Path) -> N
     tok = AutoTokenizer.from_pretrained(baseline / "final")
     assert model.config.model_type == "qwen3" and tok.eos_token == "<|im_end|>"
     listing = roll("runs", "--runs-dir", str(tmp_path / "runs"))
-    assert listing.returncode == 0 and "base-line-00" in listing.stdout and "finished" in listing.stdout
+    assert (
+        listing.returncode == 0
+        and "base-line-00" in listing.stdout
+        and "finished" in listing.stdout
+    )
 
 
 def _start(recipe: Path, run_id: str, env: dict[str, str]) -> subprocess.Popen:
     roll_bin = str(Path(sys.executable).parent / "roll")
     return subprocess.Popen(
         [roll_bin, "sft", str(recipe), "--run-id", run_id],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
 def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and steps_logged(run_dir) and steps_logged(run_dir)[-1] >= step:
+        if (
+            (run_dir / "metrics.jsonl").exists()
+            and steps_logged(run_dir)
+            and steps_logged(run_dir)[-1] >= step
+        ):
             return
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited"
         time.sleep(0.05)
     raise AssertionError(f"step {step} not reached")
 
 
-def test_sigkill_then_resume_is_bitwise_identical(baseline, roll, tiny_recipe, cli_env, tmp_path) -> None:
+def test_sigkill_then_resume_is_bitwise_identical(
+    baseline, roll, tiny_recipe, cli_env, tmp_path
+) -> None:
     recipe = tiny_recipe()
     run_dir = tmp_path / "runs" / "kill-me-01"
     proc = _start(recipe, "kill-me-01", cli_env)
@@ -143,13 +156,21 @@ def test_ctrl_c_marks_interrupted_and_prints_resume(roll, tiny_recipe, cli_env, 
     assert meta["status"] == "interrupted"
     stopped = meta["step"]
     assert (run_dir / "checkpoints" / f"step-{stopped:06d}").is_dir()
-    res = roll("resume", "ctrl-c-03", "trainer.max_steps=" + str(stopped + 2), "--runs-dir", str(tmp_path / "runs"))
+    res = roll(
+        "resume",
+        "ctrl-c-03",
+        "trainer.max_steps=" + str(stopped + 2),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    )
     assert res.returncode == 0, res.stderr
     assert steps_logged(run_dir) == list(range(1, stopped + 3))
 
 
 @pytest.mark.ray
-def test_local_and_ray_executors_give_the_same_loss_curve(baseline, roll, tiny_recipe, tmp_path) -> None:
+def test_local_and_ray_executors_give_the_same_loss_curve(
+    baseline, roll, tiny_recipe, tmp_path
+) -> None:
     recipe = tiny_recipe(executor={"type": "ray", "num_cpus": 2})
     res = roll("sft", str(recipe), "--run-id", "on-ray-04")
     assert res.returncode == 0, res.stderr

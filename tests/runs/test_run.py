@@ -14,7 +14,12 @@ from roll_core.runs import Run, list_runs, new_run_id
 
 def make(tmp_path: Path, run_id: str | None = None) -> Run:
     return Run.create(
-        tmp_path, config_yaml="a: 1\n", name="n", pipeline="sft", command=["roll"], recipe="r.yaml",
+        tmp_path,
+        config_yaml="a: 1\n",
+        name="n",
+        pipeline="sft",
+        command=["roll"],
+        recipe="r.yaml",
         run_id=run_id,
     )
 

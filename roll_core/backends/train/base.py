@@ -5,11 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+import torch
+
 from roll_core.data import Batch
 
 
 class TrainBackend(Protocol):
     """Owns a model and its optimizer on one rank."""
+
+    model: torch.nn.Module
+    device: torch.device
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step over `batch`, accumulated in micro-batches.
@@ -38,4 +43,8 @@ class TrainBackend(Protocol):
 
     def export(self, path: Path) -> None:
         """Write the model and tokenizer in Hugging Face format."""
+        ...
+
+    def state_digest(self) -> str:
+        """sha256 over every parameter's bytes (exactness checks)."""
         ...

@@ -40,7 +40,9 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+def token_loss_sum(
+    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
     """Summed next-token cross-entropy over masked positions.
 
     logits [B, T, V] predict input_ids[:, 1:]; loss_mask [B, T] marks trained *tokens*, so the
@@ -111,11 +113,11 @@ class TorchTrainBackend:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _loss_sum(self, mb: Batch) -> tuple[torch.Tensor, int]:
-        ids = mb["input_ids"].to(self.device)
-        attn = mb["attention_mask"].to(self.device)
+        ids = mb.tensors["input_ids"].to(self.device)
+        attn = mb.tensors["attention_mask"].to(self.device)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-        return token_loss_sum(logits, ids, mb["loss_mask"].to(self.device)), int(attn.sum())
+        return token_loss_sum(logits, ids, mb.tensors["loss_mask"].to(self.device)), int(attn.sum())
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         start = time.perf_counter()
@@ -132,7 +134,7 @@ class TorchTrainBackend:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.params, max_norm if max_norm is not None else float("inf")
         )
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
         return {
@@ -149,7 +151,7 @@ class TorchTrainBackend:
         total = 0.0
         for mb in batch.chunk(self.micro_batch_size):
             total += float(self._loss_sum(mb)[0])
-        return {"loss_sum": total, "loss_tokens": float(batch["loss_mask"][:, 1:].sum())}
+        return {"loss_sum": total, "loss_tokens": float(batch.tensors["loss_mask"][:, 1:].sum())}
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
@@ -163,7 +165,7 @@ class TorchTrainBackend:
             ids[i, width - len(p) :] = torch.tensor(p)
             attn[i, width - len(p) :] = 1
         with self._autocast():
-            out = self.model.generate(
+            out = self.model.generate(  # type: ignore[operator]
                 input_ids=ids.to(self.device),
                 attention_mask=attn.to(self.device),
                 max_new_tokens=max_new_tokens,

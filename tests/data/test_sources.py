@@ -1,0 +1,115 @@
+"""Tests for roll_core/data/sources.py: local formats, directories, hub names, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+from roll_core.data import is_local_path, load_rows, require_columns
+from roll_core.errors import DataError
+
+ROWS = [{"prompt": "p0", "response": "r0"}, {"prompt": "p1", "response": "r1"}]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "json", "csv", "parquet"])
+def test_local_formats(tmp_path: Path, ext: str) -> None:
+    path = tmp_path / f"rows.{ext}"
+    if ext == "jsonl":
+        write_jsonl(path, ROWS)
+    elif ext == "json":
+        path.write_text(json.dumps(ROWS))  # a JSON array, not JSON lines
+    elif ext == "csv":
+        path.write_text("prompt,response\np0,r0\np1,r1\n")
+    else:
+        datasets.Dataset.from_list(ROWS).to_parquet(str(path))
+    ds = load_rows(str(path))
+    assert ds.column_names == ["prompt", "response"]
+    assert ds.to_list() == ROWS
+    assert load_rows(str(path), max_rows=1).to_list() == ROWS[:1]
+
+
+def test_directory_splits(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "train.jsonl", ROWS)
+    write_jsonl(tmp_path / "test.jsonl", ROWS[:1])
+    (tmp_path / "README.md").write_text("ignored")
+    assert len(load_rows(str(tmp_path))) == 2
+    assert len(load_rows(str(tmp_path), split="test")) == 1
+    with pytest.raises(DataError, match=r"no file for split 'validation'.*'test', 'train'"):
+        load_rows(str(tmp_path), split="validation")
+
+
+def test_directory_without_split_names_is_train(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "part-a.jsonl", ROWS)
+    write_jsonl(tmp_path / "part-b.jsonl", ROWS[:1])
+    assert len(load_rows(str(tmp_path))) == 3
+    with pytest.raises(DataError, match="split 'test'"):
+        load_rows(str(tmp_path), split="test")
+
+
+def test_missing_file_names_path_and_key(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(DataError) as err:
+        load_rows(str(missing), key="data.eval.path")
+    assert str(missing) in str(err.value) and "data.eval.path" in str(err.value)
+    with pytest.raises(DataError, match="data.train.path"):
+        load_rows("./also/missing")
+
+
+def test_unknown_extension_lists_supported(tmp_path: Path) -> None:
+    path = tmp_path / "rows.txt"
+    path.write_text("hello\n")
+    with pytest.raises(DataError, match=r"'\.txt'.*\.json, \.jsonl, \.parquet, \.csv"):
+        load_rows(str(path))
+
+
+def test_parse_error_gives_the_reason(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2\n')
+    with pytest.raises(DataError, match=r"Could not read .*bad\.jsonl.*JSON parse error") as err:
+        load_rows(str(path))
+    assert "DatasetGenerationError" not in str(err.value)
+
+
+def test_hub_name_is_passed_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def fake_load(path, name=None, *, split):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_list(ROWS)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    assert len(load_rows("openai/gsm8k", split="test", subset="main", max_rows=1)) == 1
+    assert calls == [("openai/gsm8k", "main", "test")]
+
+
+def test_hub_offline_says_to_use_a_local_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'org/name' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataError, match=r"hub is unreachable.*\n.*local file"):
+        load_rows("org/name")
+
+
+def test_is_local_path(tmp_path: Path) -> None:
+    assert is_local_path(str(tmp_path))
+    assert is_local_path("./x") and is_local_path("~/x") and is_local_path("a/b/c.jsonl")
+    assert is_local_path("train.parquet") and is_local_path("a/b/c")
+    assert not is_local_path("openai/gsm8k") and not is_local_path("gsm8k")
+
+
+def test_require_columns() -> None:
+    ds = datasets.Dataset.from_list(ROWS)
+    require_columns(ds, ["prompt"], what="The data")
+    with pytest.raises(
+        DataError, match=r"no column 'answer'; its columns are 'prompt', 'response'"
+    ):
+        require_columns(ds, ["prompt", "answer"], what="The data")
