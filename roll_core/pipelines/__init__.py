@@ -42,8 +42,10 @@ def plan(cfg: Any) -> list[RolePlan]:
     return PIPELINES[cfg.pipeline].plan(cfg)
 
 
-def _execute(cfg: Any, setup: Any, run: Run, *, resume: bool) -> RunResult:
-    loop = DriverLoop(cfg, run, resume=resume)
+def _execute(
+    cfg: Any, setup: Any, run: Run, *, resume: bool, new_config: str | None = None
+) -> RunResult:
+    loop = DriverLoop(cfg, run, resume=resume, new_config=new_config)
     try:
         metrics = PIPELINES[cfg.pipeline].run(cfg, setup, loop)
     except RunInterrupted:
@@ -55,6 +57,9 @@ def _execute(cfg: Any, setup: Any, run: Run, *, resume: bool) -> RunResult:
             hint=f"Continue it with: roll resume {run.id} --runs-dir {run.dir.parent}",
         ) from None
     except BaseException as err:
+        if not loop.started:  # refused before any step: the run stays as it was
+            loop.close(None)
+            raise
         loop.close("failed")
         run.update_meta(error=f"{type(err).__name__}: {err}"[:2000])
         raise
@@ -80,18 +85,20 @@ def load_run_config(run: Run, overrides: list[str]) -> Any:
     """The run's resolved config.yaml with `overrides` applied, validated again."""
     data = apply_overrides(read_yaml(run.config_path), overrides)
     schema = schema_for(data, source=str(run.config_path))
-    cfg = validate(schema, data, source=str(run.config_path))
-    if overrides:
-        Path(run.config_path).write_text(dump_config(cfg))
-    return cfg
+    return validate(schema, data, source=str(run.config_path))
 
 
 def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = None) -> RunResult:
-    """Continue run `run_id` in its own directory from its newest intact checkpoint."""
+    """Continue run `run_id` in its own directory from its newest intact checkpoint.
+
+    Overrides (e.g. a larger trainer.max_steps) are written into the run's config.yaml once
+    the checkpoint has loaded; a refused resume leaves the run directory as it was.
+    """
     run = Run.open(runs_dir, run_id)
     cfg = load_run_config(run, list(overrides or []))
     setup = PIPELINES[cfg.pipeline].prepare(cfg)
-    return _execute(cfg, setup, run, resume=True)
+    new_config = dump_config(cfg) if overrides else None
+    return _execute(cfg, setup, run, resume=True, new_config=new_config)
 
 
 __all__ = [

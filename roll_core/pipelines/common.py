@@ -67,8 +67,18 @@ def evaluate_exact_match(
 class DriverLoop:
     """Step counter, schedules, tracking and status for one run of one pipeline."""
 
-    def __init__(self, cfg: Any, run: Run, *, resume: bool, console: Console | None = None):
+    def __init__(
+        self,
+        cfg: Any,
+        run: Run,
+        *,
+        resume: bool,
+        new_config: str | None = None,
+        console: Console | None = None,
+    ):
         self.cfg = cfg
+        self.new_config = new_config
+        self.started = False
         self.run = run
         self.resume = resume
         self.console = console or Console(stderr=True)
@@ -109,6 +119,8 @@ class DriverLoop:
                 self.console_note(f"resumed from {found.path.name}")
             else:
                 self.console_note("no checkpoint was saved yet: starting again from step 0")
+            if self.new_config is not None:
+                atomic_write_text(self.run.config_path, self.new_config)
             self.run.record_resume(
                 command=sys.argv, from_step=start, checkpoint=found.path.name if found else None
             )
@@ -124,6 +136,7 @@ class DriverLoop:
             start_step=start,
             console=self.console,
         )
+        self.started = True
         return start
 
     def _install_signal_handlers(self) -> None:
@@ -209,9 +222,11 @@ class DriverLoop:
         self.close("finished")
         return dict(self.last_metrics)
 
-    def close(self, status: str) -> None:
+    def close(self, status: str | None) -> None:
+        """Stop trackers and handlers; record `status` (None: leave the run's status alone)."""
         self._restore_signal_handlers()
         if self.tracking is not None:
             self.tracking.close()
             self.tracking = None
-        self.run.update_meta(status=status)
+        if status is not None:
+            self.run.update_meta(status=status)

@@ -25,8 +25,10 @@ from roll_core.data import (
     collate_sft,
     encode_prompt,
     load_rows,
+    require_columns,
 )
 from roll_core.engine import Cluster, make_executor
+from roll_core.errors import CheckpointError
 from roll_core.models import load_tokenizer, resolve_model_path
 from roll_core.pipelines.common import DriverLoop, RolePlan, evaluate_exact_match
 from roll_core.workers.actor_train import ActorTrain
@@ -76,11 +78,8 @@ def prepare_data(cfg: SFTConfig, tokenizer: Any) -> SFTData:
     prompts: list[list[int]] = []
     answers: list[str] = []
     if d.eval is not None:
-        max_rows = (
-            min(x for x in (d.eval.max_rows, cfg.eval.max_samples) if x)
-            if (d.eval.max_rows or cfg.eval.max_samples)
-            else None
-        )
+        limits = [x for x in (d.eval.max_rows, cfg.eval.max_samples) if x is not None]
+        max_rows = min(limits) if limits else None
         erows = load_rows(
             d.eval.path,
             split=d.eval.split,
@@ -90,6 +89,10 @@ def prepare_data(cfg: SFTConfig, tokenizer: Any) -> SFTData:
         )
         eval_set, _ = build_sft_dataset(erows, tokenizer, **keys)
         if cfg.eval.exact_match:
+            if cfg.eval.answer_key is not None:
+                require_columns(
+                    erows, [cfg.eval.answer_key], what="the eval data (eval.answer_key)"
+                )
             prompts, answers = _exact_match_pairs(cfg, erows, tokenizer)
     return SFTData(train, eval_set, prompts, answers, stats)
 
@@ -188,9 +191,15 @@ def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
 
         def save_state(ckpt: Path) -> dict[str, Any]:
             actor.run("save", str(ckpt / "actor_train"))
-            return {"loader": loader.state_dict()}
+            return {"loader": loader.state_dict(), "train_examples": len(data.train)}
 
         def load_state(ckpt: Path, state: dict[str, Any]) -> None:
+            if state.get("train_examples", len(data.train)) != len(data.train):
+                raise CheckpointError(
+                    f"the training data changed since {ckpt.name}: it had "
+                    f"{state['train_examples']} examples, now {len(data.train)}.",
+                    hint="Resume with the data the run started with, or start a new run.",
+                )
             actor.run("load", str(ckpt / "actor_train"))
             loader.load_state_dict(state["loader"])
 

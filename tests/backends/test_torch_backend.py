@@ -23,7 +23,9 @@ def test_token_loss_sum_by_hand() -> None:
     assert token_loss_sum(logits, ids, mask).item() == pytest.approx(math.log(2))
     # Confident right answer at the trained position: logit 10 on token 1 -> ln(1 + e^-10)
     logits[0, 1, 1] = 10.0
-    assert token_loss_sum(logits, ids, mask).item() == pytest.approx(math.log1p(math.exp(-10)), abs=1e-6)
+    assert token_loss_sum(logits, ids, mask).item() == pytest.approx(
+        math.log1p(math.exp(-10)), abs=1e-6
+    )
 
 
 @pytest.fixture(scope="module")

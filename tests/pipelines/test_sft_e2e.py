@@ -140,6 +140,14 @@ def test_damaged_checkpoint_falls_back(baseline, roll, tmp_path: Path) -> None:
     assert "falling back to step-000008" in res.stderr
     assert steps_logged(baseline) == list(range(1, 13))
     assert_same_weights(final_weights(baseline), before)
+    # Resuming against different training data is refused, and nothing is touched.
+    res = roll(
+        "resume", "base-line-00", "data.train.max_rows=256", "--runs-dir", str(tmp_path / "runs")
+    )
+    assert res.returncode == 1 and "training data changed since step-000012" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert json.loads((baseline / "meta.json").read_text())["status"] == "finished"
+    assert "max_rows: 256" not in (baseline / "config.yaml").read_text()
 
 
 def test_ctrl_c_marks_interrupted_and_prints_resume(roll, tiny_recipe, cli_env, tmp_path) -> None:
