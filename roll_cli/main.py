@@ -260,13 +260,8 @@ def models(debug: Debug = False) -> None:
 
 @app.command()
 @handle_errors
-def schema(
-    markdown: Annotated[
-        bool, typer.Option("--markdown", help="Print the reference as Markdown.")
-    ] = True,
-    debug: Debug = False,
-) -> None:
-    """Print the config reference (docs/config.md) generated from the schema."""
+def schema(debug: Debug = False) -> None:
+    """Print the config reference (docs/config.md, Markdown) generated from the schema."""
     from roll_core.config.reference import config_reference
 
     sys.stdout.write(config_reference() + "\n")

@@ -106,6 +106,9 @@ def _describe(err: Any, schema: type[BaseModel]) -> str:
         return f"{path}: unknown key; valid keys here: {', '.join(valid)}."
     if kind == "missing":
         return f"{path}: required key is missing."
+    if kind == "value_error":  # a check across fields: its message says it all
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        return msg if not loc else f"{path}: {msg}"
     got = err.get("input")
     shown = repr(got) if not isinstance(got, dict) else "a mapping"
     if len(shown) > 60:
@@ -135,17 +138,17 @@ def schema_for(data: dict[str, Any], *, source: str, expected: str | None = None
             f"{source}: the recipe has no `pipeline:` key.",
             hint=f"Add `pipeline: NAME` with one of: {', '.join(PIPELINES)}.",
         )
-    if expected is not None and name != expected:
-        raise ConfigError(
-            f"{source}: this recipe is for `{name}`, not `{expected}`.",
-            hint=f"Run it with `roll {name}` (or `roll validate`), or fix `pipeline:`.",
-        )
     if name not in PIPELINES:
         close = difflib.get_close_matches(str(name), list(PIPELINES), n=1)
         extra = f" Did you mean {close[0]}?" if close else ""
         raise ConfigError(
             f"{source}: pipeline: unknown pipeline {name!r}.{extra}",
             hint=f"Valid pipelines: {', '.join(PIPELINES)}.",
+        )
+    if expected is not None and name != expected:
+        raise ConfigError(
+            f"{source}: this recipe is for `{name}`, not `{expected}`.",
+            hint=f"Run it with `roll {name}`, or fix `pipeline:`.",
         )
     return PIPELINES[name]
 

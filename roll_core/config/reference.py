@@ -62,7 +62,7 @@ def config_reference() -> str:
     out = [
         "# Config reference",
         "",
-        "Generated from `roll_core/config/schema.py` by `roll schema --markdown`; a test fails",
+        "Generated from `roll_core/config/schema.py` by `roll schema`; a test fails",
         "when this page and the schema disagree. Unknown keys are errors in every section.",
         "Any key can be overridden on the command line: `roll sft RECIPE trainer.max_steps=10`.",
         "",

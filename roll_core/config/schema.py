@@ -2,7 +2,7 @@
 
 A recipe is YAML; it becomes one of these objects at the CLI edge and raw dicts never travel
 deeper. Every model forbids unknown keys (a typo is an error, never silently ignored) and every
-field carries a description: `docs/config.md` is generated from them (`roll schema --markdown`)
+field carries a description: `docs/config.md` is generated from them (`roll schema`)
 and a test keeps the two in sync.
 
 Components are nested the same way in every pipeline: ``model``, ``data``, ``trainer``,
@@ -192,13 +192,16 @@ class ExecutorConfig(Strict):
     )
 
 
+TrackerName = Literal["console", "jsonl", "tensorboard", "swanlab", "wandb"]
+
+
 class TrackingConfig(Strict):
     """Where metrics go. metrics.jsonl in the run directory is always written."""
 
-    backends: list[str] = Field(
-        default_factory=lambda: ["console", "jsonl", "tensorboard"],
-        description="Any of console, jsonl, tensorboard, swanlab (local mode, no account), "
-        "wandb (when installed).",
+    backends: list[TrackerName] = Field(
+        default_factory=lambda: list[TrackerName](["console", "jsonl", "tensorboard"]),
+        description="Any of console, jsonl, tensorboard, swanlab (offline mode: no account, "
+        "no network), wandb (when installed).",
     )
     project: str = Field(default="roll", description="Project name for SwanLab / W&B.")
 

@@ -53,11 +53,12 @@ def _execute(
     except KeyboardInterrupt:
         loop.close("interrupted")
         raise RunInterrupted(
-            f"run {run.id} interrupted; it resumes from its last checkpoint.",
-            hint=f"Continue it with: roll resume {run.id} --runs-dir {run.dir.parent}",
+            f"run {run.id} interrupted; it resumes from its last checkpoint "
+            "(from step 0 if none was saved yet).",
+            hint=f"Continue it with: {loop.resume_command()}",
         ) from None
     except BaseException as err:
-        if not loop.started:  # refused before any step: the run stays as it was
+        if resume and not loop.started:  # a refused resume leaves the run as it was
             loop.close(None)
             raise
         loop.close("failed")

@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from roll_core.errors import RollError
+from roll_core.errors import RollError, UsageError
 from roll_core.runs import CheckpointManager, Run, atomic_write_text
 from roll_core.tracking import build_tracking
 from roll_core.tracking.jsonl import truncate_after
@@ -116,6 +116,13 @@ class DriverLoop:
                 load_state(found.path, state)
                 start = found.step
                 self._last_saved = start
+                if start >= self.cfg.trainer.max_steps:
+                    raise UsageError(
+                        f"run {self.run.id} already reached trainer.max_steps="
+                        f"{self.cfg.trainer.max_steps} ({found.path.name}); nothing to resume.",
+                        hint=f"To train further: roll resume {self.run.id} "
+                        f"trainer.max_steps=N (N > {start}).",
+                    )
                 self.console_note(f"resumed from {found.path.name}")
             else:
                 self.console_note("no checkpoint was saved yet: starting again from step 0")
@@ -168,11 +175,14 @@ class DriverLoop:
                 self.close("interrupted")
                 raise RunInterrupted(
                     f"run {self.run.id} stopped at step {step} (checkpoint saved).",
-                    hint=f"Continue it with: roll resume {self.run.id}" + self._runs_dir_flag(),
+                    hint=f"Continue it with: {self.resume_command()}",
                 )
 
-    def _runs_dir_flag(self) -> str:
-        return "" if self.run.dir.parent == Path("runs") else f" --runs-dir {self.run.dir.parent}"
+    def resume_command(self) -> str:
+        """The command that continues this run, as a user would type it."""
+        parent = self.run.dir.parent
+        flag = "" if parent == Path("runs") else f" --runs-dir {parent}"
+        return f"roll resume {self.run.id}{flag}"
 
     def _due(self, step: int, every: int | None) -> bool:
         return step == self.cfg.trainer.max_steps or (every is not None and step % every == 0)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.config.schema import SFTConfig
 from roll_core.data import (
     StatefulLoader,
@@ -131,6 +132,8 @@ class SFTSetup:
 
 def prepare(cfg: SFTConfig) -> SFTSetup:
     """Resolve the model and tokenise the data: bad paths fail here, before a run is created."""
+    if cfg.executor.type == "local" and cfg.actor_train.device == "cuda":
+        resolve_device("cuda")  # no CUDA here: fail before a run directory is created
     model_path = resolve_model_path(cfg.model.path)
     tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)

@@ -37,7 +37,7 @@ def test_models_lists_builtins(roll) -> None:
 
 
 def test_schema_matches_docs(roll) -> None:
-    res = roll("schema", "--markdown")
+    res = roll("schema")
     assert res.returncode == 0
     assert res.stdout == (ROOT / "docs" / "config.md").read_text()
 

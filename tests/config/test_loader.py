@@ -111,3 +111,27 @@ def test_several_problems_listed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="2 problems") as exc:
         load_recipe(write(tmp_path, MINIMAL), ["trainer.max_steps=0", "seed=x"])
     assert "trainer.max_steps" in exc.value.message and "seed" in exc.value.message
+
+
+def test_unknown_tracker_rejected_at_validation(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"tracking\.backends\.1: .*'tensorboard'.*got 'tensorbord'"
+    ):
+        load_recipe(write(tmp_path, MINIMAL), ["tracking.backends=[console,tensorbord]"])
+
+
+def test_cross_field_error_reads_plainly(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_recipe(write(tmp_path, MINIMAL), ["eval.exact_match=true"])
+    assert exc.value.message == (
+        f"{tmp_path / 'r.yaml'}: eval.exact_match is true but data.eval is not set: add data.eval.path"
+    )
+
+
+def test_recipe_for_another_known_pipeline(tmp_path: Path) -> None:
+    # only sft exists today: an unknown name is reported as unknown, never "run roll dpo"
+    with pytest.raises(ConfigError, match="unknown pipeline 'dpo'") as exc:
+        load_recipe(
+            write(tmp_path, MINIMAL.replace("pipeline: sft", "pipeline: dpo")), expected="sft"
+        )
+    assert "roll dpo" not in str(exc.value)

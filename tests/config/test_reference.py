@@ -9,7 +9,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 def test_config_reference_is_up_to_date() -> None:
     assert DOC.read_text() == config_reference() + "\n", (
-        "docs/config.md is stale: regenerate with `roll schema --markdown > docs/config.md`"
+        "docs/config.md is stale: regenerate with `roll schema > docs/config.md`"
     )
 
 

@@ -148,6 +148,10 @@ def test_damaged_checkpoint_falls_back(baseline, roll, tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
     assert json.loads((baseline / "meta.json").read_text())["status"] == "finished"
     assert "max_rows: 256" not in (baseline / "config.yaml").read_text()
+    # A finished run has nothing to resume unless max_steps grows.
+    res = roll("resume", "base-line-00", "--runs-dir", str(tmp_path / "runs"))
+    assert res.returncode == 2 and "already reached trainer.max_steps=12" in res.stderr
+    assert json.loads((baseline / "meta.json").read_text())["status"] == "finished"
 
 
 def test_ctrl_c_marks_interrupted_and_prints_resume(roll, tiny_recipe, cli_env, tmp_path) -> None:
