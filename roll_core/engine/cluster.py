@@ -7,6 +7,7 @@ The calls read the same with the `local` executor (instances in this process, no
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from roll_core.data import Batch
@@ -17,6 +18,8 @@ class Handle(Protocol):
     """What an executor returns for one rank."""
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    def submit_async(self, method: str, *args: Any, **kwargs: Any) -> Future: ...
 
 
 class Executor(Protocol):
@@ -71,6 +74,14 @@ class Cluster:
 
     def run_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.executor.gather([self.handles[0].submit(method, *args, **kwargs)])[0]
+
+    def submit(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Future:
+        """Start `method` on one rank without waiting: a concurrent.futures.Future.
+
+        Used by the rollout scheduler to keep every rank busy while results stream back.
+        Errors surface from `future.result()` (a worker's RollError as itself).
+        """
+        return self.handles[rank].submit_async(method, *args, **kwargs)
 
     def run_dp(self, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
         """Split `batch` into one contiguous shard per rank and call `method` on each."""

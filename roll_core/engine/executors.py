@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from roll_core.engine.worker import Worker
@@ -12,9 +13,16 @@ from roll_core.errors import ConfigError, RollError
 class _LocalHandle:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
+        self._pool: ThreadPoolExecutor | None = None
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.worker.call(method, *args, **kwargs)
+
+    def submit_async(self, method: str, *args: Any, **kwargs: Any) -> Future:
+        """Run the call on this rank's own thread (calls to one rank stay in order)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="roll-worker")
+        return self._pool.submit(self.worker.call, method, *args, **kwargs)
 
 
 class LocalExecutor:
@@ -46,6 +54,9 @@ class _RayHandle:
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.actor.call.remote(method, *args, **kwargs)
+
+    def submit_async(self, method: str, *args: Any, **kwargs: Any) -> Future:
+        return self.actor.call.remote(method, *args, **kwargs).future()
 
 
 class RayExecutor:

@@ -241,9 +241,10 @@ def _evaluate(cfg: SFTConfig, data: SFTData, actor: Cluster, tokenizer: Any) -> 
     bs = cfg.eval.batch_size
     for i in range(0, len(data.eval), bs):
         batch = collate_sft(data.eval[i : i + bs], pad_id=tokenizer.pad_token_id)
-        out = actor.run_dp("eval_loss", batch) if len(batch) >= actor.world_size else []
-        loss_sum += sum(o["loss_sum"] for o in out)
-        loss_tokens += sum(o["loss_tokens"] for o in out)
+        batch.meta["loss_tokens"] = 1  # metrics are sums; the loss value itself is unused
+        out = actor.run_dp("evaluate", batch) if len(batch) >= actor.world_size else []
+        loss_sum += sum(o["train/loss_sum"] for o in out)
+        loss_tokens += sum(o["train/loss_tokens"] for o in out)
     metrics = {"eval/loss": loss_sum / max(1.0, loss_tokens)}
     if cfg.eval.exact_match and data.eval_prompts:
         metrics["eval/exact_match"] = evaluate_exact_match(

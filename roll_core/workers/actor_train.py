@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from roll_core.backends.train import TRAIN_BACKENDS, TrainBackend
 from roll_core.data import Batch
 from roll_core.engine import Worker
+from roll_core.workers.objectives import get_objective
 
 
 class ActorTrain(Worker):
@@ -33,11 +36,17 @@ class ActorTrain(Worker):
             raise RuntimeError("ActorTrain.setup() was not called")
         return self.backend
 
-    def train_step(self, batch: Batch) -> dict[str, float]:
-        return self._b().train_step(batch)
+    def train_step(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:
+        """One optimizer step on `batch` with the named objective (workers/objectives.py)."""
+        return self._b().train_step(batch, get_objective(objective, **params))
 
-    def eval_loss(self, batch: Batch) -> dict[str, float]:
-        return self._b().eval_loss(batch)
+    def evaluate(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:
+        """Summed objective metrics on `batch`, no update."""
+        return self._b().evaluate(batch, get_objective(objective, **params))
+
+    def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
+        """Next-token log-probs [B, T-1] under the current weights."""
+        return self._b().log_probs(batch, temperature=temperature)
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
         return self._b().generate(prompts, max_new_tokens=max_new_tokens)

@@ -12,6 +12,7 @@ from roll_core.backends.train.torch_backend import TorchTrainBackend, token_loss
 from roll_core.config.schema import OptimConfig
 from roll_core.data import Batch
 from roll_core.models import materialize_builtin
+from roll_core.workers.objectives import sft
 
 
 def test_token_loss_sum_by_hand() -> None:
@@ -63,7 +64,7 @@ def batch() -> Batch:
 
 def test_grad_accumulation_equals_one_big_batch(model_dir: str) -> None:
     big, accum = backend(model_dir, micro=8), backend(model_dir, micro=2)
-    m_big, m_acc = big.train_step(batch()), accum.train_step(batch())
+    m_big, m_acc = big.train_step(batch(), sft), accum.train_step(batch(), sft)
     assert m_big["train/loss_sum"] == pytest.approx(m_acc["train/loss_sum"], rel=1e-5)
     assert m_big["train/grad_norm"] == pytest.approx(m_acc["train/grad_norm"], rel=1e-4)
     # The step's gradients (still in .grad) match. Parameters after one Adam step are not
@@ -75,12 +76,12 @@ def test_grad_accumulation_equals_one_big_batch(model_dir: str) -> None:
 
 def test_save_load_continues_bitwise(model_dir: str, tmp_path: Path) -> None:
     a = backend(model_dir, micro=4)
-    a.train_step(batch())
+    a.train_step(batch(), sft)
     a.save(tmp_path)
-    a.train_step(batch())
+    a.train_step(batch(), sft)
     b = backend(model_dir, micro=4)
     b.load(tmp_path)
-    b.train_step(batch())
+    b.train_step(batch(), sft)
     assert a.state_digest() == b.state_digest()
     assert a.scheduler.last_epoch == b.scheduler.last_epoch == 2
 
@@ -91,3 +92,15 @@ def test_generate_greedy_is_batch_invariant(model_dir: str) -> None:
     together = be.generate(prompts, max_new_tokens=5)
     alone = [be.generate([p], max_new_tokens=5)[0] for p in prompts]
     assert together == alone  # left padding does not change what a row generates
+
+
+def test_log_probs_match_the_sft_loss(model_dir: str) -> None:
+    # -sum(log p) over trained tokens is the summed cross-entropy the SFT objective reports
+    be = backend(model_dir, micro=3)
+    b = batch()
+    logp = be.log_probs(b)
+    assert logp.shape == (8, 11)
+    mask = b.tensors["loss_mask"][:, 1:].float()
+    metrics = be.evaluate(b, sft)
+    assert float(-(logp * mask).sum()) == pytest.approx(metrics["train/loss_sum"], rel=1e-5)
+    assert metrics["train/loss_tokens"] == float(mask.sum())

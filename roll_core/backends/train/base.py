@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -16,17 +16,21 @@ class TrainBackend(Protocol):
     model: torch.nn.Module
     device: torch.device
 
-    def train_step(self, batch: Batch) -> dict[str, float]:
+    def train_step(self, batch: Batch, objective: Any) -> dict[str, float]:
         """One optimizer step over `batch`, accumulated in micro-batches.
 
-        `batch.meta["loss_tokens"]` is the number of trained tokens in the whole global batch
-        (all ranks): the loss is the token mean over it, so accumulation and data parallelism
-        give the same update as one big batch.
+        `objective(logits, micro_batch) -> (loss share, metric sums)` normalises with the
+        global counts in `batch.meta` (e.g. `loss_tokens` over all ranks), so accumulation and
+        data parallelism give the same update as one big batch.
         """
         ...
 
-    def eval_loss(self, batch: Batch) -> dict[str, float]:
-        """Summed token loss and token count on `batch` (no update)."""
+    def evaluate(self, batch: Batch, objective: Any) -> dict[str, float]:
+        """Summed objective metrics on `batch` (no update)."""
+        ...
+
+    def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
+        """Next-token log-probs [B, T-1] (float32, CPU)."""
         ...
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:

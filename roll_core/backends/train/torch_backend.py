@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,17 @@ def resolve_device(device: str) -> torch.device:
             hint="Set actor_train.device=cpu (or auto) on this machine.",
         )
     return torch.device(device)
+
+
+Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
+"""A training loss on one micro-batch: (logits [B, T, V], micro-batch) -> (loss share, metric
+sums). Objectives live in roll_core/workers/objectives.py and call pure losses."""
+
+
+def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """log p(input_ids[:, t+1] | prefix) for every t: [B, T-1] from logits [B, T, V]."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
 def token_loss_sum(
@@ -112,24 +124,32 @@ class TorchTrainBackend:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _loss_sum(self, mb: Batch) -> tuple[torch.Tensor, int]:
+    def forward(self, mb: Batch) -> torch.Tensor:
+        """Logits [B, T, V] of one micro-batch (train or eval mode as set by the caller)."""
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
         with self._autocast():
-            logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-        return token_loss_sum(logits, ids, mb.tensors["loss_mask"].to(self.device)), int(attn.sum())
+            return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
-    def train_step(self, batch: Batch) -> dict[str, float]:
+    def train_step(self, batch: Batch, objective: Objective) -> dict[str, float]:
+        """One optimizer step: `objective` on each micro-batch, backward, clip, AdamW, LR.
+
+        The objective returns each micro-batch's share of the global loss (normalised with
+        the global counts in `batch.meta`), so accumulation equals one big batch. Its metrics
+        are summed over micro-batches.
+        """
         start = time.perf_counter()
         self.model.train()
-        loss_tokens = float(batch.meta["loss_tokens"])
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, seen_tokens = 0.0, 0
+        sums: dict[str, float] = {}
+        seen_tokens = 0
         for mb in batch.chunk(self.micro_batch_size):
-            summed, n_tokens = self._loss_sum(mb)
-            (summed / loss_tokens).backward()
-            loss_sum += float(summed.detach())
-            seen_tokens += n_tokens
+            mb = mb.to(self.device)
+            loss, metrics = objective(self.forward(mb), mb)
+            loss.backward()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+            seen_tokens += int(mb.tensors["attention_mask"].sum())
         max_norm = self.optim_cfg.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.params, max_norm if max_norm is not None else float("inf")
@@ -138,7 +158,7 @@ class TorchTrainBackend:
         self.optimizer.step()
         self.scheduler.step()
         return {
-            "train/loss_sum": loss_sum,
+            **sums,
             "train/grad_norm": float(grad_norm),
             "train/lr": lr,
             "perf/tokens": float(seen_tokens),
@@ -146,12 +166,28 @@ class TorchTrainBackend:
         }
 
     @torch.no_grad()
-    def eval_loss(self, batch: Batch) -> dict[str, float]:
+    def evaluate(self, batch: Batch, objective: Objective) -> dict[str, float]:
+        """Summed objective metrics over `batch`, no update."""
         self.model.eval()
-        total = 0.0
+        sums: dict[str, float] = {}
         for mb in batch.chunk(self.micro_batch_size):
-            total += float(self._loss_sum(mb)[0])
-        return {"loss_sum": total, "loss_tokens": float(batch.tensors["loss_mask"][:, 1:].sum())}
+            mb = mb.to(self.device)
+            _, metrics = objective(self.forward(mb), mb)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+        return sums
+
+    @torch.no_grad()
+    def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
+        """Log-probability of every next token, [B, T-1] float32 on CPU (0 where padded)."""
+        self.model.eval()
+        out = []
+        for mb in batch.chunk(self.micro_batch_size):
+            mb = mb.to(self.device)
+            logits = self.forward(mb).float() / temperature
+            out.append(token_log_probs(logits, mb.tensors["input_ids"]).cpu())
+        width = batch.tensors["input_ids"].shape[1] - 1
+        return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in out])
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:

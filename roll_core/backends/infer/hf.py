@@ -1,0 +1,127 @@
+"""The `hf` infer backend: transformers `generate` on a local copy of the policy.
+
+A list of requests is generated as one left-padded batch. Sampling is seeded per call from the
+requests' seeds, so a given set of requests gives the same responses on every run (and after a
+resume). Behaviour log-probs are log softmax(raw logits / temperature) of the sampled tokens,
+the quantity the trainer recomputes, so `train_infer/logprob_diff` measures only numerics.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from roll_core.backends.infer.base import Completion, Request, SamplingParams
+from roll_core.backends.train.torch_backend import resolve_device
+from roll_core.models import load_causal_lm, load_tokenizer
+
+
+class HFInferBackend:
+    """InferBackend on transformers' generate."""
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        tokenizer_path: str | None = None,
+        device: str = "auto",
+        dtype: torch.dtype = torch.float32,
+        num_threads: int | None = None,
+    ) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.device = resolve_device(device)
+        self.tokenizer = load_tokenizer(tokenizer_path or model_path)
+        self.model = load_causal_lm(model_path, dtype=dtype, device=self.device)
+        self.model.eval()
+        self.version = 0
+
+    @torch.no_grad()
+    def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
+        start = time.time()
+        pad = self.tokenizer.pad_token_id
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((len(requests), width), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            attn[i, width - len(r.prompt_ids) :] = 1
+        seed = sum(r.seed * 1_000_003**i for i, r in enumerate(requests)) % 2**63
+        sampling = params.temperature > 0
+        with torch.random.fork_rng(devices=[]):  # sampling never disturbs the global RNG
+            torch.manual_seed(seed)
+            out = self._generate(ids, attn, params, sampling)
+        new_tokens = out.sequences[:, width:].cpu()
+        temp = params.temperature if sampling else 1.0
+        logits = torch.stack(out.logits, dim=1).float().cpu() / temp  # [B, new, V] raw logits
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        end = time.time()
+        return [
+            self._completion(r, new_tokens[i].tolist(), logp[i].tolist(), params, start, end)
+            for i, r in enumerate(requests)
+        ]
+
+    def _generate(
+        self, ids: torch.Tensor, attn: torch.Tensor, params: SamplingParams, sampling: bool
+    ) -> Any:
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        return self.model.generate(  # type: ignore[operator]
+            input_ids=ids.to(self.device),
+            attention_mask=attn.to(self.device),
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sampling,
+            temperature=params.temperature if sampling else None,
+            top_p=params.top_p if sampling else None,
+            top_k=params.top_k if sampling else None,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            stop_strings=list(params.stop) or None,
+            tokenizer=self.tokenizer if params.stop else None,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+
+    def _completion(
+        self,
+        request: Request,
+        tokens: list[int],
+        logps: list[float],
+        params: SamplingParams,
+        start: float,
+        end: float,
+    ) -> Completion:
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        if eos in tokens:  # keep the eos token: the model must learn to stop
+            n, reason = tokens.index(eos) + 1, "stop"
+        else:
+            n = len(tokens)
+            while n > 0 and tokens[n - 1] == pad and pad != eos:
+                n -= 1  # stop string hit: generate pads the rest of the row
+            reason = "stop" if n < len(tokens) else "length"
+        return Completion(
+            request_id=request.request_id,
+            response_ids=tokens[:n],
+            log_probs=logps[:n],
+            finish_reason=reason,
+            policy_version=self.version,
+            timing={"gen_start": start, "gen_end": end},
+        )
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:
+        params = dict(self.model.named_parameters())
+        buffers = dict(self.model.named_buffers())
+        for name, value in named_tensors.items():
+            target = params.get(name, buffers.get(name))
+            if target is None:
+                raise KeyError(f"weight sync: the inference model has no tensor {name!r}")
+            target.copy_(torch.as_tensor(value).to(target.device, target.dtype))
+        self.version = version
+
+    def get_rng_state(self) -> Any:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: Any) -> None:
+        torch.set_rng_state(state)
