@@ -26,6 +26,10 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Make the small datasets the tiny recipes use.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+train_app = typer.Typer(
+    help="Reinforcement learning: `roll train rlvr RECIPE`.", no_args_is_help=True
+)
+app.add_typer(train_app, name="train")
 
 out = Console()
 err = Console(stderr=True)
@@ -150,6 +154,21 @@ def sft(
 ) -> None:
     """Supervised fine-tuning (loss on response tokens) from a recipe."""
     _run_training("sft", recipe, overrides, dry_run, run_id)
+
+
+@train_app.command("rlvr")
+@handle_errors
+def train_rlvr(
+    recipe: Recipe,
+    overrides: Overrides = None,
+    dry_run: DryRun = False,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """RL with verifiable rewards (GRPO, DAPO, PPO-family presets) from a recipe."""
+    _run_training("rlvr", recipe, overrides, dry_run, run_id)
 
 
 @app.command()

@@ -27,14 +27,23 @@ class RLDataConfig(Strict):
     prompt_key: str = Field(default="prompt", description="Column holding the prompt text.")
     answer_key: str = Field(default="answer", description="Column holding the reference answer.")
     domain_key: str = Field(
-        default="domain", description="Column naming the row's reward domain (default domain if absent)."
+        default="domain",
+        description="Column naming the row's reward domain (default domain if absent).",
     )
-    default_domain: str = Field(default="math", description="Domain of rows without a domain column.")
-    system_prompt: str | None = Field(default=None, description="Optional system message before every prompt.")
+    default_domain: str = Field(
+        default="math", description="Domain of rows without a domain column."
+    )
+    system_prompt: str | None = Field(
+        default=None, description="Optional system message before every prompt."
+    )
     max_prompt_length: int = Field(
-        default=512, ge=1, description="Prompts longer than this (in tokens) are dropped and counted."
+        default=512,
+        ge=1,
+        description="Prompts longer than this (in tokens) are dropped and counted.",
     )
-    shuffle: bool = Field(default=True, description="Shuffle prompts every epoch (seeded by `seed`).")
+    shuffle: bool = Field(
+        default=True, description="Shuffle prompts every epoch (seeded by `seed`)."
+    )
 
 
 class RolloutConfig(Strict):
@@ -46,9 +55,13 @@ class RolloutConfig(Strict):
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (0: greedy).")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(default=0, ge=0, description="Top-k sampling (0: off).")
-    stop: list[str] = Field(default_factory=list, description="Stop strings (the eos token always stops).")
+    stop: list[str] = Field(
+        default_factory=list, description="Stop strings (the eos token always stops)."
+    )
     chunk_size: int = Field(
-        default=16, ge=1, description="Requests sent to an inference rank per call (1 = per sample)."
+        default=16,
+        ge=1,
+        description="Requests sent to an inference rank per call (1 = per sample).",
     )
     max_chunks_in_flight: int = Field(
         default=2, ge=1, description="Chunks queued on one inference rank at a time."
@@ -58,7 +71,9 @@ class RolloutConfig(Strict):
         ge=0,
         description="Dynamic sampling: extra prompts a step may pull to replace dropped groups.",
     )
-    reward_workers: int = Field(default=4, ge=1, description="Threads scoring responses as they arrive.")
+    reward_workers: int = Field(
+        default=4, ge=1, description="Threads scoring responses as they arrive."
+    )
 
 
 class RLTrainerConfig(Strict):
@@ -68,7 +83,9 @@ class RLTrainerConfig(Strict):
     micro_batch_size: int = Field(default=8, ge=1, description="Rows per forward/backward pass.")
     ppo_epochs: int = Field(default=1, ge=1, description="Passes over each rollout batch.")
     mini_batches: int = Field(
-        default=1, ge=1, description="Optimizer steps per epoch (the batch is split into this many)."
+        default=1,
+        ge=1,
+        description="Optimizer steps per epoch (the batch is split into this many).",
     )
     log_every_steps: int = Field(default=1, ge=1, description="Log metrics every N steps.")
 
@@ -78,7 +95,9 @@ class ActorInferConfig(Strict):
 
     backend: Literal["hf"] = Field(default="hf", description="`hf`: transformers generate.")
     world_size: int = Field(default=1, ge=1, description="Inference ranks (data parallel).")
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Device of each rank.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Device of each rank."
+    )
     num_threads: int | None = Field(default=None, ge=1, description="torch CPU threads per rank.")
 
 
@@ -90,13 +109,17 @@ class RLEvalConfig(Strict):
     )
     max_samples: int | None = Field(default=None, ge=1, description="Validate on at most N rows.")
     temperature: float = Field(default=0.0, ge=0, description="0: greedy decoding.")
-    max_new_tokens: int | None = Field(default=None, ge=1, description="None: rollout.max_new_tokens.")
+    max_new_tokens: int | None = Field(
+        default=None, ge=1, description="None: rollout.max_new_tokens."
+    )
 
 
 class RLVRConfig(Strict):
     """`roll train rlvr`: RL with verifiable rewards (GRPO, DAPO, PPO-family presets)."""
 
-    pipeline: Literal["rlvr"] = Field(default="rlvr", description="Which pipeline this recipe is for.")
+    pipeline: Literal["rlvr"] = Field(
+        default="rlvr", description="Which pipeline this recipe is for."
+    )
     name: str = Field(default="rlvr", description="Human name of the experiment.")
     seed: int = Field(default=0, description="Seed for shuffling and sampling.")
     runs_dir: str = Field(default="runs", description="Parent directory of run directories.")
@@ -106,10 +129,16 @@ class RLVRConfig(Strict):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards per domain.")
     trainer: RLTrainerConfig = Field(description="Driver loop.")
-    actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig, description="Training role.")
-    actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig, description="Inference role.")
+    actor_train: ActorTrainConfig = Field(
+        default_factory=ActorTrainConfig, description="Training role."
+    )
+    actor_infer: ActorInferConfig = Field(
+        default_factory=ActorInferConfig, description="Inference role."
+    )
     eval: RLEvalConfig = Field(default_factory=RLEvalConfig, description="Validation.")
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints."
+    )
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Executor.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
 

@@ -94,6 +94,26 @@ class OptimConfig(Strict):
     )
 
 
+class LoraConfig(Strict):
+    """LoRA adapters (via `peft`): train small low-rank matrices, keep the base weights frozen."""
+
+    rank: int = Field(
+        default=8, ge=1, description="Rank r of each adapter's A (r x in) and B (out x r)."
+    )
+    alpha: float = Field(
+        default=16.0, gt=0, description="Scale: an adapter adds (alpha / rank) * B @ A."
+    )
+    dropout: float = Field(
+        default=0.0, ge=0, lt=1, description="Dropout on the adapter's input (0: none)."
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Linear modules that get adapters: names or name suffixes (`q_proj`, "
+        "`mlp.down_proj`), or `all-linear` (every linear layer but the output head). A name "
+        "that matches no linear layer is an error that lists the model's linear layers.",
+    )
+
+
 class ActorTrainConfig(Strict):
     """The role that trains the policy: its backend, devices and optimizer."""
 
@@ -118,6 +138,11 @@ class ActorTrainConfig(Strict):
         "identical numbers across executors.",
     )
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer.")
+    lora: LoraConfig | None = Field(
+        default=None,
+        description="LoRA adapters (None: full fine-tuning). Checkpoints then hold the adapters "
+        "only; the final export merges them into a plain Hugging Face model.",
+    )
 
 
 class TrainerConfig(Strict):

@@ -212,6 +212,10 @@ class DriverLoop:
         if self._due(step, self.cfg.checkpoint.every_steps):
             self.save(step)
 
+    def log_extra(self, step: int, metrics: dict[str, float]) -> None:
+        """Log metrics outside a training step (e.g. validation before the first step)."""
+        self.tracking.log(step, metrics)
+
     def save(self, step: int) -> Path:
         assert self._save_state is not None
 

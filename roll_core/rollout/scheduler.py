@@ -153,7 +153,11 @@ class _StepRun:
 
     def _dispatch(self) -> None:
         while self.queue:
-            free = [r for r in range(len(self.in_flight)) if self.chunks[r] < self.s.max_chunks_in_flight]
+            free = [
+                r
+                for r in range(len(self.in_flight))
+                if self.chunks[r] < self.s.max_chunks_in_flight
+            ]
             if not free:
                 return
             rank = min(free, key=lambda r: (self.in_flight[r], r))  # least loaded
@@ -173,7 +177,9 @@ class _StepRun:
         ends = [c.timing.get("gen_end", time.time()) for c in completions]
         self.gen_ends.extend(ends)
         if completions:
-            self.gen_busy_s += max(ends) - min(c.timing.get("gen_start", submitted) for c in completions)
+            self.gen_busy_s += max(ends) - min(
+                c.timing.get("gen_start", submitted) for c in completions
+            )
         for request, prompt, group in chunk:
             c = by_id[request.request_id]
             sample = Sample(

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from roll_core.backends.infer import Completion, InferBackend, Request, SamplingParams, make_infer_backend
+from roll_core.backends.infer import (
+    Completion,
+    InferBackend,
+    Request,
+    SamplingParams,
+    make_infer_backend,
+)
 from roll_core.engine import Worker
 
 

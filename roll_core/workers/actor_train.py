@@ -29,7 +29,8 @@ class ActorTrain(Worker):
     def setup(self) -> dict[str, Any]:
         self.backend = TRAIN_BACKENDS[self.backend_name](**self.backend_kwargs)
         n_params = sum(p.numel() for p in self.backend.model.parameters())
-        return {"params": n_params, "device": str(self.backend.device)}
+        trainable = sum(p.numel() for p in self.backend.model.parameters() if p.requires_grad)
+        return {"params": n_params, "trainable": trainable, "device": str(self.backend.device)}
 
     def _b(self) -> TrainBackend:
         if self.backend is None:
@@ -50,6 +51,18 @@ class ActorTrain(Worker):
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
         return self._b().generate(prompts, max_new_tokens=max_new_tokens)
+
+    def reference_log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
+        """Next-token log-probs [B, T-1] of the base model, LoRA adapters disabled: the
+        reference policy under LoRA without a second model (needs actor_train.lora)."""
+        backend = self._b()
+        with backend.adapters_disabled():  # type: ignore[attr-defined]
+            return backend.log_probs(batch, temperature=temperature)
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """Every parameter by name (tied ones once), detached CPU copies: the weight-sync payload."""
+        model = self._b().model
+        return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
 
     def save(self, path: str) -> None:
         """Write this rank's state to `path/rank-<rank>/`."""

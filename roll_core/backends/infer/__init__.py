@@ -14,7 +14,16 @@ def make_infer_backend(name: str, **kwargs: object) -> InferBackend:
         return HFInferBackend(**kwargs)  # type: ignore[arg-type]
     from roll_core.errors import ConfigError
 
-    raise ConfigError(f"actor_infer.backend: unknown backend {name!r}; valid: {', '.join(INFER_BACKENDS)}.")
+    raise ConfigError(
+        f"actor_infer.backend: unknown backend {name!r}; valid: {', '.join(INFER_BACKENDS)}."
+    )
 
 
-__all__ = ["INFER_BACKENDS", "Completion", "InferBackend", "Request", "SamplingParams", "make_infer_backend"]
+__all__ = [
+    "INFER_BACKENDS",
+    "Completion",
+    "InferBackend",
+    "Request",
+    "SamplingParams",
+    "make_infer_backend",
+]

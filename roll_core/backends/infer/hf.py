@@ -8,6 +8,7 @@ the quantity the trainer recomputes, so `train_infer/logprob_diff` measures only
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -16,6 +17,9 @@ import torch
 from roll_core.backends.infer.base import Completion, Request, SamplingParams
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.models import load_causal_lm, load_tokenizer
+
+
+_GLOBAL_RNG = threading.Lock()
 
 
 class HFInferBackend:
@@ -50,7 +54,9 @@ class HFInferBackend:
             attn[i, width - len(r.prompt_ids) :] = 1
         seed = sum(r.seed * 1_000_003**i for i, r in enumerate(requests)) % 2**63
         sampling = params.temperature > 0
-        with torch.random.fork_rng(devices=[]):  # sampling never disturbs the global RNG
+        # transformers samples from torch's global RNG: hold it (ranks of the local executor
+        # share one process) and restore it, so sampling neither races nor disturbs training.
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             out = self._generate(ids, attn, params, sampling)
         new_tokens = out.sequences[:, width:].cpu()

@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from roll_core.backends.train.schedules import lr_multiplier
-from roll_core.config.schema import OptimConfig
+from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
 from roll_core.errors import CheckpointError
 from roll_core.models import load_causal_lm, load_tokenizer
+from roll_core.models.lora import apply_lora, export_merged, load_adapter, save_adapter
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -85,6 +86,7 @@ class TorchTrainBackend:
         seed: int = 0,
         num_threads: int | None = None,
         gradient_checkpointing: bool = False,
+        lora: LoraConfig | None = None,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -99,6 +101,17 @@ class TorchTrainBackend:
         self.model = load_causal_lm(model_path, dtype=_DTYPES[dtype], device=self.device)
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        self.lora = lora
+        if lora is not None:  # only the adapters train; see roll_core/models/lora.py
+            if gradient_checkpointing:
+                self.model.enable_input_require_grads()  # frozen embeddings still need grads
+            self.model = apply_lora(
+                self.model,
+                rank=lora.rank,
+                alpha=lora.alpha,
+                dropout=lora.dropout,
+                target_modules=lora.target_modules,
+            )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optim_cfg = optim
         self.optimizer = torch.optim.AdamW(
@@ -189,6 +202,13 @@ class TorchTrainBackend:
         width = batch.tensors["input_ids"].shape[1] - 1
         return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in out])
 
+    def adapters_disabled(self) -> contextlib.AbstractContextManager[Any]:
+        """Inside this context the model computes as its base model (LoRA adapters off): the
+        reference policy of DPO / KL penalties under LoRA, with no second copy of the model."""
+        if self.lora is None:
+            raise ValueError("adapters_disabled() needs actor_train.lora; this model has none")
+        return self.model.disable_adapter()  # type: ignore[operator]
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
         self.model.eval()
@@ -216,7 +236,10 @@ class TorchTrainBackend:
 
     # ---- state -----------------------------------------------------------------------------
     def save(self, path: Path) -> None:
-        self.export(path / "model")
+        if self.lora is not None:  # adapters only: the frozen base is re-read from model_path
+            save_adapter(self.model, path / "adapter")
+        else:
+            self.export(path / "model")
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), path / "scheduler.pt")
         rng = {
@@ -229,16 +252,10 @@ class TorchTrainBackend:
 
     def load(self, path: Path) -> None:
         try:
-            state = load_file(str(path / "model" / "model.safetensors"), device=str(self.device))
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            tied = {k for k in missing if k.endswith("lm_head.weight")}
-            if set(missing) - tied or unexpected:
-                raise CheckpointError(
-                    f"checkpoint {path} does not match the model: missing "
-                    f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}."
-                )
-            if tied and not getattr(self.model.config, "tie_word_embeddings", False):
-                raise CheckpointError(f"checkpoint {path} has no lm_head.weight.")
+            if self.lora is not None:
+                load_adapter(self.model, path / "adapter")
+            else:
+                self._load_full_weights(path)
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
             self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
             rng = torch.load(path / "rng.pt", weights_only=False)
@@ -250,9 +267,26 @@ class TorchTrainBackend:
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
 
+    def _load_full_weights(self, path: Path) -> None:
+        state = load_file(str(path / "model" / "model.safetensors"), device=str(self.device))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = {k for k in missing if k.endswith("lm_head.weight")}
+        if set(missing) - tied or unexpected:
+            raise CheckpointError(
+                f"checkpoint {path} does not match the model: missing "
+                f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}."
+            )
+        if tied and not getattr(self.model.config, "tie_word_embeddings", False):
+            raise CheckpointError(f"checkpoint {path} has no lm_head.weight.")
+
     def export(self, path: Path) -> None:
+        """The model in Hugging Face format; under LoRA the adapters merged into the weights
+        (plus the adapters alone in `path/adapter/`)."""
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path, safe_serialization=True)
+        if self.lora is not None:
+            export_merged(self.model, path)
+        else:
+            self.model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
 
     def state_digest(self) -> str:

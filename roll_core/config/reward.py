@@ -1,0 +1,186 @@
+"""Recipe section ``reward``: which reward function scores each data domain.
+
+Each dataset row carries a ``domain`` (``math``, ``code``, ...); ``reward.domains`` maps a
+domain to one reward function or a weighted sum of several. The defaults score
+``domain: math`` rows with the math-verify rule reward, so the tiny arithmetic data works
+with no ``reward`` section at all. See docs/rewards.md.
+
+```yaml
+reward:
+  domains:
+    math:                                # rows with domain: math
+      rewards:
+        - {name: math, weight: 1.0}
+        - {name: format, weight: 0.1, pattern: '.*The answer is \\d+\\.'}
+      timeout_s: 5
+    puzzles: my_pkg.rewards:score_puzzle # shorthand: one function, weight 1
+```
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from roll_core.config.schema import Strict
+
+__all__ = ["DomainRewardConfig", "RewardConfig", "RewardFnConfig"]
+
+BUILTIN_REWARD_NAMES = ("math", "format")
+"""Names accepted by ``name`` besides dotted paths (kept equal to the reward registry)."""
+
+_DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_OPTIONS_OF = {"math": {"answer_pattern", "answer_key"}, "format": {"pattern"}, "user": {"args"}}
+_OPTION_DEFAULTS: dict[str, Any] = {
+    "answer_pattern": None,
+    "answer_key": "answer",
+    "pattern": None,
+    "args": {},
+}
+
+
+def check_reward_name(name: str) -> str:
+    """Return ``name`` if it is a built-in reward or a ``pkg.module:function`` path.
+
+    Raises:
+        ValueError: with the valid names and the closest match (pydantic turns it into a
+            recipe error that names the key).
+    """
+    if name in BUILTIN_REWARD_NAMES or _DOTTED_PATH.match(name):
+        return name
+    import difflib
+
+    close = difflib.get_close_matches(name, BUILTIN_REWARD_NAMES, n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(
+        f"unknown reward {name!r}; {guess}valid names: {', '.join(BUILTIN_REWARD_NAMES)}, "
+        "or a user function as a dotted path 'pkg.module:function'"
+    )
+
+
+class RewardFnConfig(Strict):
+    """One reward function and its weight in its domain's sum."""
+
+    name: str = Field(
+        description="A built-in reward (`math`: math-verify rule reward; `format`: regex "
+        "match of the whole response) or a user function `pkg.module:function` returning a "
+        "float or a `RewardResult`."
+    )
+    weight: float = Field(
+        default=1.0, description="Weight of this function in the domain's weighted sum."
+    )
+    answer_pattern: str | None = Field(
+        default=None,
+        description="`math` only: regex for the final answer when the response has no "
+        "`\\boxed{}` (named group `answer`, else group 1, else the whole match; the last "
+        "match wins). None: the last number in the response.",
+    )
+    answer_key: str = Field(
+        default="answer", description="`math` only: the row column with the reference answer."
+    )
+    pattern: str | None = Field(
+        default=None,
+        description="`format` only: regex the whole response must match (`.` matches "
+        "newlines). None: `<think>...</think><answer>...</answer>`.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="User functions only: keyword arguments, called as `fn(sample, **args)`.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_name(cls, value: str) -> str:
+        return check_reward_name(value)
+
+    @field_validator("answer_pattern", "pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value, re.DOTALL)
+            except re.error as err:
+                raise ValueError(f"{value!r} is not a valid regular expression: {err}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _options_apply(self) -> RewardFnConfig:
+        kind = self.name if self.name in BUILTIN_REWARD_NAMES else "user"
+        allowed = _OPTIONS_OF[kind]
+        for option, default in _OPTION_DEFAULTS.items():
+            if option not in allowed and getattr(self, option) != default:
+                users = [k for k, opts in _OPTIONS_OF.items() if option in opts]
+                raise ValueError(
+                    f"{option!r} does not apply to reward {self.name!r}; it is used by "
+                    f"{' and '.join(users)} rewards only"
+                )
+        return self
+
+
+class DomainRewardConfig(Strict):
+    """How the rows of one domain are scored: a weighted sum of reward functions."""
+
+    rewards: list[RewardFnConfig] = Field(
+        default_factory=lambda: [RewardFnConfig(name="math")],
+        min_length=1,
+        description="Reward functions; the sample's reward is the weighted sum of their "
+        "scores. A bare string (`math`, `pkg.mod:fn`) in place of the whole section means one "
+        "function with weight 1.",
+    )
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Wall-clock bound for scoring one sample (all its functions). A sample "
+        "that takes longer gets reward 0 and counts in `reward/<domain>/timeouts`.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"rewards": [{"name": data}]}
+        if isinstance(data, list) and all(isinstance(x, str | dict) for x in data):
+            return {"rewards": [{"name": x} if isinstance(x, str) else x for x in data]}
+        return data
+
+
+class RewardConfig(Strict):
+    """Rewards per data domain, and how reward functions are run."""
+
+    domains: dict[str, DomainRewardConfig] = Field(
+        default_factory=lambda: {"math": DomainRewardConfig()},
+        min_length=1,
+        description="Domain name (the row's `domain` value) -> how its rows are scored. "
+        "Default: `math` rows get the math-verify rule reward.",
+    )
+    domain_key: str = Field(default="domain", description="Row column holding the domain.")
+    default_domain: str | None = Field(
+        default=None,
+        description="Domain for rows without a domain value. None: such rows are an error "
+        "at start-up when the data is known, else they get reward 0 and are counted in "
+        "`reward/unknown_domain`.",
+    )
+    isolation: Literal["process", "thread"] = Field(
+        default="process",
+        description="`process`: reward functions run in a pool of worker processes; one that "
+        "overruns its timeout is killed and replaced. `thread`: they run in threads of this "
+        "process (for functions that cannot be pickled, or hold a model); an overrunning "
+        "call is abandoned, not stopped.",
+    )
+    num_workers: int = Field(
+        default=2,
+        ge=1,
+        description="Worker processes (`process` isolation): how many samples are scored at "
+        "the same time.",
+    )
+
+    @model_validator(mode="after")
+    def _default_domain_known(self) -> RewardConfig:
+        if self.default_domain is not None and self.default_domain not in self.domains:
+            raise ValueError(
+                f"default_domain {self.default_domain!r} is not one of the configured "
+                f"domains ({', '.join(sorted(self.domains))})"
+            )
+        return self

@@ -1,0 +1,303 @@
+"""The text-environment protocol every roll env implements.
+
+An env talks text: :meth:`TextEnv.reset` returns the first observation, :meth:`TextEnv.step`
+takes the model's whole response and returns ``(observation, reward, terminated, truncated,
+info)``, the five values of gymnasium's ``step``. The env parses its own action format; an
+action it cannot parse is not an exception but an *invalid action*: the step costs the
+configurable ``format_penalty``, ``info["action_is_valid"]`` is ``False`` with the reason in
+``info["invalid_reason"]``, and the episode continues (or ends, with
+``end_on_invalid_action=true``).
+
+Episodes are single-use and fully determined by ``(options, seed, actions)``: ``reset(seed)``
+starts a fresh episode from nothing but the seed, so reusing an env object and building a new
+one give the same episode (the shape of tinker-cookbook's single-use ``Env``).
+
+A subclass writes four small pieces and inherits the bookkeeping (step counting, max steps,
+invalid actions, return, the ``info`` keys every caller may rely on)::
+
+    class Coin(TextEnv):
+        name = "coin"
+        Options = CoinOptions                    # a pydantic model: the env's keyword options
+        instructions = "Guess the coin: answer <answer>heads</answer> or <answer>tails</answer>."
+
+        def on_reset(self, rng):                 # rng: numpy Generator seeded by reset(seed)
+            self.coin = rng.choice(["heads", "tails"])
+            return "I flipped a coin.", {}
+
+        def parse_action(self, text):            # raise InvalidAction for text it cannot read
+            return parse_choice(text, {"heads": "heads", "tails": "tails"})
+
+        def on_step(self, action):               # -> Transition
+            won = action == self.coin
+            return Transition(f"It was {self.coin}.", float(won), True, {"success": won})
+
+        def render(self):
+            return "coin: hidden"
+
+See docs/envs.md for the authoring guide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+#: ``info`` keys every step result carries (see :meth:`TextEnv.step`).
+INFO_KEYS: tuple[str, ...] = ("action_is_valid", "step", "success", "episode_return")
+
+
+class EnvOptions(BaseModel):
+    """Options every env takes. An env's own options model subclasses this one."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    max_steps: int = Field(20, ge=1, description="Steps before the episode is truncated.")
+    format_penalty: float = Field(
+        -0.1, description="Reward of a step whose action cannot be parsed (usually <= 0)."
+    )
+    end_on_invalid_action: bool = Field(
+        False, description="End the episode (terminated) at the first invalid action."
+    )
+
+
+class StepResult(NamedTuple):
+    """What :meth:`TextEnv.step` returns; unpacks like gymnasium's 5-tuple."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+
+@dataclass
+class Transition:
+    """What a subclass's :meth:`TextEnv.on_step` returns for a valid action."""
+
+    observation: str
+    reward: float
+    terminated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class InvalidAction(Exception):
+    """Raised by :meth:`TextEnv.parse_action` for a response it cannot read.
+
+    Not an error of the caller: :meth:`TextEnv.step` turns it into an invalid-action step.
+    ``str(err)`` is the reason shown to the model.
+    """
+
+
+class EnvStateError(RuntimeError):
+    """``step`` before ``reset`` or after the episode ended: a bug in the calling loop."""
+
+
+class TextEnv(ABC):
+    """Base class of text environments. See the module docstring for the contract."""
+
+    #: Registry name (``roll debug-env NAME``); set by subclasses.
+    name: ClassVar[str] = ""
+    #: The pydantic model of the env's keyword options (extra keys are rejected).
+    Options: ClassVar[type[EnvOptions]] = EnvOptions
+    #: Arrow keys -> action text, for grid games a human plays with the arrow keys.
+    key_actions: ClassVar[Mapping[str, str]] = {}
+    #: Instructions for the model (see :attr:`system_prompt`).
+    instructions: ClassVar[str] = ""
+
+    def __init__(self, **options: Any) -> None:
+        from roll_core.envs.registry import validate_options
+
+        self.options: EnvOptions = validate_options(type(self), options)
+        self._rng: np.random.Generator | None = None
+        self._steps = 0
+        self._return = 0.0
+        self._done = True
+        self._started = False
+        self._success = False
+
+    # ---- the protocol ------------------------------------------------------------------------
+    @property
+    def system_prompt(self) -> str:
+        """The system message of every episode: how to play and the action format.
+
+        Defaults to :attr:`instructions`; override the property when it depends on options.
+        """
+        return self.instructions
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        """Start a new episode determined by ``seed``; returns ``(observation, info)``."""
+        self._rng = np.random.default_rng(seed)
+        self._steps, self._return = 0, 0.0
+        self._done, self._started, self._success = False, True, False
+        observation, info = self.on_reset(self._rng)
+        info = {**info, "step": 0, "success": False, "episode_return": 0.0, "seed": seed}
+        return observation, info
+
+    def step(self, action: str) -> StepResult:
+        """Apply the model's response ``action``; returns ``StepResult`` (a 5-tuple).
+
+        ``info`` always holds ``action_is_valid`` (bool), ``step`` (steps taken, invalid ones
+        included), ``success`` (the task is solved), ``episode_return`` (rewards so far) and,
+        for an invalid action, ``invalid_reason``. ``truncated`` is true when ``max_steps``
+        steps have been taken without the episode terminating.
+        """
+        if not self._started:
+            raise EnvStateError(f"{self.name or type(self).__name__}: step() before reset().")
+        if self._done:
+            raise EnvStateError(
+                f"{self.name or type(self).__name__}: step() after the episode ended; "
+                "call reset() for a new episode."
+            )
+        self._steps += 1
+        try:
+            parsed = self.parse_action(action)
+        except InvalidAction as err:
+            reason = str(err)
+            t = Transition(
+                observation=self.invalid_observation(reason),
+                reward=self.options.format_penalty,
+                terminated=self.options.end_on_invalid_action,
+                info={"action_is_valid": False, "invalid_reason": reason},
+            )
+        else:
+            t = self.on_step(parsed)
+            t.info.setdefault("action_is_valid", True)
+        self._success = bool(t.info.get("success", self._success))
+        truncated = not t.terminated and self._steps >= self.options.max_steps
+        self._done = t.terminated or truncated
+        self._return += t.reward
+        info = {
+            **t.info,
+            "step": self._steps,
+            "success": self._success,
+            "episode_return": self._return,
+        }
+        return StepResult(t.observation, float(t.reward), bool(t.terminated), truncated, info)
+
+    @abstractmethod
+    def render(self) -> str:
+        """The current state as text for a human (usually the same grid the model sees)."""
+
+    # ---- what subclasses implement -----------------------------------------------------------
+    @abstractmethod
+    def on_reset(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
+        """Build a new episode from ``rng`` alone; return the first observation and info."""
+
+    @abstractmethod
+    def parse_action(self, text: str) -> Any:
+        """Read an action from the model's response; raise :class:`InvalidAction` if none."""
+
+    @abstractmethod
+    def on_step(self, action: Any) -> Transition:
+        """Apply a parsed action. Put ``success=True`` in ``info`` when the task is solved."""
+
+    # ---- optional hooks ----------------------------------------------------------------------
+    def invalid_observation(self, reason: str) -> str:
+        """The observation after an invalid action: the reason, the format, the state."""
+        return f"Invalid action: {reason}. {self.action_hint()}\n{self.render()}"
+
+    def action_hint(self) -> str:
+        """One sentence on the action format (used in invalid-action observations)."""
+        actions = self.valid_actions()
+        if actions:
+            return "Answer with one of " + ", ".join(actions) + ", e.g. <answer>" + actions[0] + "</answer>."
+        return "See the instructions for the action format."
+
+    def valid_actions(self) -> list[str]:
+        """The finite action set as text, or ``[]`` when actions are free text."""
+        return []
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A response a random policy would give (default: a valid action, uniformly)."""
+        actions = self.valid_actions()
+        if not actions:
+            raise NotImplementedError(f"{type(self).__name__} has no random_action()")
+        return str(actions[int(rng.integers(len(actions)))])
+
+    def state_key(self) -> str:
+        """A short hash of the current state (equal states, equal keys): groups steps by state."""
+        return hashlib.sha1(self.render().encode()).hexdigest()[:16]
+
+    # ---- read-only state ---------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True when the episode has ended (or never started)."""
+        return self._done
+
+    @property
+    def steps(self) -> int:
+        """Steps taken in this episode."""
+        return self._steps
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The episode's random generator (seeded by ``reset``)."""
+        if self._rng is None:
+            raise EnvStateError(f"{self.name or type(self).__name__}: reset() first.")
+        return self._rng
+
+
+# ---- parsing helpers shared by the built-in envs ---------------------------------------------
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+
+
+def extract_answer(text: str) -> str:
+    """The content of the last ``<answer>...</answer>`` in ``text``, else ``text`` itself.
+
+    An opening ``<answer>`` with no closing tag (a response cut at max tokens) yields what
+    follows it.
+    """
+    found = _ANSWER_RE.findall(text)
+    if found:
+        return str(found[-1]).strip()
+    lower = text.lower()
+    if "<answer>" in lower:
+        return text[lower.rindex("<answer>") + len("<answer>") :].strip()
+    return text.strip()
+
+
+def parse_choice(
+    text: str,
+    choices: Mapping[str, str],
+    *,
+    aliases: Mapping[str, str] | None = None,
+    what: str = "action",
+) -> str:
+    """Leniently read one of ``choices`` (lower-case word -> canonical action) from ``text``.
+
+    Looks inside ``<answer>`` tags when present. The answer must name exactly one distinct
+    action among its words (``"Up"``, ``"up."``, ``"I push up"`` read as Up; ``"up or left"``
+    and ``"jump"`` are invalid). ``aliases`` (e.g. ``"u" -> "Up"``) match only a whole answer,
+    so a stray letter inside a sentence is never read as an action.
+    """
+    answer = extract_answer(text)
+    bare = answer.strip().strip(".!").strip().lower()
+    if aliases and bare in aliases:
+        return aliases[bare]
+    words = re.findall(r"[a-z]+", answer.lower())
+    hits = {choices[w] for w in words if w in choices}
+    valid = ", ".join(dict.fromkeys(choices.values()))
+    if not answer:
+        raise InvalidAction(f"empty {what}; expected one of {valid}")
+    if len(hits) > 1:
+        raise InvalidAction(f"{_quote(answer)} names several {what}s ({', '.join(sorted(hits))})")
+    if not hits:
+        raise InvalidAction(f"{_quote(answer)} is not one of {valid}")
+    return hits.pop()
+
+
+def _quote(text: str, limit: int = 40) -> str:
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= limit else flat[: limit - 3] + "...")
+
+
+def grid_text(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of single-character cells as lines of text."""
+    return "\n".join("".join(row) for row in rows)

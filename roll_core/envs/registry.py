@@ -1,0 +1,193 @@
+"""Env registry: built-in envs by name, user envs by dotted path, options validated per env.
+
+``get_env_class("sokoban")`` looks a name up; ``get_env_class("my_pkg.envs:Maze")`` imports
+``my_pkg.envs`` (from the installed packages or the current directory) and takes its ``Maze``,
+which must subclass :class:`~roll_core.envs.base.TextEnv`. Options are keyword arguments
+validated by the env's pydantic ``Options`` model, so a typo or a wrong type is a
+:class:`~roll_core.errors.ConfigError` that names the option and lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import yaml
+from pydantic import ValidationError
+
+from roll_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from roll_core.envs.base import EnvOptions, TextEnv
+
+E = TypeVar("E", bound="type[TextEnv]")
+
+_REGISTRY: dict[str, type[TextEnv]] = {}
+
+
+def register_env(cls: E) -> E:
+    """Class decorator: register a :class:`TextEnv` subclass under its ``name``."""
+    from roll_core.envs.base import TextEnv
+
+    if not (inspect.isclass(cls) and issubclass(cls, TextEnv)) or not cls.name:
+        raise TypeError("register_env takes a TextEnv subclass with a non-empty `name`")
+    other = _REGISTRY.get(cls.name)
+    if other is not None and other is not cls:
+        raise ValueError(f"env name {cls.name!r} is taken by {other.__module__}.{other.__name__}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registered_envs() -> dict[str, type[TextEnv]]:
+    """The registered envs by name, sorted."""
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get_env_class(name: str) -> type[TextEnv]:
+    """The env class for a registered ``name`` or a ``package.module:Class`` path."""
+    if ":" in name:
+        return _import_env(name)
+    key = name.strip().lower().replace("-", "_")
+    if key in _REGISTRY:
+        return _REGISTRY[key]
+    valid = list(registered_envs())
+    close = difflib.get_close_matches(key, valid, n=1)
+    suggestion = f" Did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(
+        f"unknown env '{name}'.{suggestion} Registered envs: {', '.join(valid)}.",
+        hint="Use a registered name, or a user env as a dotted path package.module:Class "
+        "(a TextEnv subclass, importable from the installed packages or the current directory).",
+    )
+
+
+def env_id(cls: type[TextEnv]) -> str:
+    """How ``cls`` is named on the command line and in recordings."""
+    if cls.name and _REGISTRY.get(cls.name) is cls:
+        return cls.name
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def make_env(name: str, **options: Any) -> TextEnv:
+    """Build the env ``name`` (registered or dotted path) with keyword ``options``."""
+    return get_env_class(name)(**options)
+
+
+def validate_options(cls: type[TextEnv], options: dict[str, Any]) -> EnvOptions:
+    """``options`` validated by ``cls.Options``; a bad one is a ConfigError naming it."""
+    try:
+        return cls.Options(**options)
+    except ValidationError as err:
+        raise _option_error(cls, err) from None
+
+
+def parse_option_args(args: Iterable[str]) -> dict[str, Any]:
+    """``["size=6", "is_slippery=true"]`` -> ``{"size": 6, "is_slippery": True}`` (YAML values)."""
+    options: dict[str, Any] = {}
+    for item in args:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(
+                f"env option {item!r} is not of the form name=value.",
+                hint="Example: `roll debug-env sokoban width=7 num_boxes=2`.",
+            )
+        if key in options:
+            raise ConfigError(f"env option '{key}' is given twice.")
+        try:
+            options[key] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            options[key] = raw
+    return options
+
+
+def describe_options(cls: type[TextEnv]) -> list[tuple[str, str, Any, str]]:
+    """``(name, type, default, description)`` of every option of ``cls``."""
+    rows = []
+    for name, f in cls.Options.model_fields.items():
+        ann = f.annotation
+        type_name = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+        rows.append((name, type_name, f.get_default(call_default_factory=True), f.description or ""))
+    return rows
+
+
+def options_summary(cls: type[TextEnv]) -> str:
+    """``width=6, height=6, ...``: every option with its default, on one line."""
+    return ", ".join(f"{name}={default!r}" for name, _, default, _ in describe_options(cls))
+
+
+def _option_error(cls: type[TextEnv], err: ValidationError) -> ConfigError:
+    who = env_id(cls)
+    valid = list(cls.Options.model_fields)
+    problems = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(loc, valid, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            problems.append(f"unknown option '{loc}'{hint}")
+        elif loc:
+            problems.append(f"option {loc}={e.get('input')!r}: {e['msg']}")
+        else:
+            problems.append(str(e["msg"]).removeprefix("Value error, "))
+    return ConfigError(
+        f"env {who}: " + "; ".join(problems) + ".",
+        hint=f"Options of {who} (name=default): {options_summary(cls)}.",
+    )
+
+
+def _import_env(path: str) -> type[TextEnv]:
+    from roll_core.envs.base import TextEnv
+
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(
+            f"env path '{path}' is not of the form package.module:Class.",
+            hint="Example: my_envs.maze:MazeEnv, where my_envs/maze.py defines class MazeEnv.",
+        )
+    module = _import_module(module_name, path)
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            found = [n for n, v in vars(module).items() if _is_env_class(v, TextEnv)]
+            listing = ", ".join(sorted(found)) or "none"
+            raise ConfigError(
+                f"module '{module_name}' has no '{attr}' (env path '{path}').",
+                hint=f"TextEnv subclasses in {module_name}: {listing}.",
+            )
+    if not _is_env_class(obj, TextEnv):
+        raise ConfigError(
+            f"'{path}' is not a TextEnv subclass (it is {type(obj).__name__} {obj!r}).",
+            hint="A user env subclasses roll_core.envs.TextEnv (see docs/envs.md); wrap a "
+            "gymnasium env with roll_core.envs.gym_adapter.GymnasiumTextEnv.",
+        )
+    return obj  # type: ignore[no-any-return]
+
+
+def _is_env_class(obj: Any, base: type) -> bool:
+    return inspect.isclass(obj) and issubclass(obj, base) and not inspect.isabstract(obj)
+
+
+def _import_module(module_name: str, path: str) -> Any:
+    cwd = os.getcwd()
+    try:
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.append(cwd)  # like `python -m`: a module in the current directory imports
+        return importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(
+            f"cannot import module '{module_name}' for env '{path}': {err}.",
+            hint="Install the package that holds it, or run from the directory that holds "
+            "the module (the current directory is searched).",
+        ) from None
+    except Exception as err:  # a user module that fails while importing: the user's to fix
+        raise ConfigError(
+            f"importing module '{module_name}' for env '{path}' raised "
+            f"{type(err).__name__}: {err}.",
+            hint="Fix the module (rerun with --debug for the traceback).",
+        ) from err

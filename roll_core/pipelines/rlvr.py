@@ -1,0 +1,429 @@
+"""`roll train rlvr`: RL with verifiable rewards.
+
+The driver loop::
+
+    for step in run.steps(max_steps):
+        groups  = scheduler.next_batch(step)          # generated + rewarded + filtered
+        batch   = build_rl_batch(groups)              # exactly the generated token ids
+        batch  += reference.log_probs(batch)          # only if KL is used
+        batch  += actor_train.log_probs(batch)        # old log-probs (and train/infer diff)
+        batch  += compute_advantages(batch)           # algorithms/, pure
+        metrics = actor_train.train_step(batch, "rl") # ppo_epochs x mini_batches updates
+        sync_weights(actor_train -> actor_infer)      # policy version = step
+        if validation due: metrics |= validate()
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll_core.backends.infer import Request, SamplingParams
+from roll_core.config.rlvr import RLVRConfig
+from roll_core.data import Batch, StatefulLoader, encode_prompt, load_rows, require_columns
+from roll_core.engine import Cluster, make_executor
+from roll_core.errors import CheckpointError, DataError
+from roll_core.models import load_tokenizer, resolve_model_path
+from roll_core.pipelines.common import DriverLoop, RolePlan
+from roll_core.pipelines.rl_math import advantages_and_kl, rl_batch_metrics
+from roll_core.rewards import build_reward_router
+from roll_core.rollout.batch import build_rl_batch
+from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
+from roll_core.workers.actor_infer import ActorInfer
+from roll_core.workers.actor_train import ActorTrain
+from roll_core.workers.reference import Reference
+
+
+def uses_reference(cfg: RLVRConfig) -> bool:
+    return cfg.algorithm.kl.coef > 0
+
+
+def plan(cfg: RLVRConfig) -> list[RolePlan]:
+    ex = cfg.executor.type
+    rows = cfg.rollout.n * cfg.rollout.prompts_per_step
+    roles = [
+        RolePlan(
+            "actor_train",
+            "ActorTrain",
+            cfg.actor_train.backend,
+            cfg.actor_train.world_size,
+            cfg.actor_train.device,
+            ex,
+            f"{rows} samples/step, {cfg.trainer.ppo_epochs * cfg.trainer.mini_batches} updates/step",
+        ),
+        RolePlan(
+            "actor_infer",
+            "ActorInfer",
+            cfg.actor_infer.backend,
+            cfg.actor_infer.world_size,
+            cfg.actor_infer.device,
+            ex,
+            f"n={cfg.rollout.n} x {cfg.rollout.prompts_per_step} prompts, chunks of {cfg.rollout.chunk_size}",
+        ),
+    ]
+    if uses_reference(cfg):
+        roles.append(
+            RolePlan(
+                "reference",
+                "Reference",
+                "torch",
+                1,
+                cfg.actor_train.device,
+                ex,
+                f"KL {cfg.algorithm.kl.estimator} as {cfg.algorithm.kl.use_as}",
+            )
+        )
+    roles.append(
+        RolePlan(
+            "rewards",
+            "RewardRouter",
+            "threads",
+            cfg.rollout.reward_workers,
+            "cpu",
+            "driver",
+            "domains: " + ", ".join(cfg.reward.domains),
+        )
+    )
+    return roles
+
+
+@dataclass
+class RLVRSetup:
+    model_path: str
+    tokenizer: Any
+    train: list[Prompt]
+    eval: list[Prompt]
+    stats: dict[str, int]
+
+
+def _prompts(
+    cfg: RLVRConfig, tokenizer: Any, source: Any, key: str
+) -> tuple[list[Prompt], dict[str, int]]:
+    d = cfg.data
+    rows = load_rows(
+        source.path, split=source.split, subset=source.subset, max_rows=source.max_rows, key=key
+    )
+    require_columns(rows, [d.prompt_key, d.answer_key], what=f"the RL data ({key})")
+    out: list[Prompt] = []
+    stats = {"rows": 0, "dropped_too_long": 0, "dropped_empty": 0}
+    for row in rows:
+        stats["rows"] += 1
+        text = row.get(d.prompt_key)
+        if not isinstance(text, str) or not text.strip() or row.get(d.answer_key) in (None, ""):
+            stats["dropped_empty"] += 1
+            continue
+        ids = encode_prompt(tokenizer, text, system=d.system_prompt)
+        if len(ids) > d.max_prompt_length:
+            stats["dropped_too_long"] += 1
+            continue
+        row = dict(row)
+        row.setdefault(d.domain_key, d.default_domain)
+        out.append(Prompt(index=len(out), prompt_ids=ids, row=row))
+    if not out:
+        raise DataError(
+            f"no usable rows in {source.path} ({stats['dropped_empty']} empty, "
+            f"{stats['dropped_too_long']} longer than data.max_prompt_length={d.max_prompt_length}).",
+            hint="Check data.prompt_key / data.answer_key, or raise data.max_prompt_length.",
+        )
+    return out, stats
+
+
+def prepare(cfg: RLVRConfig) -> RLVRSetup:
+    model_path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(
+        resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
+    )
+    train, stats = _prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
+    evals: list[Prompt] = []
+    if cfg.data.eval is not None:
+        evals, _ = _prompts(cfg, tokenizer, cfg.data.eval, "data.eval.path")
+        if cfg.eval.max_samples:
+            evals = evals[: cfg.eval.max_samples]
+    build_reward_router(cfg.reward, domains={p.row[cfg.data.domain_key] for p in train + evals})
+    if cfg.rollout.n == 1 and cfg.algorithm.adv_estimator in GROUP_ESTIMATORS:
+        from roll_core.errors import ConfigError
+
+        raise ConfigError(
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the samples of a group, "
+            "but rollout.n is 1.",
+            hint="Set rollout.n to 2 or more (8 is common), or use adv_estimator=reinforce_plus_plus.",
+        )
+    return RLVRSetup(model_path, tokenizer, train, evals, stats)
+
+
+GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
+
+
+class PromptStream:
+    """An endless, resumable stream of training prompts (one loader 'batch' = one prompt)."""
+
+    def __init__(self, prompts: list[Prompt], *, seed: int, shuffle: bool) -> None:
+        self.prompts = prompts
+        self.loader = StatefulLoader(len(prompts), 1, seed=seed, shuffle=shuffle)
+
+    def __iter__(self) -> PromptStream:
+        return self
+
+    def __next__(self) -> Prompt:
+        return self.prompts[next(self.loader)[0]]
+
+
+def _make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str, Cluster]:
+    cpu = {"CPU": 1} if cfg.executor.type == "ray" else {}
+    total_updates = cfg.trainer.max_steps * cfg.trainer.ppo_epochs * cfg.trainer.mini_batches
+    role = cfg.actor_train
+    clusters = {
+        "actor_train": Cluster(
+            "actor_train",
+            ActorTrain,
+            executor,
+            world_size=role.world_size,
+            resources=cpu,
+            worker_kwargs={
+                "backend": role.backend,
+                "backend_kwargs": dict(
+                    model_path=setup.model_path,
+                    dtype=cfg.model.dtype,
+                    device=role.device,
+                    precision=role.precision,
+                    optim=role.optim,
+                    total_steps=total_updates,
+                    micro_batch_size=cfg.trainer.micro_batch_size,
+                    seed=cfg.seed,
+                    num_threads=role.num_threads,
+                    gradient_checkpointing=cfg.model.gradient_checkpointing,
+                ),
+            },
+        ),
+        "actor_infer": Cluster(
+            "actor_infer",
+            ActorInfer,
+            executor,
+            world_size=cfg.actor_infer.world_size,
+            resources=cpu,
+            worker_kwargs={
+                "backend": cfg.actor_infer.backend,
+                "backend_kwargs": dict(
+                    model_path=setup.model_path,
+                    device=cfg.actor_infer.device,
+                    num_threads=cfg.actor_infer.num_threads,
+                ),
+            },
+        ),
+    }
+    if uses_reference(cfg):
+        clusters["reference"] = Cluster(
+            "reference",
+            Reference,
+            executor,
+            resources=cpu,
+            worker_kwargs=dict(
+                model_path=setup.model_path,
+                device=role.device,
+                micro_batch_size=cfg.trainer.micro_batch_size,
+                num_threads=role.num_threads,
+            ),
+        )
+    for cluster in clusters.values():
+        cluster.run("setup")
+    return clusters
+
+
+def sync_weights(clusters: dict[str, Cluster], version: int) -> dict[str, float]:
+    """actor_train -> actor_infer, in place, no disk; returns time and bytes."""
+    start = time.perf_counter()
+    weights = clusters["actor_train"].run_rank0("named_weights")
+    clusters["actor_infer"].run("update_weights", weights, version=version)
+    size = sum(t.numel() * t.element_size() for t in weights.values())
+    return {"sync/seconds": time.perf_counter() - start, "sync/bytes": float(size)}
+
+
+def validate(
+    cfg: RLVRConfig, setup: RLVRSetup, clusters: dict[str, Cluster], router: Any
+) -> dict[str, float]:
+    params = SamplingParams(
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        stop=tuple(cfg.rollout.stop),
+    )
+    infer = clusters["actor_infer"]
+    chunk = max(cfg.rollout.chunk_size, 32)
+    futures = []
+    for k, i in enumerate(range(0, len(setup.eval), chunk)):
+        reqs = [
+            Request(p.index, p.prompt_ids, seed=cfg.seed + p.index)
+            for p in setup.eval[i : i + chunk]
+        ]
+        futures.append(infer.submit(k % infer.world_size, "generate", reqs, params))
+    completions = [c for f in futures for c in f.result()]
+    scored = []
+    for p, c in zip(setup.eval, completions, strict=True):
+        sample = Sample(
+            uid=p.index,
+            group=p.index,
+            prompt=p,
+            response_ids=c.response_ids,
+            log_probs=c.log_probs,
+            finish_reason=c.finish_reason,
+            policy_version=c.policy_version,
+        )
+        sample.reward, sample.reward_info = router.score_sample(sample, setup.tokenizer)
+        scored.append(sample)
+    return router.metrics(scored, prefix="val")
+
+
+def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]:
+    loop.console_note(
+        f"data: {setup.stats['rows']} rows, {len(setup.train)} prompts used "
+        f"({setup.stats['dropped_too_long']} too long, {setup.stats['dropped_empty']} empty); "
+        f"eval {len(setup.eval)} prompts"
+    )
+    domains = {p.row[cfg.data.domain_key] for p in setup.train + setup.eval}
+    router = build_reward_router(cfg.reward, domains=domains)
+    stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)
+    params = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        stop=tuple(cfg.rollout.stop),
+    )
+    executor = make_executor(
+        cfg.executor.type, address=cfg.executor.ray_address, num_cpus=cfg.executor.num_cpus
+    )
+    scheduler = None
+    try:
+        clusters = _make_clusters(cfg, setup, executor)
+        scheduler = RolloutScheduler(
+            infer=clusters["actor_infer"],
+            prompts=stream,
+            reward_fn=lambda s: router.score_sample(s, setup.tokenizer),
+            params=params,
+            n=cfg.rollout.n,
+            prompts_per_step=cfg.rollout.prompts_per_step,
+            chunk_size=cfg.rollout.chunk_size,
+            max_chunks_in_flight=cfg.rollout.max_chunks_in_flight,
+            dynamic_sampling=cfg.algorithm.dynamic_sampling,
+            max_additional_prompts=cfg.rollout.max_additional_prompts,
+            reward_workers=cfg.rollout.reward_workers,
+            seed=cfg.seed,
+        )
+        kl_state: dict[str, Any] = {"coef": cfg.algorithm.kl.coef}
+
+        def save_state(ckpt: Path) -> dict[str, Any]:
+            clusters["actor_train"].run("save", str(ckpt / "actor_train"))
+            torch.save(clusters["actor_infer"].run("get_rng_state"), ckpt / "infer_rng.pt")
+            return {
+                "prompts": stream.loader.state_dict(),
+                "train_prompts": len(setup.train),
+                "kl": kl_state,
+                "router": router.state_dict(),
+            }
+
+        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
+            if state["train_prompts"] != len(setup.train):
+                raise CheckpointError(
+                    f"the training prompts changed since {ckpt.name}: "
+                    f"{state['train_prompts']} then, {len(setup.train)} now.",
+                    hint="Resume with the data the run started with.",
+                )
+            clusters["actor_train"].run("load", str(ckpt / "actor_train"))
+            for rank, rng in enumerate(torch.load(ckpt / "infer_rng.pt", weights_only=False)):
+                clusters["actor_infer"].handles[rank].submit("set_rng_state", rng)
+            stream.loader.load_state_dict(state["prompts"])
+            kl_state.update(state["kl"])
+            router.load_state_dict(state["router"])
+
+        start = loop.begin(save_state=save_state, load_state=load_state)
+        sync_weights(clusters, version=start)
+        if cfg.eval.every_steps and setup.eval and start == 0:
+            loop.log_extra(0, validate(cfg, setup, clusters, router))
+        for step in loop.steps(start, cfg.trainer.max_steps):
+            metrics = _train_step(cfg, setup, clusters, scheduler, step, kl_state)
+            metrics |= sync_weights(clusters, version=step)
+            loop.end_step(
+                step,
+                metrics,
+                evaluate=(lambda s: validate(cfg, setup, clusters, router)) if setup.eval else None,
+            )
+        return loop.finish(export=lambda p: clusters["actor_train"].run_rank0("export", str(p)))
+    finally:
+        if scheduler is not None:
+            scheduler.close()
+        executor.shutdown()
+
+
+def _train_step(
+    cfg: RLVRConfig,
+    setup: RLVRSetup,
+    clusters: dict[str, Cluster],
+    scheduler: RolloutScheduler,
+    step: int,
+    kl_state: dict[str, Any],
+) -> dict[str, float]:
+    timers: dict[str, float] = {}
+    t = time.perf_counter()
+    rollout = scheduler.next_batch(step)
+    timers["time/rollout"] = time.perf_counter() - t
+    if not rollout.groups:
+        raise DataError(
+            "rollout produced no groups (every group was dropped by dynamic sampling).",
+            hint="Raise rollout.max_additional_prompts or turn algorithm.dynamic_sampling off.",
+        )
+    batch = build_rl_batch(rollout.groups, pad_id=setup.tokenizer.pad_token_id)
+    temp = cfg.rollout.temperature or 1.0
+    if "reference" in clusters:
+        t = time.perf_counter()
+        batch.tensors["ref_log_probs"] = torch.cat(
+            clusters["reference"].run_dp("log_probs", batch, temperature=temp)
+        )
+        timers["time/reference"] = time.perf_counter() - t
+    t = time.perf_counter()
+    batch.tensors["old_log_probs"] = torch.cat(
+        clusters["actor_train"].run_dp("log_probs", batch, temperature=temp)
+    )
+    timers["time/old_log_prob"] = time.perf_counter() - t
+    metrics = advantages_and_kl(batch, cfg.algorithm, kl_state)
+    t = time.perf_counter()
+    metrics |= _update(cfg, clusters["actor_train"], batch, temp)
+    timers["time/train"] = time.perf_counter() - t
+    return {
+        **rollout.metrics,
+        **rl_batch_metrics(batch, cfg.rollout.max_new_tokens),
+        **metrics,
+        **timers,
+    }
+
+
+def _update(cfg: RLVRConfig, actor: Cluster, batch: Batch, temperature: float) -> dict[str, float]:
+    """ppo_epochs x mini_batches optimizer steps; metrics averaged over them."""
+    totals: dict[str, float] = {}
+    count = 0
+    algo = cfg.algorithm
+    for epoch in range(cfg.trainer.ppo_epochs):
+        order = torch.randperm(
+            len(batch), generator=torch.Generator().manual_seed(cfg.seed + epoch)
+        )
+        shuffled = batch.select(order) if cfg.trainer.mini_batches > 1 else batch
+        for mb in shuffled.split(cfg.trainer.mini_batches):
+            mb.meta = {
+                "response_tokens": float(mb.tensors["response_mask"].sum()),
+                "sequences": float(len(mb)),
+                "max_response_length": float(cfg.rollout.max_new_tokens),
+            }
+            out = actor.run_dp(
+                "train_step",
+                mb,
+                objective="rl",
+                algorithm=algo.model_dump(),
+                temperature=temperature,
+            )
+            for o in out:
+                for k, v in o.items():
+                    totals[k] = totals.get(k, 0.0) + v
+            count += 1
+    return {k: v / count for k, v in totals.items()}

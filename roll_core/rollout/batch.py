@@ -1,0 +1,53 @@
+"""Scored samples -> the training Batch (token-in/token-out: exactly the generated ids).
+
+Layout: `input_ids` [B, T] = prompt ids + response ids, right-padded. Per-token fields live in
+"target" space [B, T-1] (position t scores token t+1), the space of `token_log_probs`:
+`response_mask`, `behaviour_log_probs`. Per-sample fields: `scores` [B] (the rewards),
+`group_ids` [B], `response_lengths` [B], `policy_versions` [B].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from roll_core.data import Batch
+from roll_core.rollout.scheduler import Sample
+
+
+def build_rl_batch(groups: list[list[Sample]], *, pad_id: int) -> Batch:
+    samples = [s for g in groups for s in g]
+    width = max(len(s.prompt.prompt_ids) + len(s.response_ids) for s in samples)
+    b = len(samples)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    resp = torch.zeros((b, width - 1), dtype=torch.float32)
+    behaviour = torch.zeros((b, width - 1), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt.prompt_ids), len(s.response_ids)
+        ids[i, : p + r] = torch.tensor(s.prompt.prompt_ids + s.response_ids)
+        attn[i, : p + r] = 1
+        if r:
+            resp[i, p - 1 : p - 1 + r] = (
+                1.0  # target position p-1 predicts the first response token
+            )
+            behaviour[i, p - 1 : p - 1 + r] = torch.tensor(s.log_probs, dtype=torch.float32)
+    group_index = {g: k for k, g in enumerate(dict.fromkeys(s.group for s in samples))}
+    return Batch(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": attn,
+            "response_mask": resp,
+            "behaviour_log_probs": behaviour,
+            "scores": torch.tensor([s.reward for s in samples], dtype=torch.float32),
+            "group_ids": torch.tensor([group_index[s.group] for s in samples], dtype=torch.long),
+            "response_lengths": torch.tensor(
+                [len(s.response_ids) for s in samples], dtype=torch.long
+            ),
+            "policy_versions": torch.tensor([s.policy_version for s in samples], dtype=torch.long),
+        },
+        non_tensors={
+            "domain": [str(s.reward_info.get("domain", "")) for s in samples],
+            "finish_reason": [s.finish_reason for s in samples],
+        },
+        meta={},
+    )
