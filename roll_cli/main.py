@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from roll_cli.convert import convert_app
 from roll_core import __version__
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Make the small datasets the tiny recipes use.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+app.add_typer(convert_app, name="convert")
 train_app = typer.Typer(
     help="Reinforcement learning: `roll train rlvr RECIPE`.", no_args_is_help=True
 )
@@ -113,8 +115,13 @@ def _print_plan(cfg: Any) -> None:
             row.detail,
         )
     out.print(table)
-    summary = model_summary(cfg.model.path)
-    out.print("model: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
+    from roll_core.errors import ModelError
+
+    try:
+        summary = model_summary(cfg.model.path)
+        out.print("model: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
+    except ModelError as e:  # e.g. a warm start that an earlier command will create
+        err.print(f"[yellow]warning:[/yellow] {e.message} A run needs it to exist.")
     out.print("[green]recipe is valid[/green] (dry run: no model loaded, nothing written)")
 
 
@@ -154,6 +161,36 @@ def sft(
 ) -> None:
     """Supervised fine-tuning (loss on response tokens) from a recipe."""
     _run_training("sft", recipe, overrides, dry_run, run_id)
+
+
+@app.command()
+@handle_errors
+def dpo(
+    recipe: Recipe,
+    overrides: Overrides = None,
+    dry_run: DryRun = False,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Preference optimisation (DPO, IPO, cDPO) on chosen/rejected pairs from a recipe."""
+    _run_training("dpo", recipe, overrides, dry_run, run_id)
+
+
+@app.command()
+@handle_errors
+def distill(
+    recipe: Recipe,
+    overrides: Overrides = None,
+    dry_run: DryRun = False,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Distil a frozen teacher into a student (forward/reverse KL, JSD, skew KL) from a recipe."""
+    _run_training("distill", recipe, overrides, dry_run, run_id)
 
 
 @train_app.command("rlvr")
@@ -286,6 +323,11 @@ def schema(debug: Debug = False) -> None:
     sys.stdout.write(config_reference() + "\n")
 
 
+from roll_cli.debug_env import debug_env  # noqa: E402  (needs handle_errors and Debug above)
+
+app.command("debug-env")(debug_env)
+
+
 @data_app.command("arith")
 @handle_errors
 def data_arith(
@@ -301,6 +343,24 @@ def data_arith(
     write_arith_dataset(out_dir, n_train=n_train, n_test=n_test, seed=seed)
     out.print(
         f"wrote {out_dir}/train.jsonl ({n_train} rows) and {out_dir}/test.jsonl ({n_test} rows)"
+    )
+
+
+@data_app.command("arith-pairs")
+@handle_errors
+def data_arith_pairs(
+    out_dir: Annotated[Path, typer.Argument(help="Directory for train.jsonl and test.jsonl.")],
+    n_train: Annotated[int, typer.Option(help="Training pairs.")] = 5000,
+    n_test: Annotated[int, typer.Option(help="Held-out pairs (disjoint from train).")] = 500,
+    seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
+    debug: Debug = False,
+) -> None:
+    """Write the arithmetic preference pairs of the tiny DPO recipe (right vs near-miss answer)."""
+    from roll_core.data.preference import write_arith_pairs
+
+    write_arith_pairs(out_dir, n_train=n_train, n_test=n_test, seed=seed)
+    out.print(
+        f"wrote {out_dir}/train.jsonl ({n_train} pairs) and {out_dir}/test.jsonl ({n_test} pairs)"
     )
 
 

@@ -3,13 +3,13 @@
 Every estimator takes keyword arguments and returns ``(advantages, returns)``, both
 ``[B, T]`` and 0 on padding:
 
-* ``token_level_rewards`` ``[B, T]``: the reward of each response token. For outcome rewards
+* ``token_rewards`` ``[B, T]``: the reward of each response token. For outcome rewards
   (math, code) the score sits on the last response token (see
   :func:`~roll_core.algorithms.functional.scores_to_token_rewards`); a KL penalty used as a
   reward (:func:`~roll_core.algorithms.kl.apply_kl_penalty`) adds a term on every token.
 * ``response_mask`` ``[B, T]``: 1 on response tokens, 0 on padding (and on environment tokens
   of a multi-turn response, which the return computations skip).
-* ``index`` ``[B]``: group id per sample (the prompt it answers), for the group estimators.
+* ``group_ids`` ``[B]``: group id per sample (the prompt it answers), for the group estimators.
   Groups may have unequal sizes; a group of one sample is a ConfigError.
 * ``values`` ``[B, T]``: the critic's value of each token (``gae`` only).
 
@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 
 from roll_core.algorithms.functional import (
-    GroupIndex,
+    GroupIds,
     discounted_returns,
     group_mean,
     group_std,
@@ -54,7 +54,7 @@ def _broadcast(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.T
 @ADV_ESTIMATORS.register("gae")
 def gae(
     *,
-    token_level_rewards: torch.Tensor,
+    token_rewards: torch.Tensor,
     values: torch.Tensor,
     response_mask: torch.Tensor,
     gamma: float = 1.0,
@@ -76,7 +76,7 @@ def gae(
     last_adv = torch.zeros_like(values[:, 0])
     advantages = torch.zeros_like(values)
     for t in reversed(range(values.shape[-1])):
-        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
         adv_t = delta + gamma * lam * last_adv
         next_value = m[:, t] * values[:, t] + (1 - m[:, t]) * next_value
         last_adv = m[:, t] * adv_t + (1 - m[:, t]) * last_adv
@@ -88,9 +88,9 @@ def gae(
 @ADV_ESTIMATORS.register("grpo")
 def grpo(
     *,
-    token_level_rewards: torch.Tensor,
+    token_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    index: GroupIndex,
+    group_ids: GroupIds,
     eps: float = 1e-6,
     norm_adv_by_std: Literal["group", "batch", "none"] = "group",
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,14 +101,14 @@ def grpo(
     every token of response i gets ``A_i`` ("outcome supervision").
 
     ``norm_adv_by_std`` picks the divisor: ``group`` (the paper), ``batch`` (the standard
-    deviation of all scores of the batch: LitePPO, Liu et al. 2025, arXiv 2508.08221, sec. 4.1)
+    deviation of all scores of the batch: LitePPO, Liu et al. 2025, arXiv 2508.08221)
     or ``none`` (no division: Dr.GRPO, see :func:`dr_grpo`).
 
     Departures: the standard deviation is the unbiased (n - 1) one, as in verl and TRL (the
     paper does not say); ``eps`` keeps groups whose scores are all equal at advantage 0.
     """
-    scores = sequence_scores(token_level_rewards, response_mask)
-    groups = groups_of(index, scores.shape[0], scores.device)
+    scores = sequence_scores(token_rewards, response_mask)
+    groups = groups_of(group_ids, scores.shape[0], scores.device)
     require_group_size(groups, what="the advantage estimator grpo")
     centred = scores - group_mean(scores, groups)
     if norm_adv_by_std == "group":
@@ -118,49 +118,49 @@ def grpo(
         centred = centred / (batch_std + eps)
     elif norm_adv_by_std != "none":
         raise ValueError(f"norm_adv_by_std must be group, batch or none, got {norm_adv_by_std!r}")
-    return _broadcast(centred, response_mask), discounted_returns(token_level_rewards, response_mask)
+    return _broadcast(centred, response_mask), discounted_returns(token_rewards, response_mask)
 
 
 @ADV_ESTIMATORS.register("dr_grpo")
 def dr_grpo(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: GroupIndex
+    *, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: GroupIds
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO without the division by the group's standard deviation (Dr.GRPO, Liu et al. 2025,
-    arXiv 2503.20783, sec. 3.1): ``A_i = s_i - mean_group(s)``.
+    arXiv 2503.20783): ``A_i = s_i - mean_group(s)``.
 
     Dr.GRPO's other half, removing the ``1/|o_i|`` length normalisation, is the loss
     aggregation ``seq-mean-token-sum-norm`` (set by the dr_grpo preset). No departure.
     """
-    scores = sequence_scores(token_level_rewards, response_mask)
-    groups = groups_of(index, scores.shape[0], scores.device)
+    scores = sequence_scores(token_rewards, response_mask)
+    groups = groups_of(group_ids, scores.shape[0], scores.device)
     require_group_size(groups, what="the advantage estimator dr_grpo")
     centred = scores - group_mean(scores, groups)
-    return _broadcast(centred, response_mask), discounted_returns(token_level_rewards, response_mask)
+    return _broadcast(centred, response_mask), discounted_returns(token_rewards, response_mask)
 
 
 @ADV_ESTIMATORS.register("rloo")
 def rloo(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: GroupIndex
+    *, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: GroupIds
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE with a leave-one-out baseline (RLOO; Kool et al. 2019; Ahmadian et al. 2024,
-    arXiv 2402.14740, sec. 3.2): ``A_i = s_i - mean_{j != i} s_j``.
+    arXiv 2402.14740): ``A_i = s_i - mean_{j != i} s_j``.
 
     Computed as ``n / (n - 1) * (s_i - mean_group(s))``, which is the same number. Departure:
     the paper treats the whole response as one action; here every token of the response gets
     ``A_i`` and the loss aggregation decides how tokens are weighted (the rloo preset uses
     ``token-mean``; ``seq-mean-token-sum`` is the paper's sequence-level REINFORCE).
     """
-    scores = sequence_scores(token_level_rewards, response_mask)
-    groups = groups_of(index, scores.shape[0], scores.device)
+    scores = sequence_scores(token_rewards, response_mask)
+    groups = groups_of(group_ids, scores.shape[0], scores.device)
     require_group_size(groups, what="the advantage estimator rloo")
     n = groups.counts.to(scores.dtype)[groups.inverse]
     centred = (scores - group_mean(scores, groups)) * n / (n - 1)
-    return _broadcast(centred, response_mask), discounted_returns(token_level_rewards, response_mask)
+    return _broadcast(centred, response_mask), discounted_returns(token_rewards, response_mask)
 
 
 @ADV_ESTIMATORS.register("reinforce")
 def reinforce(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+    *, token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain REINFORCE returns (Williams 1992, Machine Learning 8:229-256; no arXiv id):
     ``A_t = G_t = sum_{k >= t} gamma^(k-t) r_k`` over response tokens, no baseline.
@@ -168,29 +168,29 @@ def reinforce(
     No departure; masked positions inside a response are skipped (see
     :func:`~roll_core.algorithms.functional.discounted_returns`).
     """
-    returns = discounted_returns(token_level_rewards, response_mask, gamma=gamma)
+    returns = discounted_returns(token_rewards, response_mask, gamma=gamma)
     return returns, returns
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus")
 def reinforce_plus_plus(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+    *, token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262): discounted returns, whitened over every
     response token of the batch ("global advantage normalisation").
 
     The paper's token-level KL penalty belongs in the rewards: compute
-    ``token_level_rewards`` with :func:`~roll_core.algorithms.kl.apply_kl_penalty` (the
+    ``token_rewards`` with :func:`~roll_core.algorithms.kl.apply_kl_penalty` (the
     reinforce_plus_plus preset sets ``algorithm.kl.use_as: reward`` with the k1 estimator).
     Departure: the variance is the unbiased one over tokens (as in OpenRLHF and verl).
     """
-    returns = discounted_returns(token_level_rewards, response_mask, gamma=gamma)
+    returns = discounted_returns(token_rewards, response_mask, gamma=gamma)
     return masked_whiten(returns, response_mask), returns
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: GroupIndex
+    *, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: GroupIds
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a baseline (Hu et al. 2025, arXiv 2501.03262): subtract the group mean
     of the scores, give every token its response's value, then whiten over every response
@@ -199,18 +199,18 @@ def reinforce_plus_plus_baseline(
     Departure: as in verl, the score is the sum of the token rewards (so a KL penalty used as a
     reward is folded into the outcome before the group mean is taken).
     """
-    scores = sequence_scores(token_level_rewards, response_mask)
-    groups = groups_of(index, scores.shape[0], scores.device)
+    scores = sequence_scores(token_rewards, response_mask)
+    groups = groups_of(group_ids, scores.shape[0], scores.device)
     require_group_size(groups, what="the advantage estimator reinforce_plus_plus_baseline")
     centred = _broadcast(scores - group_mean(scores, groups), response_mask)
     advantages = masked_whiten(centred, response_mask)
-    return advantages, discounted_returns(token_level_rewards, response_mask)
+    return advantages, discounted_returns(token_rewards, response_mask)
 
 
 def compute_advantages(name: str, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator registered as `name`: ``(advantages [B, T], returns [B, T])``.
 
-    Pass every input the pipeline has (``token_level_rewards``, ``response_mask``, ``index``,
+    Pass every input the pipeline has (``token_rewards``, ``response_mask``, ``group_ids``,
     ``values``, ``gamma``, ``lam``, ``eps``, ``norm_adv_by_std``); each estimator takes the ones
     it needs and inputs that are None are ignored. No gradient flows through advantages.
     """

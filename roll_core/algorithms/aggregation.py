@@ -11,7 +11,7 @@ papers disagree:
 * ``seq-mean-token-sum``: sum over each response's tokens, mean over responses (REINFORCE on
   whole-sequence log-probabilities; TOPR).
 * ``seq-mean-token-sum-norm``: sum over each response's tokens divided by a constant (the
-  maximum response length), mean over responses (Dr.GRPO, arXiv 2503.20783, sec. 3.1: removes
+  maximum response length), mean over responses (Dr.GRPO, arXiv 2503.20783: removes
   the length bias of ``seq-mean-token-mean`` without making the loss scale depend on the batch).
 
 Gradient accumulation and data parallelism: a micro-batch only sees its own rows, but the update

@@ -2,7 +2,7 @@
 
 Shapes: token tensors are ``[batch, resp_len]`` (written ``[B, T]``); ``response_mask`` is
 ``[B, T]`` with 1 on response tokens and 0 on padding (any dtype; it is cast to the values'
-dtype). Per-sample tensors are ``[B]``. Groups are given by ``index``: one group id per sample
+dtype). Per-sample tensors are ``[B]``. Groups are given by ``group_ids``: one group id per sample
 (a tensor of integers, or any sequence of hashable ids such as prompt uids); the samples of a
 group need not be adjacent and groups may have different sizes.
 """
@@ -16,7 +16,7 @@ import torch
 
 from roll_core.errors import ConfigError
 
-GroupIndex = torch.Tensor | Sequence[Hashable]
+GroupIds = torch.Tensor | Sequence[Hashable]
 """Group id per sample: a ``[B]`` integer tensor or a sequence of hashable ids."""
 
 WHITEN_EPS = 1e-8
@@ -63,9 +63,9 @@ def masked_whiten(
     return out * m
 
 
-def sequence_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Per-sample score ``[B]``: the sum of the token-level rewards over response tokens."""
-    return masked_sum(token_level_rewards, response_mask, dim=-1)
+    return masked_sum(token_rewards, response_mask, dim=-1)
 
 
 def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -84,7 +84,7 @@ def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -
 
 
 def discounted_returns(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, *, gamma: float = 1.0
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, *, gamma: float = 1.0
 ) -> torch.Tensor:
     """Reward-to-go ``G_t = r_t + gamma * G_next`` over response tokens, ``[B, T]``.
 
@@ -92,11 +92,11 @@ def discounted_returns(
     environment tokens inside a multi-turn response) are skipped, neither discounted nor
     rewarded, and come back 0.
     """
-    m = response_mask.to(token_level_rewards.dtype)
-    returns = torch.zeros_like(token_level_rewards)
-    running = torch.zeros_like(token_level_rewards[:, 0])
-    for t in reversed(range(token_level_rewards.shape[-1])):
-        step = token_level_rewards[:, t] + gamma * running
+    m = response_mask.to(token_rewards.dtype)
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[-1])):
+        step = token_rewards[:, t] + gamma * running
         running = m[:, t] * step + (1 - m[:, t]) * running
         returns[:, t] = running
     return returns * m
@@ -116,18 +116,20 @@ class Groups:
         return len(self.labels)
 
 
-def groups_of(index: GroupIndex, batch_size: int, device: torch.device | None = None) -> Groups:
+def groups_of(group_ids: GroupIds, batch_size: int, device: torch.device | None = None) -> Groups:
     """Map group ids (any hashable ids, or an integer tensor) to dense ids ``0..G-1``."""
-    if isinstance(index, torch.Tensor):
-        if index.dim() != 1 or index.shape[0] != batch_size:
-            raise ValueError(f"index must have shape [{batch_size}], got {tuple(index.shape)}")
-        uniq, inverse = torch.unique(index, return_inverse=True)
+    if isinstance(group_ids, torch.Tensor):
+        if group_ids.dim() != 1 or group_ids.shape[0] != batch_size:
+            raise ValueError(
+                f"group_ids must have shape [{batch_size}], got {tuple(group_ids.shape)}"
+            )
+        uniq, inverse = torch.unique(group_ids, return_inverse=True)
         labels: list[Hashable] = uniq.tolist()
         inverse = inverse.to(device) if device is not None else inverse
     else:
-        ids = list(index)
+        ids = list(group_ids)
         if len(ids) != batch_size:
-            raise ValueError(f"index must have {batch_size} entries, got {len(ids)}")
+            raise ValueError(f"group_ids must have {batch_size} entries, got {len(ids)}")
         order: dict[Hashable, int] = {}
         dense = [order.setdefault(i, len(order)) for i in ids]
         labels = list(order)
@@ -141,13 +143,13 @@ def require_group_size(groups: Groups, *, what: str, minimum: int = 2) -> None:
     small = (groups.counts < minimum).nonzero().flatten().tolist()
     if not small:
         return
-    first = groups.labels[small[0]]
+    first, size = groups.labels[small[0]], int(groups.counts[small[0]])
     raise ConfigError(
         f"{what} compares the samples of one prompt with each other and needs at least "
         f"{minimum} samples per group, but {len(small)} of {groups.num} groups have fewer "
-        f"(group {first!r} has {int(groups.counts[small[0]])}).",
-        hint="Generate several responses per prompt (set the rollout's samples per prompt "
-        "to 2 or more), or use a per-sample estimator: reinforce, reinforce_plus_plus or gae.",
+        f"(group {first!r} has {size} sample{'' if size == 1 else 's'}).",
+        hint="Generate several responses per prompt (rollout.n: 2 or more), or use a "
+        "per-sample estimator: algorithm.adv_estimator reinforce, reinforce_plus_plus or gae.",
     )
 
 

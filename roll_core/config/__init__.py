@@ -1,10 +1,15 @@
 """Recipes: typed schema, YAML loading, overrides and readable validation errors."""
 
 from roll_core.config.loader import apply_overrides, dump_config, load_recipe, read_yaml, validate
+from roll_core.config.rlvr import RLVRConfig
 from roll_core.config.schema import PIPELINES, SFTConfig
+
+# Pipelines whose schema imports schema.py register here (schema.py cannot import them).
+PIPELINES["rlvr"] = RLVRConfig
 
 __all__ = [
     "PIPELINES",
+    "RLVRConfig",
     "SFTConfig",
     "apply_overrides",
     "dump_config",

@@ -130,6 +130,10 @@ def validate(schema: type[C], data: dict[str, Any], *, source: str) -> C:
         ) from None
 
 
+COMMANDS = {"rlvr": "roll train rlvr", "agentic": "roll train agentic"}
+"""The command of pipelines whose command is not `roll <pipeline>`."""
+
+
 def schema_for(data: dict[str, Any], *, source: str, expected: str | None = None) -> type[Strict]:
     """Pick the pipeline schema from the recipe's `pipeline:` key (or the command's)."""
     name = data.get("pipeline", expected)
@@ -148,7 +152,7 @@ def schema_for(data: dict[str, Any], *, source: str, expected: str | None = None
     if expected is not None and name != expected:
         raise ConfigError(
             f"{source}: this recipe is for `{name}`, not `{expected}`.",
-            hint=f"Run it with `roll {name}`, or fix `pipeline:`.",
+            hint=f"Run it with `{COMMANDS.get(name, 'roll ' + name)}`, or fix `pipeline:`.",
         )
     return PIPELINES[name]
 

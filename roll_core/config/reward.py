@@ -19,6 +19,7 @@ reward:
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, Literal
 
@@ -26,13 +27,17 @@ from pydantic import Field, field_validator, model_validator
 
 from roll_core.config.schema import Strict
 
-__all__ = ["DomainRewardConfig", "RewardConfig", "RewardFnConfig"]
+__all__ = ["BUILTIN_REWARDS", "DomainRewardConfig", "RewardConfig", "RewardFnConfig"]
 
-BUILTIN_REWARD_NAMES = ("math", "format")
-"""Names accepted by ``name`` besides dotted paths (kept equal to the reward registry)."""
+BUILTIN_REWARDS: dict[str, tuple[str, ...]] = {
+    "math": ("answer_pattern", "answer_key"),
+    "format": ("pattern",),
+}
+"""Built-in reward name -> its options. The config layer sits below ``roll_core.rewards`` and
+does not import it; a test keeps this equal to ``roll_core.rewards.REWARDS``."""
 
-_DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-_OPTIONS_OF = {"math": {"answer_pattern", "answer_key"}, "format": {"pattern"}, "user": {"args"}}
+DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+"""``pkg.module:function`` (the part after ``:`` may be a dotted attribute path)."""
 _OPTION_DEFAULTS: dict[str, Any] = {
     "answer_pattern": None,
     "answer_key": "answer",
@@ -48,14 +53,12 @@ def check_reward_name(name: str) -> str:
         ValueError: with the valid names and the closest match (pydantic turns it into a
             recipe error that names the key).
     """
-    if name in BUILTIN_REWARD_NAMES or _DOTTED_PATH.match(name):
+    if name in BUILTIN_REWARDS or DOTTED_PATH.match(name):
         return name
-    import difflib
-
-    close = difflib.get_close_matches(name, BUILTIN_REWARD_NAMES, n=1)
+    close = difflib.get_close_matches(name, list(BUILTIN_REWARDS), n=1)
     guess = f"did you mean {close[0]!r}? " if close else ""
     raise ValueError(
-        f"unknown reward {name!r}; {guess}valid names: {', '.join(BUILTIN_REWARD_NAMES)}, "
+        f"unknown reward {name!r}; {guess}valid names: {', '.join(BUILTIN_REWARDS)}, "
         "or a user function as a dotted path 'pkg.module:function'"
     )
 
@@ -90,6 +93,11 @@ class RewardFnConfig(Strict):
         description="User functions only: keyword arguments, called as `fn(sample, **args)`.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
     @field_validator("name")
     @classmethod
     def _known_name(cls, value: str) -> str:
@@ -107,13 +115,12 @@ class RewardFnConfig(Strict):
 
     @model_validator(mode="after")
     def _options_apply(self) -> RewardFnConfig:
-        kind = self.name if self.name in BUILTIN_REWARD_NAMES else "user"
-        allowed = _OPTIONS_OF[kind]
+        allowed = BUILTIN_REWARDS.get(self.name, ("args",))
         for option, default in _OPTION_DEFAULTS.items():
             if option not in allowed and getattr(self, option) != default:
-                users = [k for k, opts in _OPTIONS_OF.items() if option in opts]
+                users = [n for n, opts in BUILTIN_REWARDS.items() if option in opts] or ["user"]
                 raise ValueError(
-                    f"{option!r} does not apply to reward {self.name!r}; it is used by "
+                    f"{option!r} does not apply to reward {self.name!r}; it is an option of "
                     f"{' and '.join(users)} rewards only"
                 )
         return self
@@ -126,8 +133,8 @@ class DomainRewardConfig(Strict):
         default_factory=lambda: [RewardFnConfig(name="math")],
         min_length=1,
         description="Reward functions; the sample's reward is the weighted sum of their "
-        "scores. A bare string (`math`, `pkg.mod:fn`) in place of the whole section means one "
-        "function with weight 1.",
+        "scores. A bare string (`math`, `pkg.mod:fn`) stands for `{name: ...}`, and may also "
+        "replace the whole domain section (one function, weight 1).",
     )
     timeout_s: float = Field(
         default=5.0,
@@ -141,8 +148,8 @@ class DomainRewardConfig(Strict):
     def _shorthand(cls, data: Any) -> Any:
         if isinstance(data, str):
             return {"rewards": [{"name": data}]}
-        if isinstance(data, list) and all(isinstance(x, str | dict) for x in data):
-            return {"rewards": [{"name": x} if isinstance(x, str) else x for x in data]}
+        if isinstance(data, list):
+            return {"rewards": data}
         return data
 
 
@@ -160,7 +167,7 @@ class RewardConfig(Strict):
         default=None,
         description="Domain for rows without a domain value. None: such rows are an error "
         "at start-up when the data is known, else they get reward 0 and are counted in "
-        "`reward/unknown_domain`.",
+        "`reward/unknown_domain/count`.",
     )
     isolation: Literal["process", "thread"] = Field(
         default="process",

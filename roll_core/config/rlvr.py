@@ -26,13 +26,6 @@ class RLDataConfig(Strict):
     eval: DatasetSource | None = Field(default=None, description="Held-out prompts for validation.")
     prompt_key: str = Field(default="prompt", description="Column holding the prompt text.")
     answer_key: str = Field(default="answer", description="Column holding the reference answer.")
-    domain_key: str = Field(
-        default="domain",
-        description="Column naming the row's reward domain (default domain if absent).",
-    )
-    default_domain: str = Field(
-        default="math", description="Domain of rows without a domain column."
-    )
     system_prompt: str | None = Field(
         default=None, description="Optional system message before every prompt."
     )

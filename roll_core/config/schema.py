@@ -270,3 +270,8 @@ class SFTConfig(Strict):
 
 PIPELINES: dict[str, type[Strict]] = {"sft": SFTConfig}
 """Recipe schema per pipeline name (the recipe's `pipeline:` key)."""
+
+# dpo and distill (their module imports this one, so it is imported once the classes exist)
+from roll_core.config.preference import PREFERENCE_PIPELINES  # noqa: E402
+
+PIPELINES.update(PREFERENCE_PIPELINES)

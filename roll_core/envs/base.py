@@ -85,6 +85,7 @@ class Transition:
     reward: float
     terminated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    truncated: bool = False  # the env's own time limit (``max_steps`` is applied by TextEnv)
 
 
 class InvalidAction(Exception):
@@ -170,7 +171,7 @@ class TextEnv(ABC):
             t = self.on_step(parsed)
             t.info.setdefault("action_is_valid", True)
         self._success = bool(t.info.get("success", self._success))
-        truncated = not t.terminated and self._steps >= self.options.max_steps
+        truncated = not t.terminated and (t.truncated or self._steps >= self.options.max_steps)
         self._done = t.terminated or truncated
         self._return += t.reward
         info = {
@@ -207,7 +208,13 @@ class TextEnv(ABC):
         """One sentence on the action format (used in invalid-action observations)."""
         actions = self.valid_actions()
         if actions:
-            return "Answer with one of " + ", ".join(actions) + ", e.g. <answer>" + actions[0] + "</answer>."
+            return (
+                "Answer with one of "
+                + ", ".join(actions)
+                + ", e.g. <answer>"
+                + actions[0]
+                + "</answer>."
+            )
         return "See the instructions for the action format."
 
     def valid_actions(self) -> list[str]:

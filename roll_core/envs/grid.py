@@ -30,7 +30,16 @@ MOVE_WORDS: MappingProxyType[str, str] = MappingProxyType(
 #: Whole-answer abbreviations (``U``, ``d``, ...) and WASD-style letters are not accepted
 #: inside sentences, only as the whole answer.
 MOVE_ALIASES: MappingProxyType[str, str] = MappingProxyType(
-    {"u": "Up", "d": "Down", "l": "Left", "r": "Right", "↑": "Up", "↓": "Down", "←": "Left", "→": "Right"}
+    {
+        "u": "Up",
+        "d": "Down",
+        "l": "Left",
+        "r": "Right",
+        "↑": "Up",
+        "↓": "Down",
+        "←": "Left",
+        "→": "Right",
+    }
 )
 
 #: Arrow keys for human play.

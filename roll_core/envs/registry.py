@@ -86,7 +86,11 @@ def validate_options(cls: type[TextEnv], options: dict[str, Any]) -> EnvOptions:
 
 
 def parse_option_args(args: Iterable[str]) -> dict[str, Any]:
-    """``["size=6", "is_slippery=true"]`` -> ``{"size": 6, "is_slippery": True}`` (YAML values)."""
+    """``["size=6", "is_slippery=true"]`` -> ``{"size": 6, "is_slippery": True}``.
+
+    Values are parsed as YAML, except text that spans lines or starts with ``#`` (a grid such
+    as a Sokoban room), which stays a string.
+    """
     options: dict[str, Any] = {}
     for item in args:
         key, sep, raw = item.partition("=")
@@ -98,6 +102,9 @@ def parse_option_args(args: Iterable[str]) -> dict[str, Any]:
             )
         if key in options:
             raise ConfigError(f"env option '{key}' is given twice.")
+        if "\n" in raw or raw.lstrip().startswith("#"):
+            options[key] = raw  # a grid: YAML would fold its lines or read `#` as a comment
+            continue
         try:
             options[key] = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
@@ -110,8 +117,10 @@ def describe_options(cls: type[TextEnv]) -> list[tuple[str, str, Any, str]]:
     rows = []
     for name, f in cls.Options.model_fields.items():
         ann = f.annotation
-        type_name = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
-        rows.append((name, type_name, f.get_default(call_default_factory=True), f.description or ""))
+        type_name = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
+        rows.append(
+            (name, type_name, f.get_default(call_default_factory=True), f.description or "")
+        )
     return rows
 
 

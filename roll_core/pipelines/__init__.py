@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_core.config.loader import apply_overrides, dump_config, read_yaml, schema_for, validate
-from roll_core.pipelines import sft
+from roll_core.pipelines import distill, dpo, rlvr, sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
 from roll_core.runs import Run
 
@@ -28,7 +28,12 @@ class Pipeline:
     run: Callable[[Any, Any, DriverLoop], dict[str, float]]
 
 
-PIPELINES: dict[str, Pipeline] = {"sft": Pipeline(plan=sft.plan, prepare=sft.prepare, run=sft.run)}
+PIPELINES: dict[str, Pipeline] = {
+    "sft": Pipeline(plan=sft.plan, prepare=sft.prepare, run=sft.run),
+    "rlvr": Pipeline(plan=rlvr.plan, prepare=rlvr.prepare, run=rlvr.run),
+    "dpo": Pipeline(plan=dpo.plan, prepare=dpo.prepare, run=dpo.run),
+    "distill": Pipeline(plan=distill.plan, prepare=distill.prepare, run=distill.run),
+}
 
 
 @dataclass

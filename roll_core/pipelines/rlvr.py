@@ -29,9 +29,9 @@ from roll_core.engine import Cluster, make_executor
 from roll_core.errors import CheckpointError, DataError
 from roll_core.models import load_tokenizer, resolve_model_path
 from roll_core.pipelines.common import DriverLoop, RolePlan
-from roll_core.pipelines.rl_math import advantages_and_kl, rl_batch_metrics
-from roll_core.rewards import build_reward_router
+from roll_core.pipelines.rl_math import RLState, advantages_and_kl, rl_batch_metrics
 from roll_core.rollout.batch import build_rl_batch
+from roll_core.rollout.rewards import RewardStage
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 from roll_core.workers.actor_infer import ActorInfer
 from roll_core.workers.actor_train import ActorTrain
@@ -120,8 +120,6 @@ def _prompts(
         if len(ids) > d.max_prompt_length:
             stats["dropped_too_long"] += 1
             continue
-        row = dict(row)
-        row.setdefault(d.domain_key, d.default_domain)
         out.append(Prompt(index=len(out), prompt_ids=ids, row=row))
     if not out:
         raise DataError(
@@ -143,7 +141,7 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
         evals, _ = _prompts(cfg, tokenizer, cfg.data.eval, "data.eval.path")
         if cfg.eval.max_samples:
             evals = evals[: cfg.eval.max_samples]
-    build_reward_router(cfg.reward, domains={p.row[cfg.data.domain_key] for p in train + evals})
+    RewardStage(cfg.reward, tokenizer=tokenizer, domains=_domains(cfg, train + evals)).close()
     if cfg.rollout.n == 1 and cfg.algorithm.adv_estimator in GROUP_ESTIMATORS:
         from roll_core.errors import ConfigError
 
@@ -153,6 +151,10 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
             hint="Set rollout.n to 2 or more (8 is common), or use adv_estimator=reinforce_plus_plus.",
         )
     return RLVRSetup(model_path, tokenizer, train, evals, stats)
+
+
+def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
+    return {p.row.get(cfg.reward.domain_key) for p in prompts}
 
 
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
@@ -173,7 +175,7 @@ class PromptStream:
 
 
 def _make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str, Cluster]:
-    cpu = {"CPU": 1} if cfg.executor.type == "ray" else {}
+    cpu: dict[str, float] = {"CPU": 1.0} if cfg.executor.type == "ray" else {}
     total_updates = cfg.trainer.max_steps * cfg.trainer.ppo_epochs * cfg.trainer.mini_batches
     role = cfg.actor_train
     clusters = {
@@ -243,7 +245,7 @@ def sync_weights(clusters: dict[str, Cluster], version: int) -> dict[str, float]
 
 
 def validate(
-    cfg: RLVRConfig, setup: RLVRSetup, clusters: dict[str, Cluster], router: Any
+    cfg: RLVRConfig, setup: RLVRSetup, clusters: dict[str, Cluster], rewards: RewardStage
 ) -> dict[str, float]:
     params = SamplingParams(
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
@@ -271,9 +273,9 @@ def validate(
             finish_reason=c.finish_reason,
             policy_version=c.policy_version,
         )
-        sample.reward, sample.reward_info = router.score_sample(sample, setup.tokenizer)
+        sample.reward, sample.reward_info = rewards.score_sample(sample)
         scored.append(sample)
-    return router.metrics(scored, prefix="val")
+    return rewards.eval_metrics(scored, prefix="eval")
 
 
 def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]:
@@ -282,8 +284,9 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         f"({setup.stats['dropped_too_long']} too long, {setup.stats['dropped_empty']} empty); "
         f"eval {len(setup.eval)} prompts"
     )
-    domains = {p.row[cfg.data.domain_key] for p in setup.train + setup.eval}
-    router = build_reward_router(cfg.reward, domains=domains)
+    rewards = RewardStage(
+        cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.train + setup.eval)
+    )
     stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)
     params = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -301,7 +304,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         scheduler = RolloutScheduler(
             infer=clusters["actor_infer"],
             prompts=stream,
-            reward_fn=lambda s: router.score_sample(s, setup.tokenizer),
+            reward_fn=rewards.score_sample,
             params=params,
             n=cfg.rollout.n,
             prompts_per_step=cfg.rollout.prompts_per_step,
@@ -312,7 +315,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             reward_workers=cfg.rollout.reward_workers,
             seed=cfg.seed,
         )
-        kl_state: dict[str, Any] = {"coef": cfg.algorithm.kl.coef}
+        rl_state = RLState(cfg.algorithm)
 
         def save_state(ckpt: Path) -> dict[str, Any]:
             clusters["actor_train"].run("save", str(ckpt / "actor_train"))
@@ -320,8 +323,8 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             return {
                 "prompts": stream.loader.state_dict(),
                 "train_prompts": len(setup.train),
-                "kl": kl_state,
-                "router": router.state_dict(),
+                "rl": rl_state.state_dict(),
+                "rewards": rewards.state_dict(),
             }
 
         def load_state(ckpt: Path, state: dict[str, Any]) -> None:
@@ -335,25 +338,29 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             for rank, rng in enumerate(torch.load(ckpt / "infer_rng.pt", weights_only=False)):
                 clusters["actor_infer"].handles[rank].submit("set_rng_state", rng)
             stream.loader.load_state_dict(state["prompts"])
-            kl_state.update(state["kl"])
-            router.load_state_dict(state["router"])
+            rl_state.load_state_dict(state["rl"])
+            rewards.load_state_dict(state["rewards"])
 
         start = loop.begin(save_state=save_state, load_state=load_state)
         sync_weights(clusters, version=start)
         if cfg.eval.every_steps and setup.eval and start == 0:
-            loop.log_extra(0, validate(cfg, setup, clusters, router))
+            loop.log_extra(0, validate(cfg, setup, clusters, rewards))
         for step in loop.steps(start, cfg.trainer.max_steps):
-            metrics = _train_step(cfg, setup, clusters, scheduler, step, kl_state)
+            metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state)
+            metrics |= rewards.step_metrics()
             metrics |= sync_weights(clusters, version=step)
             loop.end_step(
                 step,
                 metrics,
-                evaluate=(lambda s: validate(cfg, setup, clusters, router)) if setup.eval else None,
+                evaluate=(lambda s: validate(cfg, setup, clusters, rewards))
+                if setup.eval
+                else None,
             )
         return loop.finish(export=lambda p: clusters["actor_train"].run_rank0("export", str(p)))
     finally:
         if scheduler is not None:
             scheduler.close()
+        rewards.close()
         executor.shutdown()
 
 
@@ -363,7 +370,7 @@ def _train_step(
     clusters: dict[str, Cluster],
     scheduler: RolloutScheduler,
     step: int,
-    kl_state: dict[str, Any],
+    rl_state: RLState,
 ) -> dict[str, float]:
     timers: dict[str, float] = {}
     t = time.perf_counter()
@@ -387,7 +394,9 @@ def _train_step(
         clusters["actor_train"].run_dp("log_probs", batch, temperature=temp)
     )
     timers["time/old_log_prob"] = time.perf_counter() - t
-    metrics = advantages_and_kl(batch, cfg.algorithm, kl_state)
+    metrics = advantages_and_kl(
+        batch, cfg.algorithm, rl_state, max_new_tokens=cfg.rollout.max_new_tokens
+    )
     t = time.perf_counter()
     metrics |= _update(cfg, clusters["actor_train"], batch, temp)
     timers["time/train"] = time.perf_counter() - t

@@ -185,6 +185,7 @@ def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
                 seed=cfg.seed,
                 num_threads=role.num_threads,
                 gradient_checkpointing=cfg.model.gradient_checkpointing,
+                lora=role.lora,
             ),
         },
     )

@@ -177,9 +177,12 @@ class _StepRun:
         ends = [c.timing.get("gen_end", time.time()) for c in completions]
         self.gen_ends.extend(ends)
         if completions:
-            self.gen_busy_s += max(ends) - min(
-                c.timing.get("gen_start", submitted) for c in completions
-            )
+            busy = max(ends) - min(c.timing.get("gen_start", submitted) for c in completions)
+            lengths = [len(c.response_ids) for c in completions]
+            self.gen_busy_s += busy
+            # a batched call runs until its longest response ends: the rest of the rows wait
+            if max(lengths):
+                self.wait_slowest_s += busy * (1 - sum(lengths) / (len(lengths) * max(lengths)))
         for request, prompt, group in chunk:
             c = by_id[request.request_id]
             sample = Sample(
@@ -248,4 +251,5 @@ class _StepRun:
             "rollout/wall_s": wall,
             "rollout/reward_s": self.reward_s,
             "rollout/rewards_before_last_gen": float(overlap),
+            "rollout/gen_wait_slowest_share": self.wait_slowest_s / max(1e-9, self.gen_busy_s),
         }

@@ -34,9 +34,81 @@ def sft(logits: torch.Tensor, mb: Batch) -> tuple[torch.Tensor, dict[str, float]
 OBJECTIVES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {"sft": sft}
 """Objective name -> function(logits, mb, **params). Pipelines add theirs here."""
 
+from roll_core.workers.preference_objectives import PREFERENCE_OBJECTIVES  # noqa: E402
+
+OBJECTIVES.update(PREFERENCE_OBJECTIVES)  # dpo, distill
+
 
 def get_objective(name: str, **params: Any) -> Objective:
     """The objective `name` with its parameters bound."""
     if name not in OBJECTIVES:
         raise ConfigError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVES)}.")
     return functools.partial(OBJECTIVES[name], **params)
+
+
+def rl(
+    logits: torch.Tensor, mb: Batch, *, algorithm: dict[str, Any], temperature: float = 1.0
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Policy-gradient objective of RLVR: the configured policy loss, plus KL and entropy
+    terms when the recipe asks for them.
+
+    Normalised with the mini-batch's global token and sequence counts in `mb.meta`, so
+    micro-batching gives the mini-batch's loss; metrics are weighted by the micro-batch's share
+    of the mini-batch's tokens, so their sums over micro-batches are mini-batch means.
+    """
+    from roll_core.algorithms import entropy_bonus, entropy_from_logits, kl_loss, policy_loss
+    from roll_core.backends.train.torch_backend import token_log_probs
+
+    algo = algorithm
+    t = mb.tensors
+    mask = t["response_mask"]
+    scaled = logits.float() / temperature
+    log_probs = token_log_probs(scaled, t["input_ids"])
+    agg = {
+        "agg_mode": algo["loss_agg_mode"],
+        "max_len": algo.get("loss_agg_norm_len") or int(mb.meta["max_response_length"]),
+        "global_num_tokens": mb.meta["response_tokens"],
+        "global_num_seqs": mb.meta["sequences"],
+    }
+    params = {"clip_low": algo["clip_low"], "clip_high": algo["clip_high"]}
+    if algo.get("dual_clip_c") is not None:
+        params["clip_c"] = algo["dual_clip_c"]
+    loss, metrics = policy_loss(
+        algo["policy_loss"],
+        log_probs=log_probs,
+        old_log_probs=t["old_log_probs"],
+        advantages=t["advantages"],
+        response_mask=mask,
+        infer_log_probs=t["behaviour_log_probs"],
+        tis_cap=algo.get("tis_cap"),
+        **agg,
+        **params,
+    )
+    kl = algo["kl"]
+    if kl["coef"] > 0 and kl["use_as"] == "loss" and "ref_log_probs" in t:
+        term, kl_metrics = kl_loss(
+            log_probs=log_probs,
+            ref_log_probs=t["ref_log_probs"],
+            response_mask=mask,
+            coef=kl["coef"],
+            estimator=kl["estimator"],
+            **agg,
+        )
+        loss = loss + term
+        metrics |= kl_metrics
+    if algo["entropy_coef"] > 0:
+        ent = entropy_from_logits(scaled[:, :-1])
+        term, ent_metrics = entropy_bonus(
+            entropy=ent, response_mask=mask, coef=algo["entropy_coef"], **agg
+        )
+        loss = loss + term
+        metrics |= ent_metrics
+    else:
+        with torch.no_grad():
+            ent = entropy_from_logits(scaled[:, :-1])
+            metrics["actor/entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
+    share = float(mask.sum()) / max(1.0, float(mb.meta["response_tokens"]))
+    return loss, {k: float(v) * share for k, v in metrics.items()}
+
+
+OBJECTIVES["rl"] = rl

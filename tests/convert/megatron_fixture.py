@@ -22,7 +22,7 @@ and the attention mask is passed explicitly (the default causal mask is built on
 Usage::
 
     python tests/convert/megatron_fixture.py save OUT --tp 2 --pp 2 --arch llama --arch qwen3
-    python tests/convert/megatron_fixture.py load CKPT_DIR OUT_LOGITS --arch qwen2 --tp 2 --pp 2
+    python tests/convert/megatron_fixture.py load qwen2:CKPT_DIR:OUT_LOGITS ... --tp 2 --pp 2
 """
 
 from __future__ import annotations
@@ -52,12 +52,27 @@ SEQ = 12
 # Per architecture: the TransformerConfig / GPTModel settings that make it that architecture,
 # the way Megatron-LM's own argument set describes it.
 ARCHS: dict[str, dict[str, Any]] = {
-    "llama": {"add_qkv_bias": False, "qk_layernorm": False, "tied": False, "kv_channels": 16,
-              "rotary_base": 10000},
-    "qwen2": {"add_qkv_bias": True, "qk_layernorm": False, "tied": True, "kv_channels": 16,
-              "rotary_base": 1000000},
-    "qwen3": {"add_qkv_bias": False, "qk_layernorm": True, "tied": False, "kv_channels": 24,
-              "rotary_base": 1000000},
+    "llama": {
+        "add_qkv_bias": False,
+        "qk_layernorm": False,
+        "tied": False,
+        "kv_channels": 16,
+        "rotary_base": 10000,
+    },
+    "qwen2": {
+        "add_qkv_bias": True,
+        "qk_layernorm": False,
+        "tied": True,
+        "kv_channels": 16,
+        "rotary_base": 1000000,
+    },
+    "qwen3": {
+        "add_qkv_bias": False,
+        "qk_layernorm": True,
+        "tied": False,
+        "kv_channels": 24,
+        "rotary_base": 1000000,
+    },
 }
 
 
@@ -188,7 +203,9 @@ def _perturb_norms_and_biases(model: Any) -> None:
             if parts[:2] == ["decoder", "layers"]:
                 parts[2] = str(int(parts[2]) + offset)
             seed_text = ".".join(parts) + (f"#tp{tp_rank}" if name.endswith("bias") else "")
-            g = torch.Generator().manual_seed(sum(ord(c) * (i + 1) for i, c in enumerate(seed_text)))
+            g = torch.Generator().manual_seed(
+                sum(ord(c) * (i + 1) for i, c in enumerate(seed_text))
+            )
             p.add_(0.2 * torch.randn(p.shape, generator=g))
 
 
@@ -263,16 +280,19 @@ def _worker(rank: int, world: int, port: int, opts: argparse.Namespace) -> None:
 
     _patch_megatron_for_cpu()
     ps.initialize_model_parallel(opts.tp, opts.pp)
+    if opts.command == "save":
+        jobs = [(arch, "", str(Path(opts.out) / arch / "logits.pt")) for arch in opts.arch]
+    else:
+        jobs = [tuple(job.split(":", 2)) for job in opts.jobs]
     try:
-        for arch in opts.arch:
+        for arch, ckpt, out in jobs:
             model = build_model(arch)
             if opts.command == "save":
                 _perturb_norms_and_biases(model)
                 _save(model, arch, Path(opts.out), opts.tp, opts.pp)
-                target = Path(opts.out) / arch / "logits.pt"
             else:
-                _load(model, Path(opts.ckpt))
-                target = Path(opts.out)
+                _load(model, Path(ckpt))
+            target = Path(out)
             logits = forward_logits(model)
             if logits is not None and ps.get_tensor_model_parallel_rank() == 0:
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -294,15 +314,20 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     save = sub.add_parser("save")
     save.add_argument("out")
+    save.add_argument("--arch", action="append", choices=sorted(ARCHS), required=True)
     load = sub.add_parser("load")
-    load.add_argument("ckpt")
-    load.add_argument("out")
+    load.add_argument("jobs", nargs="+", help="ARCH:CHECKPOINT_DIR:LOGITS_FILE")
     for p in (save, load):
         p.add_argument("--tp", type=int, default=2)
         p.add_argument("--pp", type=int, default=2)
-        p.add_argument("--arch", action="append", choices=sorted(ARCHS), required=True)
     opts = parser.parse_args(argv)
     world = opts.tp * opts.pp
+    warnings.filterwarnings("ignore")  # "Transformer Engine and Apex are not installed"
+    # Import megatron-core once here; the forked workers share it (saves an import per rank).
+    import megatron.core.dist_checkpointing  # noqa: F401
+    import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
+
     mp.start_processes(_worker, args=(world, _free_port(), opts), nprocs=world, start_method="fork")
     if opts.command == "save":
         meta = {"input_ids": input_ids().tolist(), "true_vocab": TRUE_VOCAB}

@@ -1,0 +1,463 @@
+"""`roll debug-env ENV`: play an env in the terminal, or watch a random or model policy play it.
+
+Single process, no Ray, no GPU needed. The episode loop, policies and recordings live in
+:mod:`roll_core.envs.play`; this module parses the command line, reads a human's keys and
+prints each turn.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import select
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.text import Text
+
+from roll_cli.main import Debug, handle_errors
+
+out = Console(highlight=False)
+
+
+class PolicyName(enum.StrEnum):
+    """Who plays."""
+
+    human = "human"
+    random = "random"
+    model = "model"
+
+
+@handle_errors
+def debug_env(
+    env: Annotated[
+        str,
+        typer.Argument(
+            help="Env name (sokoban, frozen_lake, tool_use) or a user env package.module:Class.",
+            show_default=False,
+        ),
+    ],
+    options: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Env options name=value (e.g. width=7 num_boxes=2).", show_default=False
+        ),
+    ] = None,
+    seed: Annotated[
+        int,
+        typer.Option("--seed", min=0, help="Seed of the first episode (episode i uses seed + i)."),
+    ] = 0,
+    episodes: Annotated[
+        int | None,
+        typer.Option(
+            "--episodes",
+            min=1,
+            help="Episodes to play (default 1; with --replay, all of the file's).",
+            show_default=False,
+        ),
+    ] = None,
+    policy: Annotated[
+        PolicyName | None,
+        typer.Option(
+            "--policy",
+            help="Who plays: human (typed or arrow-key actions), random, or model (--model). "
+            "Default: human when stdin is a terminal.",
+            show_default=False,
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Model for --policy model: a local HF model, hub id or builtin:NAME.",
+            show_default=False,
+        ),
+    ] = None,
+    record: Annotated[
+        Path | None,
+        typer.Option("--record", help="Write the episodes to FILE (JSONL).", show_default=False),
+    ] = None,
+    replay: Annotated[
+        Path | None,
+        typer.Option(
+            "--replay",
+            help="Play back the episodes of a --record FILE, checking they reproduce.",
+            show_default=False,
+        ),
+    ] = None,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=1, help="Tokens per model response.")
+    ] = 64,
+    temperature: Annotated[
+        float,
+        typer.Option("--temperature", min=0.0, help="Model sampling temperature (0: greedy)."),
+    ] = 1.0,
+    debug: Debug = False,
+) -> None:
+    """Play an env in the terminal or watch a random or model policy play it (no Ray)."""
+    from roll_core.envs import get_env_class, parse_option_args
+    from roll_core.envs.play import (
+        Episode,
+        ReplayPolicy,
+        check_replay,
+        play_episode,
+        read_episodes,
+        summarize,
+        write_episode,
+    )
+    from roll_core.envs.registry import env_id, validate_options
+    from roll_core.errors import UsageError
+
+    cls = get_env_class(env)
+    name = env_id(cls)
+    kwargs = parse_option_args(options or [])
+    validate_options(cls, kwargs)
+    chosen = _choose_policy(policy, model, replay, record)
+
+    recorded: list[Episode] = []
+    if replay is not None:
+        recorded = read_episodes(replay, env=name)[:episodes]  # None: all of them
+        given = validate_options(cls, kwargs).model_dump(mode="json")
+        differ = sorted({k for e in recorded for k in kwargs if given[k] != e.options.get(k)})
+        if differ:
+            raise UsageError(
+                "--replay plays the episodes with their recorded options; the options given "
+                f"differ from them ({', '.join(differ)}).",
+                hint="Drop the name=value options when replaying.",
+            )
+        seeds = [e.seed for e in recorded]
+    else:
+        seeds = [seed + i for i in range(episodes or 1)]
+
+    instance = cls(**(recorded[0].options if recorded else kwargs))
+    printer = _Printer(instance.options.model_dump(), len(seeds))
+    player: Any
+    if chosen == "model":
+        from roll_core.envs.model_policy import ModelPolicy
+
+        assert model is not None
+        player = ModelPolicy(model, max_new_tokens=max_new_tokens, temperature=temperature)
+        out.print(f"model: {model} (context {player.context} tokens)", style="dim")
+    elif chosen == "random":
+        from roll_core.envs.play import RandomPolicy
+
+        player = RandomPolicy()
+    elif chosen == "human":
+        player = HumanPolicy(sys.stdin)
+
+    played: list[Episode] = []
+    sink = _open_record(record)
+    try:
+        for i, episode_seed in enumerate(seeds):
+            if replay is not None:
+                player = ReplayPolicy(recorded[i])
+                instance = cls(**recorded[i].options)
+                printer.options = instance.options.model_dump()
+            printer.index = i
+            episode = play_episode(
+                instance,
+                player,
+                episode_seed,
+                on_start=printer.start,
+                on_prompt=printer.prompt,
+                on_turn=printer.turn,
+                model=model if chosen == "model" else None,
+            )
+            printer.end(episode)
+            if replay is not None:
+                check_replay(recorded[i], episode, index=i)
+            played.append(episode)
+            if sink is not None:
+                write_episode(sink, episode)
+            if episode.aborted and chosen == "human":
+                break
+    finally:
+        if isinstance(player, HumanPolicy):
+            player.close()
+        if sink is not None:
+            sink.close()
+    printer.summary(summarize(played), record, replay)
+
+
+def _open_record(path: Path | None) -> IO[str] | None:
+    from roll_core.errors import UsageError
+
+    if path is None:
+        return None
+    try:
+        return path.open("w", encoding="utf-8")
+    except OSError as err:
+        raise UsageError(
+            f"cannot write the recording {path}: {err.strerror}.",
+            hint="Give --record a file in a directory that exists and is writable.",
+        ) from None
+
+
+def _choose_policy(
+    policy: PolicyName | None, model: str | None, replay: Path | None, record: Path | None
+) -> str:
+    from roll_core.errors import UsageError
+
+    if replay is not None:
+        if policy is not None or model is not None or record is not None:
+            raise UsageError(
+                "--replay plays the recorded responses; it takes no --policy, --model or --record.",
+                hint="Drop those options, or drop --replay to play new episodes.",
+            )
+        return "replay"
+    if policy is None:
+        if model is not None:
+            return "model"
+        if sys.stdin.isatty():
+            return "human"
+        raise UsageError(
+            "no --policy given and stdin is not a terminal, so nobody can play by hand.",
+            hint="Choose a policy: --policy random, --policy model --model PATH (e.g. "
+            "builtin:tiny-qwen3), --replay FILE, or --policy human to read actions from stdin, "
+            "one per line.",
+        )
+    if policy is PolicyName.model and model is None:
+        raise UsageError(
+            "--policy model needs --model.",
+            hint="Give a local HF model directory, a hub id or a built-in model, e.g. "
+            "--model builtin:tiny-qwen3.",
+        )
+    if policy is not PolicyName.model and model is not None:
+        raise UsageError(
+            f"--model is only used with --policy model (the policy is {policy.value}).",
+            hint="Drop --model, or use --policy model.",
+        )
+    return policy.value
+
+
+# ---- human play ------------------------------------------------------------------------------
+_ESCAPES: Mapping[bytes, str] = {
+    b"\x1b[A": "up",
+    b"\x1b[B": "down",
+    b"\x1b[C": "right",
+    b"\x1b[D": "left",
+    b"\x1bOA": "up",
+    b"\x1bOB": "down",
+    b"\x1bOC": "right",
+    b"\x1bOD": "left",
+}
+
+
+class HumanPolicy:
+    """A person at the terminal: arrow keys for grid games, else typed lines; Ctrl-D quits.
+
+    With a terminal on stdin and an env that maps arrow keys (``env.key_actions``), one key
+    press is one action; any other key starts a typed action finished with Enter. Without a
+    terminal, each line of stdin is one action. For key play the terminal stays in cbreak
+    mode (keys are read one by one, not echoed) from the first episode until :meth:`close`,
+    so keys pressed while a turn is printed are neither echoed nor lost.
+    """
+
+    name = "human"
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.keys: Mapping[str, str] = {}
+        self._saved: list[Any] | None = None  # terminal attributes to restore
+
+    def start(self, env: Any, seed: int) -> None:
+        self.keys = env.key_actions
+        if self.keys and self.stream.isatty() and self._saved is None:
+            import termios
+            import tty
+
+            self._saved = termios.tcgetattr(self.stream.fileno())
+            tty.setcbreak(self.stream.fileno())
+
+    def close(self) -> None:
+        """Give the terminal its settings back."""
+        if self._saved is not None:
+            import termios
+
+            termios.tcsetattr(self.stream.fileno(), termios.TCSADRAIN, self._saved)
+            self._saved = None
+
+    def turn_info(self) -> dict[str, Any]:
+        return {}
+
+    def act(self, observation: str) -> str | None:
+        if self._saved is not None:
+            return self._read_key_action()
+        return self._read_line("action (Enter to send, Ctrl-D quits)> ")
+
+    def _read_line(self, prompt: str, prefix: str = "") -> str | None:
+        if prompt:
+            out.print(prompt, end="", style="bold")
+        line = self.stream.readline()
+        if not line:  # EOF: Ctrl-D or the end of piped input
+            out.print()
+            return None
+        if not self.stream.isatty():  # no terminal echoed it: show what was read
+            out.print(Text(line.rstrip("\n")))
+        return prefix + line.rstrip("\n")
+
+    def _read_key_action(self) -> str | None:
+        import termios
+        import tty
+
+        out.print(
+            "move (arrow keys, or type an action + Enter; q or Ctrl-D quits)> ",
+            end="",
+            style="bold",
+        )
+        fd = self.stream.fileno()
+        while True:
+            key = _read_key(fd)
+            if key in ("q", "\x04", ""):
+                out.print()
+                return None
+            if key in self.keys:
+                out.print(self.keys[key])
+                return self.keys[key]
+            if key in ("\r", "\n") or key.startswith("\x1b"):
+                continue
+            if key.isprintable():  # a typed action: the rest of the line in canonical mode
+                out.print(key, end="")
+                assert self._saved is not None
+                termios.tcsetattr(fd, termios.TCSANOW, self._saved)
+                try:
+                    return self._read_line("", prefix=key)
+                finally:
+                    tty.setcbreak(fd)
+
+
+def _read_key(fd: int) -> str:
+    """One key press from a terminal in cbreak mode: ``up``/``down``/``left``/``right`` or a
+    character (an escape sequence's bytes arrive together, within 50 ms)."""
+    data = os.read(fd, 1)
+    if data == b"\x1b":
+        while len(data) < 3 and select.select([fd], [], [], 0.05)[0]:
+            data += os.read(fd, 1)
+        return _ESCAPES.get(data, data.decode(errors="replace"))
+    if not data:
+        return ""
+    if data[0] >= 0x80:  # the rest of a UTF-8 character
+        while select.select([fd], [], [], 0.01)[0] and len(data) < 4:
+            data += os.read(fd, 1)
+    return data.decode(errors="replace")
+
+
+# ---- output ----------------------------------------------------------------------------------
+def _shown(text: str) -> Text:
+    """``text`` for the terminal: control characters escaped, never interpreted as markup."""
+    return Text("".join(ch if ch.isprintable() or ch in "\n\t" else repr(ch)[1:-1] for ch in text))
+
+
+class _Printer:
+    """Per-turn layout: the prompt the policy saw, its response, the reward, then the end."""
+
+    def __init__(self, options: dict[str, Any], total: int) -> None:
+        self.options = options
+        self.total = total
+        self.index = 0
+
+    def start(self, episode: Any) -> None:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        out.rule(
+            f"episode {self.index + 1}/{self.total} · {episode.env} · seed {episode.seed} · {episode.policy}"
+        )
+        out.print(Text(f"options: {opts}", style="dim"))
+        if episode.system_prompt:
+            out.print(
+                Panel(
+                    Text(episode.system_prompt),
+                    title="system prompt",
+                    title_align="left",
+                    border_style="dim",
+                )
+            )
+
+    def prompt(self, number: int, observation: str) -> None:
+        out.print(
+            Panel(
+                _shown(observation),
+                title=f"turn {number} · prompt",
+                title_align="left",
+                border_style="cyan",
+                expand=False,
+            )
+        )
+
+    def turn(self, number: int, turn: Any) -> None:
+        valid = turn.info.get("action_is_valid", True)
+        extra = turn.policy_info
+        subtitle = (
+            f"{extra['response_tokens']} tokens, {extra['finish_reason']}"
+            + (
+                f", {extra['dropped_turns']} old turns dropped"
+                if extra.get("dropped_turns")
+                else ""
+            )
+            if "response_tokens" in extra
+            else None
+        )
+        out.print(
+            Panel(
+                _shown(turn.response) if turn.response.strip() else Text("(empty)"),
+                title=f"turn {number} · response",
+                title_align="left",
+                subtitle=subtitle,
+                subtitle_align="right",
+                border_style="green" if valid else "red",
+                expand=False,
+            )
+        )
+        status = Text()
+        if valid:
+            action, tool = turn.info.get("action"), turn.info.get("tool")
+            what = f"action {action}" if action else f"{tool} call" if tool else "action ok"
+            status.append(what, style="green")
+        else:
+            status.append(f"invalid action: {turn.info.get('invalid_reason', '?')}", style="red")
+        status.append(
+            f"   reward {turn.reward:+.2f}   return {turn.info.get('episode_return', 0.0):+.2f}"
+        )
+        if turn.terminated:
+            status.append("   terminated", style="bold")
+        if turn.truncated:
+            status.append("   truncated (max_steps)", style="bold")
+        out.print(status)
+
+    def end(self, episode: Any) -> None:
+        if episode.turns:
+            out.print(
+                Panel(
+                    _shown(episode.turns[-1].observation),
+                    title="final observation",
+                    title_align="left",
+                    border_style="magenta",
+                    expand=False,
+                )
+            )
+        outcome = "quit" if episode.aborted else "success" if episode.success else "failure"
+        out.print(
+            Text(
+                f"episode {self.index + 1}: {outcome}, return {episode.episode_return:+.2f}, "
+                f"{len(episode.turns)} turn{'s' if len(episode.turns) != 1 else ''}",
+                style="bold green" if episode.success else "bold",
+            )
+        )
+
+    def summary(self, stats: dict[str, float], record: Path | None, replay: Path | None) -> None:
+        n = int(stats.get("episodes", 0))
+        if n:
+            out.rule()
+            out.print(
+                f"{n} episode{'s' if n != 1 else ''}: success rate {stats['success_rate']:.0%}, "
+                f"mean return {stats['mean_return']:+.2f}, mean length {stats['mean_length']:.1f} turns, "
+                f"invalid actions {stats['invalid_action_rate']:.0%}"
+            )
+        if replay is not None:
+            out.print(f"replayed {replay}: every observation and reward reproduced", style="green")
+        if record is not None:
+            out.print(f"recorded {n} episode{'s' if n != 1 else ''} to {record}")

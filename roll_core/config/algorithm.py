@@ -1,0 +1,445 @@
+"""The `algorithm:` section of RL recipes: estimator, loss, KL, normalisation, presets.
+
+A preset is data, not a code path: ``algorithm: {preset: dapo}`` fills the keys listed in
+:data:`PRESETS` and any key the recipe (or a command-line override) sets wins, section by
+section (``algorithm.kl.coef`` can be overridden without restating ``algorithm.kl.estimator``).
+The resolved values, not the preset name alone, are what the run directory's ``config.yaml``
+records. Names of estimators, losses and modes are Literals so that `roll schema` lists them; a
+test keeps them equal to the registries in :mod:`roll_core.algorithms`.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from typing import Any, Literal, get_args
+
+from pydantic import Field, model_validator
+
+from roll_core.config.schema import Strict
+
+AdvEstimatorName = Literal[
+    "gae",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+]
+PolicyLossName = Literal["ppo", "gspo", "cispo", "topr", "pg"]
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
+KLEstimatorName = Literal["k1", "k2", "k3", "low_var_k3"]
+PresetName = Literal[
+    "ppo",
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "reinforce_plus_plus",
+    "rloo",
+    "topr",
+    "cispo",
+    "lite_ppo",
+]
+
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
+"""Estimators that compare the samples of one prompt: they need two or more per prompt."""
+
+
+class KLConfig(Strict):
+    """KL divergence to the reference model (a reference is only built when `coef` > 0)."""
+
+    coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="KL coefficient (0: no KL and no reference model). The initial value "
+        "when `target` is set.",
+    )
+    estimator: KLEstimatorName = Field(
+        default="low_var_k3",
+        description="Per-token estimator: `k1` = logp - ref_logp, `k2` = (logp - ref_logp)^2 "
+        "/ 2, `k3` = exp(ref_logp - logp) - (ref_logp - logp) - 1, `low_var_k3` = k3 clamped "
+        "to [-10, 10].",
+    )
+    use_as: Literal["reward", "loss"] = Field(
+        default="loss",
+        description="`reward`: subtract coef * KL from every token's reward (PPO, "
+        "REINFORCE++); `loss`: add coef * KL to the policy loss (GRPO).",
+    )
+    target: float | None = Field(
+        default=None,
+        gt=0,
+        description="Adaptive coefficient (Ziegler et al. 2019): the KL per token to steer "
+        "towards; the coefficient grows when the measured KL is above it. Null: fixed `coef`. "
+        "Only with `use_as: reward`.",
+    )
+    horizon: int = Field(
+        default=10000,
+        ge=1,
+        description="Adaptive coefficient: samples over which the coefficient may change by "
+        "at most 20%.",
+    )
+
+    @model_validator(mode="after")
+    def _adaptive_needs_reward(self) -> KLConfig:
+        if self.target is not None and self.use_as != "reward":
+            raise ValueError(
+                "target (the adaptive KL coefficient) only works with use_as: reward; "
+                "set use_as: reward or remove target"
+            )
+        if self.target is not None and self.coef == 0:
+            raise ValueError("target is set but coef is 0: set coef to the initial coefficient")
+        return self
+
+
+class RewardConfig(Strict):
+    """Normalising and clipping the per-sample scores before advantages are computed."""
+
+    normalize: Literal["none", "batch", "group", "running"] = Field(
+        default="none",
+        description="`batch`: (s - mean) / std over the batch; `group`: over each prompt's "
+        "samples; `running`: over every score seen so far (checkpointed); `none`: raw scores.",
+    )
+    clip: float | None = Field(
+        default=None, gt=0, description="Clamp scores to [-clip, clip] (null: no clipping)."
+    )
+
+
+class AdvantageConfig(Strict):
+    """Post-processing of the advantages returned by the estimator."""
+
+    whiten: bool = Field(
+        default=False,
+        description="Whiten advantages over every response token of the batch (mean 0, std 1).",
+    )
+    clip: float | None = Field(
+        default=None,
+        gt=0,
+        description="Clamp advantages to [-clip, clip], after whitening (null: no clipping).",
+    )
+
+
+class ValueConfig(Strict):
+    """The critic's loss (only with `adv_estimator: gae`)."""
+
+    clip: float | None = Field(
+        default=0.2,
+        gt=0,
+        description="PPO value clipping: the new value may move at most this far from the old "
+        "one before the loss stops rewarding the move (null: plain squared error).",
+    )
+
+
+class OverlongConfig(Strict):
+    """Responses cut off at the generation length limit (DAPO)."""
+
+    mode: Literal["none", "filter", "penalty"] = Field(
+        default="none",
+        description="`filter`: truncated responses get no loss; `penalty`: DAPO's soft "
+        "length penalty in the last `buffer_len` tokens before the limit; `none`: neither.",
+    )
+    buffer_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="Penalty: length of the soft-penalty zone in tokens (null: a fifth of the "
+        "generation length limit; DAPO used 4096 of 20480).",
+    )
+    penalty_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="Penalty: the reward lost by a response that reaches the limit.",
+    )
+
+    def resolved_buffer_len(self, max_len: int) -> int:
+        """`buffer_len`, or a fifth of `max_len` (at least 1) when unset."""
+        return self.buffer_len if self.buffer_len is not None else max(1, max_len // 5)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "ppo": {
+        "adv_estimator": "gae",
+        "gamma": 1.0,
+        "lam": 0.95,
+        "policy_loss": "ppo",
+        "loss_agg_mode": "token-mean",
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "advantage": {"whiten": True},
+        "value": {"clip": 0.2},
+        "kl": {"coef": 0.001, "estimator": "k1", "use_as": "reward"},
+    },
+    "grpo": {
+        "adv_estimator": "grpo",
+        "norm_adv_by_std": "group",
+        "policy_loss": "ppo",
+        "loss_agg_mode": "seq-mean-token-mean",
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "kl": {"coef": 0.04, "estimator": "low_var_k3", "use_as": "loss"},
+    },
+    "dr_grpo": {
+        "adv_estimator": "dr_grpo",
+        "policy_loss": "ppo",
+        "loss_agg_mode": "seq-mean-token-sum-norm",
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "kl": {"coef": 0.0},
+    },
+    "dapo": {
+        "adv_estimator": "grpo",
+        "norm_adv_by_std": "group",
+        "policy_loss": "ppo",
+        "loss_agg_mode": "token-mean",
+        "clip_low": 0.2,
+        "clip_high": 0.28,
+        "dynamic_sampling": True,
+        "overlong": {"mode": "penalty", "penalty_factor": 1.0},
+        "kl": {"coef": 0.0},
+    },
+    "gspo": {
+        "adv_estimator": "grpo",
+        "norm_adv_by_std": "group",
+        "policy_loss": "gspo",
+        "loss_agg_mode": "seq-mean-token-mean",
+        "clip_low": 3e-4,
+        "clip_high": 4e-4,
+        "kl": {"coef": 0.0},
+    },
+    "reinforce_plus_plus": {
+        "adv_estimator": "reinforce_plus_plus",
+        "gamma": 1.0,
+        "policy_loss": "ppo",
+        "loss_agg_mode": "token-mean",
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "kl": {"coef": 0.001, "estimator": "k1", "use_as": "reward"},
+    },
+    "rloo": {
+        "adv_estimator": "rloo",
+        "policy_loss": "ppo",
+        "loss_agg_mode": "token-mean",
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "kl": {"coef": 0.0},
+    },
+    "topr": {
+        "adv_estimator": "dr_grpo",
+        "policy_loss": "topr",
+        "loss_agg_mode": "seq-mean-token-sum",
+        "kl": {"coef": 0.0},
+    },
+    "cispo": {
+        "adv_estimator": "grpo",
+        "norm_adv_by_std": "group",
+        "policy_loss": "cispo",
+        "loss_agg_mode": "token-mean",
+        "clip_low": 1.0,
+        "clip_high": 0.28,
+        "kl": {"coef": 0.0},
+    },
+    "lite_ppo": {
+        "adv_estimator": "grpo",
+        "norm_adv_by_std": "batch",
+        "policy_loss": "ppo",
+        "loss_agg_mode": "token-mean",
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "kl": {"coef": 0.0},
+    },
+}
+"""Preset name -> the algorithm keys it sets (recipe keys override them)."""
+
+_NAMED_KEYS: dict[str, tuple[str, ...]] = {
+    "adv_estimator": get_args(AdvEstimatorName),
+    "policy_loss": get_args(PolicyLossName),
+    "loss_agg_mode": get_args(LossAggMode),
+}
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` on top of `base`, recursing into sub-sections that are mappings in both."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _did_you_mean(value: object, valid: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(value), list(valid), n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+class AlgorithmConfig(Strict):
+    """The RL algorithm: advantage estimator, policy loss, KL, normalisation and shaping.
+
+    `preset` fills every key it lists (see docs/algorithms.md) and recipe keys override it.
+    """
+
+    preset: PresetName | None = Field(
+        default=None,
+        description="Named recipe of the keys below (ppo, grpo, dr_grpo, dapo, gspo, "
+        "reinforce_plus_plus, rloo, topr, cispo, lite_ppo; values in docs/algorithms.md). "
+        "Keys set in the recipe override the preset.",
+    )
+    adv_estimator: AdvEstimatorName = Field(
+        default="grpo",
+        description="Advantage estimator. `gae` needs a critic; `grpo`, `dr_grpo`, `rloo` and "
+        "`reinforce_plus_plus_baseline` need 2 or more samples per prompt.",
+    )
+    norm_adv_by_std: Literal["group", "batch", "none"] | None = Field(
+        default=None,
+        description="`grpo` only: divide the centred score by the std of its `group` (GRPO), "
+        "of the whole `batch` (LitePPO) or by nothing (`none`, as dr_grpo). Null: `group`.",
+    )
+    adv_eps: float = Field(
+        default=1e-6, gt=0, description="Added to a standard deviation before dividing by it."
+    )
+    gamma: float = Field(
+        default=1.0, ge=0, le=1, description="Discount of `gae`, `reinforce` and REINFORCE++."
+    )
+    lam: float = Field(default=1.0, ge=0, le=1, description="GAE lambda (`gae` only).")
+    policy_loss: PolicyLossName = Field(
+        default="ppo",
+        description="`ppo` (clipped, with clip-higher and dual clip), `gspo` (sequence ratio), "
+        "`cispo` (clipped IS weight), `topr` (tapered off-policy REINFORCE), `pg` (vanilla "
+        "policy gradient).",
+    )
+    loss_agg_mode: LossAggMode = Field(
+        default="token-mean",
+        description="How token losses become one number: `token-mean` (every token weighs the "
+        "same), `seq-mean-token-mean` (every response weighs the same), `seq-mean-token-sum`, "
+        "`seq-mean-token-sum-norm` (token sum / a constant length, Dr.GRPO).",
+    )
+    loss_agg_norm_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="The constant length of `seq-mean-token-sum-norm` (null: the generation "
+        "length limit).",
+    )
+    clip_low: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="Lower clip range: the ratio is clipped below at 1 - clip_low (`ppo`, "
+        "`gspo`, `cispo`; 1 means no lower bound).",
+    )
+    clip_high: float = Field(
+        default=0.2,
+        ge=0,
+        description="Upper clip range: the ratio is clipped above at 1 + clip_high "
+        "(clip-higher: a larger value than clip_low, e.g. DAPO's 0.28).",
+    )
+    dual_clip_c: float | None = Field(
+        default=None,
+        gt=1,
+        description="`ppo` only: dual-clip bound for negative advantages (e.g. 3.0; null: off).",
+    )
+    tis_cap: float | None = Field(
+        default=None,
+        gt=0,
+        description="Truncated importance sampling between the inference and train engines: "
+        "weight each token by min(pi_old / pi_infer, tis_cap) (e.g. 2.0; null: off).",
+    )
+    entropy_coef: float = Field(
+        default=0.0, ge=0, description="Entropy bonus coefficient (0: off)."
+    )
+    kl: KLConfig = Field(default_factory=KLConfig, description="KL to the reference model.")
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig, description="Score normalisation and clipping."
+    )
+    advantage: AdvantageConfig = Field(
+        default_factory=AdvantageConfig, description="Advantage whitening and clipping."
+    )
+    value: ValueConfig = Field(default_factory=ValueConfig, description="Critic loss (gae).")
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="Drop prompt groups whose samples all got the same score and sample more "
+        "prompts until the batch is full (DAPO).",
+    )
+    overlong: OverlongConfig = Field(
+        default_factory=OverlongConfig, description="Responses cut off at the length limit."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for key, valid in _NAMED_KEYS.items():
+            value = data.get(key)
+            if isinstance(value, str) and value not in valid:
+                raise ValueError(
+                    f"{key}: unknown value {value!r}; {_did_you_mean(value, valid)}"
+                    f"valid: {', '.join(valid)}"
+                )
+        name = data.get("preset")
+        if name is None:
+            return data
+        if name not in PRESETS:
+            raise ValueError(
+                f"unknown preset {name!r}; {_did_you_mean(name, tuple(PRESETS))}"
+                f"valid presets: {', '.join(PRESETS)}"
+            )
+        return _merge(PRESETS[name], data)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AlgorithmConfig:
+        if self.norm_adv_by_std is not None and self.adv_estimator not in ("grpo", "dr_grpo"):
+            raise ValueError(
+                f"norm_adv_by_std only applies to adv_estimator grpo, not "
+                f"{self.adv_estimator}; remove it"
+            )
+        if self.adv_estimator == "dr_grpo" and self.norm_adv_by_std not in (None, "none"):
+            raise ValueError(
+                "dr_grpo is grpo without the std division; for "
+                f"norm_adv_by_std: {self.norm_adv_by_std} use adv_estimator: grpo"
+            )
+        if self.dual_clip_c is not None and self.policy_loss != "ppo":
+            raise ValueError(
+                f"dual_clip_c only applies to policy_loss ppo, not {self.policy_loss}; remove it"
+            )
+        return self
+
+    @property
+    def uses_reference(self) -> bool:
+        """True when a reference model is needed (any KL term)."""
+        return self.kl.coef > 0
+
+    @property
+    def uses_critic(self) -> bool:
+        """True when a critic is needed (`gae`)."""
+        return self.adv_estimator == "gae"
+
+    @property
+    def needs_groups(self) -> bool:
+        """True when every prompt needs 2 or more samples (a group estimator or group norm)."""
+        return self.adv_estimator in GROUP_ESTIMATORS or self.reward.normalize == "group"
+
+    def advantage_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`roll_core.algorithms.compute_advantages` (besides the
+        tensors); each estimator takes the ones it uses."""
+        return {
+            "gamma": self.gamma,
+            "lam": self.lam,
+            "eps": self.adv_eps,
+            "norm_adv_by_std": self.norm_adv_by_std,
+        }
+
+    def policy_loss_kwargs(self, *, max_len: int | None = None) -> dict[str, Any]:
+        """Keyword arguments for :func:`roll_core.algorithms.policy_loss` (besides the name and
+        the tensors). `max_len` is the generation length limit, the default constant of
+        ``seq-mean-token-sum-norm``."""
+        return {
+            "agg_mode": self.loss_agg_mode,
+            "clip_low": self.clip_low,
+            "clip_high": self.clip_high,
+            "clip_c": self.dual_clip_c,
+            "tis_cap": self.tis_cap,
+            "max_len": self.loss_agg_norm_len or max_len,
+        }

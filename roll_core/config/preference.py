@@ -1,0 +1,208 @@
+"""Recipe schemas of `roll dpo` (preference optimisation) and `roll distill` (knowledge
+distillation from a teacher). They reuse the sections of roll_core/config/schema.py; LoRA is
+`actor_train.lora` there."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from roll_core.config.schema import (
+    ActorTrainConfig,
+    CheckpointConfig,
+    DatasetSource,
+    EvalConfig,
+    ExecutorConfig,
+    ModelConfig,
+    SFTDataConfig,
+    Strict,
+    TrackingConfig,
+    TrainerConfig,
+)
+
+
+class PreferenceDataConfig(Strict):
+    """Pairwise preference data: a prompt, a chosen and a rejected response per row."""
+
+    train: DatasetSource = Field(description="Training pairs.")
+    eval: DatasetSource | None = Field(default=None, description="Held-out pairs for `eval`.")
+    format: Literal["prompt_response", "messages"] = Field(
+        default="prompt_response",
+        description="`prompt_response`: text columns prompt, chosen, rejected; `messages`: "
+        "chosen and rejected are chat conversations ending with the compared assistant turn "
+        "(an optional prompt column holds shared leading messages).",
+    )
+    prompt_key: str = Field(default="prompt", description="Column holding the prompt.")
+    chosen_key: str = Field(default="chosen", description="Column holding the preferred response.")
+    rejected_key: str = Field(
+        default="rejected", description="Column holding the dispreferred response."
+    )
+    max_length: int = Field(
+        default=1024,
+        ge=8,
+        description="Longest tokenised prompt + response. Pairs with a longer side are dropped "
+        "and counted, never truncated.",
+    )
+    shuffle: bool = Field(default=True, description="Shuffle every epoch (seeded by `seed`).")
+
+
+class DPOLossConfig(Strict):
+    """The preference objective (see docs/dpo.md for the formulas and papers)."""
+
+    loss: Literal["sigmoid", "ipo", "cdpo"] = Field(
+        default="sigmoid",
+        description="`sigmoid`: DPO; `ipo`: IPO (squared loss, robust to deterministic "
+        "preferences); `cdpo`: conservative DPO (labels assumed flipped with probability "
+        "`label_smoothing`).",
+    )
+    beta: float = Field(
+        default=0.1,
+        gt=0,
+        description="Strength of the implicit KL constraint to the reference policy: larger "
+        "stays closer to the starting model.",
+    )
+    label_smoothing: float = Field(
+        default=0.0,
+        ge=0,
+        lt=0.5,
+        description="`cdpo` only: the assumed probability that a pair's labels are flipped.",
+    )
+
+    @model_validator(mode="after")
+    def _smoothing_only_for_cdpo(self) -> DPOLossConfig:
+        if self.loss == "cdpo" and self.label_smoothing == 0:
+            raise ValueError(
+                "cdpo with label_smoothing 0 is the sigmoid loss: set dpo.label_smoothing "
+                "(e.g. 0.1) or use dpo.loss=sigmoid"
+            )
+        if self.loss != "cdpo" and self.label_smoothing > 0:
+            raise ValueError(
+                f"dpo.label_smoothing applies to dpo.loss=cdpo only (loss is {self.loss})"
+            )
+        return self
+
+
+class DPOConfig(Strict):
+    """`roll dpo`: direct preference optimisation (DPO, IPO, cDPO) on chosen/rejected pairs.
+
+    `trainer.micro_batch_size` counts pairs (two sequences each). The reference policy is the
+    starting model: a frozen copy computes every pair's reference log-probs once before the first
+    step (or, under `actor_train.lora`, the policy itself with its adapters disabled).
+    """
+
+    pipeline: Literal["dpo"] = Field(
+        default="dpo", description="Which pipeline this recipe is for."
+    )
+    name: str = Field(default="dpo", description="Human name of the experiment.")
+    seed: int = Field(default=0, description="Seed for initialisation, shuffling and sampling.")
+    runs_dir: str = Field(
+        default="runs", description="Parent directory of run directories (`runs/<run-id>/`)."
+    )
+    model: ModelConfig = Field(description="Starting policy, also the reference policy.")
+    data: PreferenceDataConfig = Field(description="Preference pairs.")
+    dpo: DPOLossConfig = Field(default_factory=DPOLossConfig, description="The DPO objective.")
+    trainer: TrainerConfig = Field(description="Driver loop.")
+    actor_train: ActorTrainConfig = Field(
+        default_factory=ActorTrainConfig, description="The training role."
+    )
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints and export."
+    )
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Executor.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
+
+    @model_validator(mode="after")
+    def _eval_needs_data(self) -> DPOConfig:
+        _check_eval(self.eval, has_eval_data=self.data.eval is not None)
+        return self
+
+
+class DistillLossConfig(Strict):
+    """The distillation objective (see docs/distill.md for the formulas and papers)."""
+
+    loss: Literal["forward_kl", "reverse_kl", "jsd", "skew_forward_kl", "skew_reverse_kl"] = Field(
+        default="forward_kl",
+        description="Divergence between the teacher's (p) and the student's (q) next-token "
+        "distributions: `forward_kl` KL(p||q), `reverse_kl` KL(q||p), `jsd` generalised "
+        "Jensen-Shannon, `skew_forward_kl` / `skew_reverse_kl` (DistiLLM).",
+    )
+    temperature: float = Field(
+        default=1.0,
+        gt=0,
+        description="Both distributions are softmax(logits / temperature); the loss is scaled "
+        "by temperature^2.",
+    )
+    top_k: int | None = Field(
+        default=None,
+        ge=1,
+        description="Keep the teacher's k most likely tokens plus one bucket for the rest of its "
+        "mass (bounds memory: k + 1 numbers per token instead of the vocabulary). None: full.",
+    )
+    skew_alpha: float = Field(
+        default=0.1,
+        gt=0,
+        lt=1,
+        description="Skew KLs: the mixture weight alpha of the skewed distribution.",
+    )
+    jsd_beta: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="`jsd`: the weight beta of the teacher in the mixture (0.5: symmetric JS).",
+    )
+
+
+class DistillConfig(Strict):
+    """`roll distill`: train a student to match a frozen teacher's next-token distributions on
+    a dataset's prompts and responses (SFT data formats).
+
+    Teacher and student may differ in size but must share one tokenizer (vocabulary). Eval
+    reports the student's held-out KL to the teacher and, with `eval.exact_match`, the exact
+    match of both models' greedy answers.
+    """
+
+    pipeline: Literal["distill"] = Field(
+        default="distill", description="Which pipeline this recipe is for."
+    )
+    name: str = Field(default="distill", description="Human name of the experiment.")
+    seed: int = Field(default=0, description="Seed for initialisation, shuffling and sampling.")
+    runs_dir: str = Field(
+        default="runs", description="Parent directory of run directories (`runs/<run-id>/`)."
+    )
+    model: ModelConfig = Field(description="The student: the model that is trained.")
+    teacher: ModelConfig = Field(
+        description="The teacher: frozen, on the same device as the student. "
+        "`teacher.gradient_checkpointing` is ignored (no backward pass)."
+    )
+    data: SFTDataConfig = Field(description="Prompts and responses the student learns on.")
+    distill: DistillLossConfig = Field(
+        default_factory=DistillLossConfig, description="The distillation objective."
+    )
+    trainer: TrainerConfig = Field(description="Driver loop.")
+    actor_train: ActorTrainConfig = Field(
+        default_factory=ActorTrainConfig, description="The training role."
+    )
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints and export."
+    )
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Executor.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
+
+    @model_validator(mode="after")
+    def _eval_needs_data(self) -> DistillConfig:
+        _check_eval(self.eval, has_eval_data=self.data.eval is not None)
+        return self
+
+
+def _check_eval(cfg: EvalConfig, *, has_eval_data: bool) -> None:
+    if cfg.every_steps is not None and not has_eval_data:
+        raise ValueError("eval.every_steps is set but data.eval is not: add data.eval.path")
+    if cfg.exact_match and not has_eval_data:
+        raise ValueError("eval.exact_match is true but data.eval is not set: add data.eval.path")
+
+
+PREFERENCE_PIPELINES: dict[str, type[Strict]] = {"dpo": DPOConfig, "distill": DistillConfig}
+"""Added to roll_core.config.schema.PIPELINES."""

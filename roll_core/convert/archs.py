@@ -1,0 +1,477 @@
+"""Architectures the converter knows, as data: how each is recognised, its Hugging Face config
+and its parameter names on both sides.
+
+Everything that differs between Llama, Qwen2/2.5 and Qwen3 is in :data:`ARCHS`; the code that
+uses it (:mod:`roll_core.convert.convert`) has no per-architecture branch.
+
+Three vocabularies meet here:
+
+* Megatron-LM training arguments (``args`` in the checkpoint): ``num_query_groups``,
+  ``kv_channels``, ``untie_embeddings_and_output_weights``, ...
+* :class:`ModelDims`: the neutral description both sides are mapped to and from;
+* the Hugging Face ``config.json`` keys: ``num_key_value_heads``, ``head_dim``, ...
+
+Parameter names use the *canonical Megatron name*: the key a ``torch_dist`` checkpoint uses
+(``decoder.layers.`` + a per-layer name such as ``self_attention.linear_qkv.weight``, with the
+layer norms fused into the following linear layer as Transformer Engine names them). The
+legacy layout of a model built with Megatron's local (non-TE) layers names two of them
+differently; :data:`LOCAL_NAMES` maps those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from roll_core.errors import CheckpointError, UsageError
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The shape of a dense decoder-only transformer, independent of either format."""
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    """The real vocabulary (the Hugging Face one); Megatron pads it (``padded_vocab_size``)."""
+    padded_vocab_size: int
+    norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+
+#: Megatron-LM argument -> ModelDims field (the plain renames; derived ones are in code below).
+ARG_TO_DIMS: Mapping[str, str] = {
+    "num_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "ffn_hidden_size": "ffn_hidden_size",
+    "num_attention_heads": "num_heads",
+    "norm_epsilon": "norm_eps",
+    "rotary_base": "rope_theta",
+    "max_position_embeddings": "max_position_embeddings",
+    "padded_vocab_size": "padded_vocab_size",
+    "add_qkv_bias": "qkv_bias",
+    "qk_layernorm": "qk_norm",
+}
+
+#: Megatron-LM arguments every supported architecture needs, with the value it must have.
+REQUIRED_ARGS: Mapping[str, Any] = {
+    "normalization": "RMSNorm",
+    "swiglu": True,
+    "position_embedding_type": "rope",
+    "add_bias_linear": False,
+    "num_experts": None,
+    "rotary_percent": 1.0,
+    "use_rope_scaling": False,
+    "virtual_pipeline_model_parallel_size": None,
+}
+
+#: Defaults of Megatron-LM arguments an old checkpoint may lack.
+ARG_DEFAULTS: Mapping[str, Any] = {
+    "norm_epsilon": 1e-5,
+    "rotary_base": 10000,
+    "add_qkv_bias": False,
+    "qk_layernorm": False,
+    "group_query_attention": False,
+    "normalization": "LayerNorm",
+    "swiglu": False,
+    "position_embedding_type": "learned_absolute",
+    "add_bias_linear": True,
+    "num_experts": None,
+    "rotary_percent": 1.0,
+    "use_rope_scaling": False,
+    "virtual_pipeline_model_parallel_size": None,
+    "untie_embeddings_and_output_weights": False,
+    "make_vocab_size_divisible_by": 128,
+    "transformer_impl": "transformer_engine",
+}
+
+
+@dataclass(frozen=True)
+class KeyMap:
+    """One Megatron parameter and the Hugging Face tensors it is made of.
+
+    ``kind`` names the rule that converts between them (see :mod:`roll_core.convert.tensors`):
+    ``copy`` (one tensor, unchanged), ``qkv`` (q, k, v interleaved by query group),
+    ``gate_up`` (gate and up stacked), ``vocab`` (one tensor, vocabulary padding added or
+    removed). ``tp`` names the tensor-parallel rule: ``replicated``, ``column``, ``row``,
+    ``gated_column`` or ``vocab``. ``when`` is a ModelDims flag that must be true for the
+    parameter to exist (``qkv_bias``, ``qk_norm``, ``untied``).
+    """
+
+    mcore: str
+    hf: tuple[str, ...]
+    kind: str = "copy"
+    tp: str = "replicated"
+    when: str | None = None
+
+
+#: Parameters outside the transformer layers (Megatron name -> HF names).
+GLOBAL_KEYS: tuple[KeyMap, ...] = (
+    KeyMap("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab", "vocab"),
+    KeyMap("decoder.final_layernorm.weight", ("model.norm.weight",)),
+    KeyMap("output_layer.weight", ("lm_head.weight",), "vocab", "vocab", when="untied"),
+)
+
+#: Parameters of transformer layer ``{i}`` (canonical Megatron name -> HF names).
+LAYER_KEYS: tuple[KeyMap, ...] = (
+    KeyMap("self_attention.linear_qkv.layer_norm_weight", ("input_layernorm.weight",)),
+    KeyMap(
+        "self_attention.linear_qkv.weight",
+        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+        "qkv",
+        "column",
+    ),
+    KeyMap(
+        "self_attention.linear_qkv.bias",
+        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+        "qkv",
+        "column",
+        when="qkv_bias",
+    ),
+    KeyMap("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), when="qk_norm"),
+    KeyMap("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), when="qk_norm"),
+    KeyMap("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",), tp="row"),
+    KeyMap("mlp.linear_fc1.layer_norm_weight", ("post_attention_layernorm.weight",)),
+    KeyMap(
+        "mlp.linear_fc1.weight",
+        ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+        "gate_up",
+        "gated_column",
+    ),
+    KeyMap("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), tp="row"),
+)
+
+HF_LAYER_PREFIX = "model.layers.{i}."
+MCORE_LAYER_PREFIX = "decoder.layers."
+
+#: Legacy-layout names of Megatron's local (non-Transformer-Engine) layers, per canonical name.
+LOCAL_NAMES: Mapping[str, str] = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+
+#: Modules with an ``_extra_state`` entry (legacy) / sharded object (torch_dist), per layer
+#: implementation. Megatron's strict loaders expect them; their value is ``None``.
+EXTRA_STATE_MODULES: Mapping[str, tuple[str, ...]] = {
+    "local": (
+        "self_attention.linear_proj",
+        "self_attention.linear_qkv",
+        "mlp.linear_fc1",
+        "mlp.linear_fc2",
+    ),
+    "transformer_engine": (
+        "self_attention.linear_proj",
+        "self_attention.linear_qkv",
+        "self_attention.core_attention",
+        "mlp.linear_fc1",
+        "mlp.linear_fc2",
+    ),
+}
+TRANSFORMER_IMPLS = tuple(EXTRA_STATE_MODULES)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One architecture: how to recognise it and how its HF config is written and read."""
+
+    name: str
+    model_type: str
+    architecture: str
+    flags: Mapping[str, bool]
+    """ModelDims flags that identify it (``qkv_bias``, ``qk_norm``)."""
+    hf_config: Mapping[str, str]
+    """HF config key -> ModelDims field."""
+    hf_constants: Mapping[str, Any] = field(default_factory=dict)
+    """HF config keys with a fixed value for this architecture."""
+    description: str = ""
+
+
+_COMMON_HF_CONFIG: Mapping[str, str] = {
+    "num_hidden_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "ffn_hidden_size",
+    "num_attention_heads": "num_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "vocab_size": "vocab_size",
+    "rms_norm_eps": "norm_eps",
+    "rope_theta": "rope_theta",
+    "max_position_embeddings": "max_position_embeddings",
+    "tie_word_embeddings": "tied_embeddings",
+}
+
+ARCHS: Mapping[str, ArchSpec] = {
+    a.name: a
+    for a in (
+        ArchSpec(
+            "llama",
+            "llama",
+            "LlamaForCausalLM",
+            {"qkv_bias": False, "qk_norm": False},
+            _COMMON_HF_CONFIG,
+            {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
+            "Llama 2/3 (no biases, RMSNorm, SwiGLU, RoPE, GQA)",
+        ),
+        ArchSpec(
+            "qwen2",
+            "qwen2",
+            "Qwen2ForCausalLM",
+            {"qkv_bias": True, "qk_norm": False},
+            {k: v for k, v in _COMMON_HF_CONFIG.items() if k != "head_dim"},
+            {"hidden_act": "silu", "use_sliding_window": False},
+            "Qwen2 / Qwen2.5 (bias on q, k, v)",
+        ),
+        ArchSpec(
+            "qwen3",
+            "qwen3",
+            "Qwen3ForCausalLM",
+            {"qkv_bias": False, "qk_norm": True},
+            _COMMON_HF_CONFIG,
+            {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False},
+            "Qwen3 dense (RMSNorm on q and k per head)",
+        ),
+    )
+}
+
+
+def supported() -> str:
+    """``llama (Llama 2/3 ...), qwen2 (...), ...`` for error messages and docs."""
+    return ", ".join(f"{a.name} ({a.description})" for a in ARCHS.values())
+
+
+def get_arch(name: str) -> ArchSpec:
+    """The spec of architecture ``name`` (a roll name or a HF ``model_type``)."""
+    for spec in ARCHS.values():
+        if name in (spec.name, spec.model_type):
+            return spec
+    raise UsageError(
+        f"architecture '{name}' is not supported. Supported: {supported()}.",
+        hint="Pick one with --arch, or convert a checkpoint of a supported architecture.",
+    )
+
+
+def detect_arch(dims: ModelDims) -> ArchSpec:
+    """The architecture whose identifying flags match ``dims``."""
+    for spec in ARCHS.values():
+        if all(getattr(dims, k) == v for k, v in spec.flags.items()):
+            return spec
+    found = ", ".join(f"{k}={getattr(dims, k)}" for k in ("qkv_bias", "qk_norm"))
+    raise CheckpointError(
+        f"no supported architecture has {found}. Supported: {supported()}.",
+        hint="Pass --arch or --hf-config to say which architecture this is.",
+    )
+
+
+# -- Megatron args <-> ModelDims -------------------------------------------------------------
+
+
+def dims_from_args(args: Mapping[str, Any], *, vocab_size: int | None) -> ModelDims:
+    """ModelDims from Megatron-LM training arguments (checks the features they use)."""
+    a = dict(ARG_DEFAULTS)
+    a.update({k: v for k, v in args.items() if v is not None})
+    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if a.get(k) is None]
+    if missing:
+        raise CheckpointError(
+            f"the checkpoint's args lack {', '.join(missing)}, so the model shape is unknown.",
+            hint="This does not look like a Megatron-LM GPT checkpoint; check SRC.",
+        )
+    unsupported = [
+        f"{k}={a.get(k)!r} (supported: {v!r})"
+        for k, v in REQUIRED_ARGS.items()
+        if a.get(k, ARG_DEFAULTS.get(k)) != v
+    ]
+    if unsupported:
+        raise CheckpointError(
+            "the checkpoint uses features the converter does not support: "
+            + "; ".join(unsupported)
+            + f". Supported architectures: {supported()}.",
+            hint="MoE, LayerNorm, learned positions, linear biases, rope scaling and virtual "
+            "pipeline stages are not converted (docs/convert.md lists what is).",
+        )
+    values: dict[str, Any] = {dst: a.get(src) for src, dst in ARG_TO_DIMS.items()}
+    heads = int(a["num_attention_heads"])
+    hidden = int(a["hidden_size"])
+    values["num_kv_heads"] = int(a["num_query_groups"]) if a["group_query_attention"] else heads
+    values["head_dim"] = int(a.get("kv_channels") or hidden // heads)
+    values["ffn_hidden_size"] = int(a.get("ffn_hidden_size") or 4 * hidden)
+    values["tied_embeddings"] = not a["untie_embeddings_and_output_weights"]
+    values["max_position_embeddings"] = int(
+        a.get("max_position_embeddings") or a.get("seq_length") or 4096
+    )
+    padded = a.get("padded_vocab_size")
+    if padded is None:
+        raise CheckpointError(
+            "the checkpoint's args lack padded_vocab_size.",
+            hint="Pass --hf-config with the model's config.json.",
+        )
+    values["vocab_size"] = int(vocab_size or a.get("vocab_size") or padded)
+    return ModelDims(**values)
+
+
+def args_from_dims(
+    dims: ModelDims, *, tp: int, pp: int, transformer_impl: str, dtype: str, divisible_by: int
+) -> dict[str, Any]:
+    """Megatron-LM training arguments that describe ``dims`` (stored as ``args``)."""
+    import torch
+
+    args = {src: getattr(dims, dst) for src, dst in ARG_TO_DIMS.items()}
+    args.update(REQUIRED_ARGS)
+    args.update(
+        num_query_groups=dims.num_kv_heads,
+        group_query_attention=dims.num_kv_heads != dims.num_heads,
+        kv_channels=dims.head_dim,
+        untie_embeddings_and_output_weights=not dims.tied_embeddings,
+        vocab_size=dims.vocab_size,
+        make_vocab_size_divisible_by=divisible_by,
+        seq_length=dims.max_position_embeddings,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=1,
+        transformer_impl=transformer_impl,
+        params_dtype=getattr(torch, dtype),
+        bf16=dtype == "bfloat16",
+        fp16=dtype == "float16",
+    )
+    return args
+
+
+# -- HF config <-> ModelDims -----------------------------------------------------------------
+
+
+def hf_config_from_dims(
+    spec: ArchSpec, dims: ModelDims, dtype: str, token_ids: Mapping[str, int | None] | None = None
+) -> dict[str, Any]:
+    """The ``config.json`` of ``dims`` for ``spec``, completed by transformers' config class.
+
+    ``token_ids`` (``bos_token_id``, ``eos_token_id``, ``pad_token_id``) come from the
+    tokenizer when one is given; Megatron's args do not record them.
+    """
+    from transformers import AutoConfig
+
+    fields = {key: getattr(dims, attr) for key, attr in spec.hf_config.items()}
+    ids = {k: v for k, v in (token_ids or {}).items() if v is not None}
+    config = AutoConfig.for_model(
+        spec.model_type, **fields, **spec.hf_constants, **ids, dtype=dtype
+    )
+    out: dict[str, Any] = config.to_diff_dict()
+    out["architectures"] = [spec.architecture]
+    # transformers 5 keeps rope_theta inside rope_parameters; transformers 4 (and engines
+    # built on it) read the top-level key.
+    out["rope_theta"] = dims.rope_theta
+    out["torch_dtype"] = dtype
+    return out
+
+
+def _hf_rope_theta(config: Mapping[str, Any]) -> Any:
+    params = config.get("rope_parameters") or {}
+    return params.get("rope_theta", config.get("rope_theta", 10000.0))
+
+
+def dims_from_hf_config(spec: ArchSpec, config: Mapping[str, Any], padded_vocab: int) -> ModelDims:
+    """ModelDims from a Hugging Face ``config.json`` (the inverse of :func:`hf_config_from_dims`)."""
+    scaling = config.get("rope_scaling") or (config.get("rope_parameters") or {})
+    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+        raise UsageError(
+            f"the model uses rope scaling ({scaling}); the converter supports plain RoPE only.",
+            hint="docs/convert.md lists what is supported.",
+        )
+    for key, value in spec.hf_constants.items():
+        if key in config and config[key] != value:
+            raise UsageError(
+                f"the model's config has {key}={config[key]!r}; a {spec.name} model the converter "
+                f"supports has {key}={value!r}.",
+                hint=f"Supported: {supported()}.",
+            )
+    values: dict[str, Any] = {}
+    for key, attr in spec.hf_config.items():
+        values[attr] = _hf_rope_theta(config) if key == "rope_theta" else config.get(key)
+    heads = int(values["num_heads"])
+    values["num_kv_heads"] = int(values.get("num_kv_heads") or heads)
+    values["head_dim"] = int(values.get("head_dim") or int(values["hidden_size"]) // heads)
+    values["tied_embeddings"] = bool(config.get("tie_word_embeddings", False))
+    values["padded_vocab_size"] = padded_vocab
+    values.update(spec.flags)
+    missing = [k for k, v in values.items() if v is None]
+    if missing:
+        raise UsageError(
+            f"the model's config.json lacks {', '.join(missing)}.",
+            hint="Pass a complete Hugging Face config (save it with save_pretrained).",
+        )
+    return ModelDims(**values)
+
+
+def with_vocab(dims: ModelDims, vocab_size: int, padded: int) -> ModelDims:
+    """``dims`` with another (real, padded) vocabulary size."""
+    return dataclasses.replace(dims, vocab_size=vocab_size, padded_vocab_size=padded)
+
+
+def key_applies(key: KeyMap, dims: ModelDims) -> bool:
+    """Whether parameter ``key`` exists in a model of shape ``dims``."""
+    if key.when is None:
+        return True
+    if key.when == "untied":
+        return not dims.tied_embeddings
+    return bool(getattr(dims, key.when))
+
+
+def mcore_shape(name: str, dims: ModelDims) -> tuple[int, ...]:
+    """The global shape of canonical Megatron parameter ``name`` in a model of shape ``dims``."""
+    h, d = dims.hidden_size, dims.head_dim
+    qkv = (dims.num_heads + 2 * dims.num_kv_heads) * d
+    shapes: dict[str, tuple[int, ...]] = {
+        "embedding.word_embeddings.weight": (dims.padded_vocab_size, h),
+        "output_layer.weight": (dims.padded_vocab_size, h),
+        "decoder.final_layernorm.weight": (h,),
+        "self_attention.linear_qkv.layer_norm_weight": (h,),
+        "self_attention.linear_qkv.weight": (qkv, h),
+        "self_attention.linear_qkv.bias": (qkv,),
+        "self_attention.q_layernorm.weight": (d,),
+        "self_attention.k_layernorm.weight": (d,),
+        "self_attention.linear_proj.weight": (h, dims.num_heads * d),
+        "mlp.linear_fc1.layer_norm_weight": (h,),
+        "mlp.linear_fc1.weight": (2 * dims.ffn_hidden_size, h),
+        "mlp.linear_fc2.weight": (h, dims.ffn_hidden_size),
+    }
+    return shapes[name]
+
+
+#: ModelDims fields that describe the weights (compared between args and a given HF config).
+SHAPE_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "tied_embeddings",
+    "qkv_bias",
+    "qk_norm",
+)
+
+
+def check_dims(spec: ArchSpec, dims: ModelDims) -> None:
+    """Refuse a shape ``spec``'s HF config cannot express."""
+    wrong = [f"{k}={getattr(dims, k)}" for k, v in spec.flags.items() if getattr(dims, k) != v]
+    if wrong:
+        raise UsageError(
+            f"a {spec.name} model has {', '.join(f'{k}={v}' for k, v in spec.flags.items())}; "
+            f"this checkpoint has {', '.join(wrong)}.",
+            hint=f"Leave out --arch to detect it, or pick the right one. Supported: {supported()}.",
+        )
+    if "head_dim" not in spec.hf_config and dims.head_dim * dims.num_heads != dims.hidden_size:
+        raise UsageError(
+            f"a {spec.name} config cannot express head size {dims.head_dim} with "
+            f"{dims.num_heads} heads and hidden size {dims.hidden_size}.",
+            hint="Use an architecture whose config has head_dim (llama, qwen3).",
+        )

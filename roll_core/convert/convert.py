@@ -1,0 +1,472 @@
+"""``roll convert``: Megatron-core <-> Hugging Face, tensor by tensor.
+
+:func:`mcore_to_hf` reads a Megatron checkpoint (legacy or torch_dist, any TP/PP size), merges
+each parameter over tensor-parallel ranks, maps it to its Hugging Face tensors and writes
+safetensors shards, a ``config.json`` and (optionally) the tokenizer. :func:`hf_to_mcore` goes
+the other way for a given TP/PP size and layout. Both write into a temporary directory next to
+DST and rename it when complete, so an interrupted conversion leaves no half-written model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll_core.convert.archs import (
+    GLOBAL_KEYS,
+    HF_LAYER_PREFIX,
+    LAYER_KEYS,
+    SHAPE_FIELDS,
+    TRANSFORMER_IMPLS,
+    ArchSpec,
+    KeyMap,
+    ModelDims,
+    args_from_dims,
+    check_dims,
+    detect_arch,
+    dims_from_args,
+    dims_from_hf_config,
+    get_arch,
+    hf_config_from_dims,
+    key_applies,
+    mcore_shape,
+)
+from roll_core.convert.hf import HFReader, HFWriter, copy_tokenizer
+from roll_core.convert.megatron import (
+    ParamSpec,
+    open_checkpoint,
+    write_latest,
+    write_legacy,
+    write_torch_dist,
+)
+from roll_core.convert.tensors import (
+    gate_up_from_mcore,
+    gate_up_to_mcore,
+    pad_vocab,
+    padded_vocab_size,
+    qkv_from_mcore,
+    qkv_to_mcore,
+    unpad_vocab,
+)
+from roll_core.errors import CheckpointError, UsageError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+FORMATS = ("torch_dist", "legacy")
+#: ``progress(done, total, label)`` after each tensor.
+ProgressFn = Callable[[int, int, str], None]
+
+
+@dataclass
+class ConvertResult:
+    """What a conversion wrote."""
+
+    dst: Path
+    arch: str
+    layout: str
+    tp: int
+    pp: int
+    num_layers: int
+    num_tensors: int
+    num_params: int
+    dtype: str
+    files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# -- per-key transforms (the ``kind`` of a KeyMap) -------------------------------------------
+
+
+def to_hf(key: KeyMap, t: torch.Tensor, dims: ModelDims) -> list[torch.Tensor]:
+    """The HF tensors (in ``key.hf`` order) of global Megatron tensor ``t``."""
+    if key.kind == "qkv":
+        return list(
+            qkv_from_mcore(
+                t, num_heads=dims.num_heads, num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim
+            )
+        )
+    if key.kind == "gate_up":
+        return list(gate_up_from_mcore(t))
+    if key.kind == "vocab":
+        return [unpad_vocab(t, dims.vocab_size)]
+    return [t]
+
+
+def to_mcore(key: KeyMap, hf: list[torch.Tensor], dims: ModelDims) -> torch.Tensor:
+    """The global Megatron tensor made of HF tensors ``hf`` (inverse of :func:`to_hf`)."""
+    if key.kind == "qkv":
+        q, k, v = hf
+        return qkv_to_mcore(
+            q,
+            k,
+            v,
+            num_heads=dims.num_heads,
+            num_kv_heads=dims.num_kv_heads,
+            head_dim=dims.head_dim,
+        )
+    if key.kind == "gate_up":
+        return gate_up_to_mcore(*hf)
+    if key.kind == "vocab":
+        return pad_vocab(hf[0], dims.padded_vocab_size)
+    return hf[0]
+
+
+def plan(dims: ModelDims) -> list[tuple[KeyMap, int | None]]:
+    """Every (parameter, layer) of a model of shape ``dims``, in Megatron's order."""
+    globals_ = [k for k in GLOBAL_KEYS if key_applies(k, dims)]
+    layer_keys = [k for k in LAYER_KEYS if key_applies(k, dims)]
+    out: list[tuple[KeyMap, int | None]] = [
+        (k, None) for k in globals_ if k.mcore.startswith("embedding.")
+    ]
+    out += [(k, i) for i in range(dims.num_layers) for k in layer_keys]
+    out += [(k, None) for k in globals_ if not k.mcore.startswith("embedding.")]
+    return out
+
+
+def hf_names(key: KeyMap, layer: int | None) -> list[str]:
+    """The HF tensor names of ``key`` (of ``layer``)."""
+    prefix = "" if layer is None else HF_LAYER_PREFIX.format(i=layer)
+    return [prefix + n for n in key.hf]
+
+
+# -- output directory ------------------------------------------------------------------------
+
+
+def _check_dst(dst: Path, overwrite: bool) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise UsageError(f"{dst} exists and is a file.", hint="Pass a directory for DST.")
+    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
+        raise UsageError(
+            f"{dst} is not empty.",
+            hint="Pass an empty or new directory, or --overwrite to replace its contents.",
+        )
+
+
+def _staging(dst: Path) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+
+
+def _publish(tmp: Path, dst: Path) -> None:
+    if dst.exists():
+        shutil.rmtree(dst)
+    tmp.rename(dst)
+
+
+def _resolve_dtype(dtype: str, source: torch.dtype) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise UsageError(
+            f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}.", hint="Pick one of those."
+        )
+    return source if dtype == "auto" else getattr(torch, dtype)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# -- Megatron -> HF --------------------------------------------------------------------------
+
+
+def mcore_to_hf(
+    src: Path,
+    dst: Path,
+    *,
+    arch: str | None = None,
+    hf_config: Path | None = None,
+    tokenizer: Path | None = None,
+    dtype: str = "auto",
+    vocab_size: int | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+    overwrite: bool = False,
+    progress: ProgressFn | None = None,
+) -> ConvertResult:
+    """Convert the Megatron checkpoint ``src`` (either layout) into a HF model directory ``dst``.
+
+    ``arch`` overrides the architecture detected from the checkpoint's args; ``hf_config`` is a
+    ``config.json`` to use instead of the one derived from the args (its shape must match);
+    the real vocabulary size comes from ``vocab_size``, else ``hf_config``, else the args
+    (``vocab_size``), else the padded size is kept (and a note says so).
+    """
+    _check_dst(dst, overwrite)
+    reader = open_checkpoint(src)
+    user_config = _read_json(hf_config) if hf_config is not None else None
+    if vocab_size is None and user_config is not None:
+        vocab_size = user_config.get("vocab_size")
+    dims = dims_from_args(reader.args, vocab_size=vocab_size)
+    name = arch or (user_config or {}).get("model_type")
+    spec = get_arch(name) if name else detect_arch(dims)
+    check_dims(spec, dims)
+    if user_config is not None:
+        _check_same_shape(
+            dims, dims_from_hf_config(spec, user_config, dims.padded_vocab_size), hf_config
+        )
+    if reader.num_layers != dims.num_layers:
+        raise CheckpointError(
+            f"the checkpoint holds {reader.num_layers} layers; its args say {dims.num_layers}.",
+            hint="The checkpoint is incomplete or its args belong to another run.",
+        )
+    notes = []
+    if dims.vocab_size == dims.padded_vocab_size and not (
+        vocab_size or reader.args.get("vocab_size")
+    ):
+        notes.append(
+            f"the real vocabulary size is unknown, so the padded size {dims.padded_vocab_size} was "
+            "kept; pass --vocab-size or --hf-config to drop the padding."
+        )
+    first = reader.read("embedding.word_embeddings.weight")
+    out_dtype = _resolve_dtype(dtype, first.dtype)
+    del first
+
+    steps = plan(dims)
+    tmp = _staging(dst)
+    try:
+        writer = HFWriter(tmp, max_shard_bytes)
+        n_params = 0
+        for done, (key, layer) in enumerate(steps, 1):
+            t = reader.read(key.mcore, layer)
+            _check_shape(key.mcore, layer, t, dims)
+            for hf_name, ht in zip(hf_names(key, layer), to_hf(key, t, dims), strict=True):
+                writer.add(hf_name, ht.to(out_dtype))
+                n_params += ht.numel()
+            if progress is not None:
+                progress(
+                    done, len(steps), key.mcore if layer is None else f"layer {layer} {key.mcore}"
+                )
+        files = writer.close()
+        config = (
+            dict(user_config)
+            if user_config is not None
+            else hf_config_from_dims(spec, dims, _dtype_name(out_dtype), _token_ids(tokenizer))
+        )
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        files.append("config.json")
+        if tokenizer is not None:
+            files += copy_tokenizer(tokenizer, tmp)
+        _publish(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ConvertResult(
+        dst, spec.name, reader.layout, reader.tp, reader.pp, dims.num_layers,
+        sum(len(k.hf) for k, _ in steps), n_params, _dtype_name(out_dtype), files, notes,
+    )  # fmt: skip
+
+
+def _token_ids(tokenizer: Path | None) -> dict[str, int | None]:
+    """bos/eos/pad token ids of the tokenizer in directory ``tokenizer`` (empty without one)."""
+    if tokenizer is None or not tokenizer.is_dir():
+        return {}
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    except (OSError, ValueError) as e:
+        raise UsageError(
+            f"--tokenizer {tokenizer} cannot be loaded: {e}",
+            hint="Pass a directory written by tokenizer.save_pretrained.",
+        ) from e
+    return {
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+    }
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    f = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(f.read_text())
+    except FileNotFoundError as e:
+        raise UsageError(
+            f"--hf-config {f} does not exist.", hint="Pass a config.json file or its directory."
+        ) from e
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--hf-config {f} is not valid JSON: {e}.", hint="Fix the file.") from e
+    if not isinstance(data, dict):
+        raise UsageError(f"--hf-config {f} is not a JSON object.", hint="Pass a config.json.")
+    return data
+
+
+def _check_same_shape(from_args: ModelDims, from_config: ModelDims, path: Path | None) -> None:
+    diff = [
+        f"{f}: checkpoint {getattr(from_args, f)} vs config {getattr(from_config, f)}"
+        for f in SHAPE_FIELDS
+        if getattr(from_args, f) != getattr(from_config, f)
+    ]
+    if diff:
+        raise UsageError(
+            f"--hf-config {path} does not describe this checkpoint: " + "; ".join(diff) + ".",
+            hint="Pass the config of the model the checkpoint was trained from, or leave "
+            "--hf-config out to derive one from the checkpoint.",
+        )
+
+
+def _check_shape(name: str, layer: int | None, t: torch.Tensor, dims: ModelDims) -> None:
+    want = mcore_shape(name, dims)
+    if tuple(t.shape) != want:
+        where = name if layer is None else f"layer {layer} {name}"
+        raise CheckpointError(
+            f"{where} has shape {tuple(t.shape)}; the checkpoint's args describe {want}.",
+            hint="The args stored in the checkpoint do not match its weights; pass --hf-config "
+            "with the model's real config.",
+        )
+
+
+# -- HF -> Megatron --------------------------------------------------------------------------
+
+
+def hf_to_mcore(
+    src: Path,
+    dst: Path,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    fmt: str = "torch_dist",
+    transformer_impl: str = "transformer_engine",
+    dtype: str = "auto",
+    make_vocab_size_divisible_by: int = 128,
+    overwrite: bool = False,
+    progress: ProgressFn | None = None,
+) -> ConvertResult:
+    """Convert the HF model directory ``src`` into a Megatron checkpoint ``dst``.
+
+    ``fmt`` is ``torch_dist`` or ``legacy``; ``transformer_impl`` (``transformer_engine`` or
+    ``local``) picks the legacy layer-norm names and the ``_extra_state`` entries Megatron's
+    strict loader expects. The checkpoint is a ``release`` checkpoint (weights and args only):
+    load it in Megatron-LM with ``--finetune`` or ``--no-load-optim --no-load-rng``.
+    """
+    if fmt not in FORMATS:
+        raise UsageError(
+            f"--format {fmt!r} is not one of {', '.join(FORMATS)}.", hint="Pick one of those."
+        )
+    if transformer_impl not in TRANSFORMER_IMPLS:
+        raise UsageError(
+            f"--transformer-impl {transformer_impl!r} is not one of {', '.join(TRANSFORMER_IMPLS)}.",
+            hint="Pick the one the Megatron run uses (Megatron-LM's default is transformer_engine).",
+        )
+    if tp < 1 or pp < 1 or make_vocab_size_divisible_by < 1:
+        raise UsageError(
+            "--tp, --pp and --make-vocab-size-divisible-by must be at least 1.",
+            hint="Pass positive sizes.",
+        )
+    _check_dst(dst, overwrite)
+    from roll_core.models import resolve_model_path
+
+    resolved = Path(resolve_model_path(str(src)))
+    if not resolved.is_dir():
+        raise UsageError(
+            f"{src} is not a directory.",
+            hint="Pass a local Hugging Face model directory (convert does not download hub ids) "
+            "or builtin:NAME.",
+        )
+    reader = HFReader(resolved)
+    spec = get_arch(str(reader.config.get("model_type", "<missing model_type>")))
+    vocab = int(reader.config.get("vocab_size") or 0)
+    dims = dims_from_hf_config(
+        spec, reader.config, padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
+    )
+    check_dims(spec, dims)
+    _check_parallel(dims, tp, pp)
+    out_dtype = _resolve_dtype(dtype, reader.dtype())
+    args = args_from_dims(
+        dims, tp=tp, pp=pp, transformer_impl=transformer_impl, dtype=_dtype_name(out_dtype),
+        divisible_by=make_vocab_size_divisible_by,
+    )  # fmt: skip
+    steps = plan(dims)
+    keys = {k.mcore: k for k, _ in steps}
+    params = [ParamSpec(k.mcore, layer, mcore_shape(k.mcore, dims)) for k, layer in steps]
+
+    def produce(name: str, layer: int | None) -> torch.Tensor:
+        key = keys[name]
+        hf = [reader.get(n) for n in hf_names(key, layer)]
+        if key.kind == "vocab" and hf[0].shape[0] != dims.vocab_size:
+            raise CheckpointError(
+                f"{hf_names(key, layer)[0]} has {hf[0].shape[0]} rows; config.json says "
+                f"vocab_size {dims.vocab_size}.",
+                hint="The weights do not match config.json.",
+            )
+        t = to_mcore(key, hf, dims).to(out_dtype)
+        _check_hf_shape(key, layer, t, dims)
+        return t
+
+    done = 0
+
+    def on_tensor(label: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, len(params), label)
+
+    tmp = _staging(dst)
+    try:
+        it_dir = tmp / "release"
+        if fmt == "legacy":
+            write_legacy(
+                it_dir, params, produce, args=args, tp=tp, pp=pp,
+                transformer_impl=transformer_impl, tied=dims.tied_embeddings, on_tensor=on_tensor,
+            )  # fmt: skip
+        else:
+            write_torch_dist(
+                it_dir, params, produce, args=args, dtype=out_dtype,
+                transformer_impl=transformer_impl, on_tensor=on_tensor,
+            )  # fmt: skip
+        write_latest(tmp)
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        _publish(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    notes = []
+    if dims.padded_vocab_size != dims.vocab_size:
+        notes.append(
+            f"vocabulary padded from {dims.vocab_size} to {dims.padded_vocab_size} rows (zeros); "
+            "mcore2hf removes the padding again."
+        )
+    return ConvertResult(
+        dst, spec.name, fmt, tp, pp, dims.num_layers, len(params),
+        sum(int(torch.Size(p.shape).numel()) for p in params), _dtype_name(out_dtype), files, notes,
+    )  # fmt: skip
+
+
+def _check_parallel(dims: ModelDims, tp: int, pp: int) -> None:
+    problems = [
+        f"{what} {n} is not divisible by {flag} {size}"
+        for what, n, flag, size in (
+            ("num_hidden_layers", dims.num_layers, "--pp", pp),
+            ("num_attention_heads", dims.num_heads, "--tp", tp),
+            ("num_key_value_heads", dims.num_kv_heads, "--tp", tp),
+            ("intermediate_size", dims.ffn_hidden_size, "--tp", tp),
+        )
+        if n % size
+    ]
+    if problems:
+        raise UsageError(
+            "cannot split the model: " + "; ".join(problems) + ".",
+            hint="Choose --tp and --pp that divide those sizes.",
+        )
+
+
+def _check_hf_shape(key: KeyMap, layer: int | None, t: torch.Tensor, dims: ModelDims) -> None:
+    want = mcore_shape(key.mcore, dims)
+    if tuple(t.shape) != want:
+        names = ", ".join(hf_names(key, layer))
+        raise CheckpointError(
+            f"{names} make a tensor of shape {tuple(t.shape)}; config.json describes {want}.",
+            hint="The weights do not match config.json.",
+        )
+
+
+def describe(result: ConvertResult) -> dict[str, Any]:
+    """The result as a plain dict (for printing)."""
+    return dataclasses.asdict(result)
+
+
+__all__ = ["ArchSpec", "ConvertResult", "describe", "hf_to_mcore", "mcore_to_hf", "plan"]

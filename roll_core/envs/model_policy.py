@@ -1,0 +1,143 @@
+"""A language model as an env policy, through transformers' ``generate`` (for ``roll debug-env``).
+
+The conversation is the env's system prompt, then the observations as user messages and the
+model's responses as assistant messages, rendered by the model's own chat template. When the
+conversation no longer fits the model's context (minus ``max_new_tokens``), the oldest turns are
+dropped (the system prompt and the current observation always stay). Sampling is seeded from
+the episode seed and the turn number, so a seed gives the same responses on every run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from roll_core.errors import ModelError
+
+if TYPE_CHECKING:
+    from roll_core.envs.base import TextEnv
+
+
+class ModelPolicy:
+    """Answers observations with a causal LM (any local HF model, hub id or ``builtin:NAME``)."""
+
+    name = "model"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        device: str = "cpu",
+    ) -> None:
+        from roll_core.models import load_causal_lm, load_tokenizer
+
+        self.model_path = model_path
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.tokenizer = load_tokenizer(model_path)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ModelError(
+                f"the tokenizer of '{model_path}' has no chat template, so a conversation "
+                "with the env cannot be rendered.",
+                hint="Use a chat (instruct) model, or a built-in model such as builtin:tiny-qwen3.",
+            )
+        self.model = load_causal_lm(model_path, device=device)
+        self.model.eval()
+        self.device = device
+        self.context = _context_length(self.model, self.tokenizer)
+        self.messages: list[dict[str, str]] = []
+        self._seed = 0
+        self._info: dict[str, Any] = {}
+
+    def start(self, env: TextEnv, seed: int) -> None:
+        self.messages = (
+            [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
+        )
+        self._seed = seed
+
+    def act(self, observation: str) -> str | None:
+        self.messages.append({"role": "user", "content": observation})
+        prompt_ids, dropped = self._fit_prompt()
+        turn = sum(m["role"] == "assistant" for m in self.messages)
+        ids = torch.tensor([prompt_ids], device=self.device)
+        sampling = self.temperature > 0
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(self._seed * 1_000_003 + turn)
+            out = self.model.generate(  # type: ignore[operator]
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=self.max_new_tokens,
+                do_sample=sampling,
+                temperature=self.temperature if sampling else None,
+                top_p=None,
+                top_k=None,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        new = out[0, len(prompt_ids) :].tolist()
+        finish = "stop" if self.tokenizer.eos_token_id in new else "length"
+        if finish == "stop":
+            new = new[: new.index(self.tokenizer.eos_token_id)]
+        text = str(self.tokenizer.decode(new, skip_special_tokens=True))
+        self.messages.append({"role": "assistant", "content": text})
+        self._info = {
+            "prompt_tokens": len(prompt_ids),
+            "response_tokens": len(new),
+            "finish_reason": finish,
+            "dropped_turns": dropped,
+        }
+        return text
+
+    def turn_info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    def _fit_prompt(self) -> tuple[list[int], int]:
+        """Prompt ids of the conversation, dropping the oldest turns until it fits."""
+        system = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
+        turns = self.messages[len(system) :]
+        budget = self.context - self.max_new_tokens
+        dropped = 0
+        while True:
+            ids = self._encode(system + turns)
+            if len(ids) <= budget:
+                return ids, dropped
+            if len(turns) <= 1:
+                raise ModelError(
+                    f"the system prompt and the current observation take {len(ids)} tokens, but "
+                    f"{self.model_path} has a context of {self.context} tokens, of which "
+                    f"{self.max_new_tokens} are kept for the response.",
+                    hint="Lower --max-new-tokens, use a model with a longer context, or make "
+                    "the env's observations shorter (e.g. a smaller room).",
+                )
+            turns = turns[2:]  # the oldest observation and its response
+            dropped += 1
+
+    def _encode(self, messages: list[dict[str, str]]) -> list[int]:
+        out: Any
+        try:
+            out = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True
+            )
+        except Exception:  # templates that refuse a system message: fold it into the first turn
+            if not messages or messages[0]["role"] != "system" or len(messages) < 2:
+                raise
+            first = {
+                "role": "user",
+                "content": messages[0]["content"] + "\n\n" + messages[1]["content"],
+            }
+            out = self.tokenizer.apply_chat_template(
+                [first, *messages[2:]], add_generation_prompt=True, tokenize=True
+            )
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def _context_length(model: Any, tokenizer: Any) -> int:
+    limits = [getattr(model.config, "max_position_embeddings", None)]
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and tok_max < 10**7:  # transformers' "no limit" is ~1e30
+        limits.append(tok_max)
+    known = [int(v) for v in limits if isinstance(v, int) and v > 0]
+    return min(known) if known else 2048

@@ -1,0 +1,245 @@
+"""Tool use: answer an arithmetic or word problem, calling a calculator or Python on the way.
+
+Each turn the model either calls a tool or answers:
+
+* ``<calculator>347 * 28 - 1592</calculator>``: arithmetic (see :func:`~roll_core.envs.sandbox.calculate`);
+* ``<python>print(sum(range(1, 101)))</python>``: a program run in a separate, time- and
+  resource-limited Python process (see :func:`~roll_core.envs.sandbox.run_python`), never in
+  the env's process;
+* ``<answer>8124</answer>``: the final answer, which ends the episode.
+
+A tool's output comes back as the next observation, ``<result>...</result>``. The reward is on
+the final answer only: ``correct_reward`` when its number equals the solution (relative
+tolerance 1e-6), ``wrong_reward`` otherwise; a tool call earns ``tool_reward`` (0 by default).
+A response with no tag is read as an answer when it is a bare number, else it is an invalid
+action. Problems are generated from the seed, or drawn from a JSONL file (``problems``, rows
+``{"question": ..., "answer": <number>}``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from roll_core.envs.base import EnvOptions, InvalidAction, TextEnv, Transition
+from roll_core.envs.registry import register_env
+from roll_core.envs.sandbox import calculate, format_number, run_python
+
+Tool = Literal["calculator", "python"]
+TOOLS: tuple[Tool, ...] = ("calculator", "python")
+_TAG_RE = re.compile(r"<(calculator|python|answer)>(.*?)(?:</\1>|$)", re.IGNORECASE | re.DOTALL)
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+_FENCE_RE = re.compile(r"^```(?:python|py)?\s*\n?(.*?)\n?```$", re.DOTALL)
+_NAMES = ("Ada", "Ben", "Chen", "Dana", "Eli", "Fatima", "Goro", "Hana", "Ivan", "Julia")
+_ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "stamps")
+
+
+def make_problem(rng: np.random.Generator, kind: str) -> tuple[str, float]:
+    """A generated problem of ``kind`` (``arithmetic`` or ``word``) and its numeric answer."""
+    if kind == "arithmetic":
+        a, b, c = (int(x) for x in rng.integers(10, 1000, size=3))
+        d = int(rng.integers(2, 100))
+        forms = [
+            (f"({a} * {d}) - {b}", a * d - b),
+            (f"{a} + {b} * {d}", a + b * d),
+            (f"({a} + {b}) * {d} - {c}", (a + b) * d - c),
+            (f"{a} * {b} - {c} * {d}", a * b - c * d),
+        ]
+        text, value = forms[int(rng.integers(len(forms)))]
+        return f"Compute {text}.", float(value)
+    name = _NAMES[int(rng.integers(len(_NAMES)))]
+    item = _ITEMS[int(rng.integers(len(_ITEMS)))]
+    n, k = int(rng.integers(3, 30)), int(rng.integers(6, 50))
+    give, start = int(rng.integers(1, n * k)), int(rng.integers(1, 100))
+    speed1, hours1 = int(rng.integers(40, 130)), int(rng.integers(2, 9))
+    speed2, hours2 = int(rng.integers(40, 130)), int(rng.integers(2, 9))
+    templates = [
+        (
+            f"{name} buys {n} boxes of {item} with {k} {item} in each box and gives away {give}. "
+            f"How many {item} does {name} have left?",
+            n * k - give,
+        ),
+        (
+            f"A train runs {hours1} hours at {speed1} km/h, then {hours2} hours at {speed2} km/h. "
+            "How many kilometres does it travel in total?",
+            speed1 * hours1 + speed2 * hours2,
+        ),
+        (
+            f"What is the sum of the {n * 4} consecutive whole numbers starting at {start}?",
+            sum(range(start, start + n * 4)),
+        ),
+        (
+            f"{name} saves {k} dollars a week for {n} weeks, then spends {give} dollars. "
+            "How many dollars are left?",
+            k * n - give,
+        ),
+    ]
+    text, value = templates[int(rng.integers(len(templates)))]
+    return text, float(value)
+
+
+def load_problems(path: str) -> list[tuple[str, float]]:
+    """Rows of a JSONL problems file as ``(question, answer)``; ValueError if malformed."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"problems file {p} does not exist")
+    rows = []
+    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            rows.append((str(row["question"]), float(row["answer"])))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"problems file {p}, line {i}: expected a JSON object with 'question' and a "
+                f"numeric 'answer' ({type(err).__name__}: {err})"
+            ) from None
+    if not rows:
+        raise ValueError(f"problems file {p} has no rows")
+    return rows
+
+
+class ToolUseOptions(EnvOptions):
+    """Options of the tool-use env."""
+
+    max_steps: int = Field(5, ge=1, description="Turns (tool calls and the answer) per episode.")
+    task: Literal["arithmetic", "word", "mixed"] = Field(
+        "mixed", description="Kind of generated problem (mixed: either, by the seed)."
+    )
+    problems: str | None = Field(
+        None, description="A JSONL file of {question, answer} rows to draw from instead."
+    )
+    tools: list[Tool] = Field(
+        default_factory=lambda: list(TOOLS),
+        description="The tools the model may call.",
+    )
+    correct_reward: float = Field(1.0, description="Reward for a correct final answer.")
+    wrong_reward: float = Field(0.0, description="Reward for a wrong final answer.")
+    tool_reward: float = Field(0.0, description="Reward of each tool call (e.g. a small cost).")
+    python_timeout: float = Field(
+        5.0, gt=0.0, le=120.0, description="Wall-clock seconds a Python tool call may run."
+    )
+    python_memory_mb: int = Field(512, ge=64, description="Address-space limit of a Python call.")
+    max_output_chars: int = Field(800, ge=50, description="Characters of tool output shown.")
+
+    @field_validator("problems")
+    @classmethod
+    def _readable(cls, value: str | None) -> str | None:
+        if value is not None:
+            load_problems(value)
+        return value
+
+
+@register_env
+class ToolUseEnv(TextEnv):
+    """Problems answered with the help of a calculator and a sandboxed Python tool."""
+
+    name = "tool_use"
+    Options = ToolUseOptions
+    options: ToolUseOptions
+
+    question: str
+    answer: float
+    history: list[str]
+
+    @property
+    def system_prompt(self) -> str:
+        tools = self.options.tools
+        lines = ["Solve the problem. You may use tools before answering; each turn do one thing:"]
+        if "calculator" in tools:
+            lines.append("<calculator>12 * (3 + 4)</calculator> evaluates arithmetic.")
+        if "python" in tools:
+            lines.append("<python>print(2 ** 10)</python> runs Python and shows what it prints.")
+        lines.append("<answer>84</answer> gives your final answer (a number) and ends the task.")
+        return "\n".join(lines)
+
+    def on_reset(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
+        o = self.options
+        if o.problems is not None:
+            rows = load_problems(o.problems)
+            self.question, self.answer = rows[int(rng.integers(len(rows)))]
+        else:
+            kind = o.task if o.task != "mixed" else ("arithmetic", "word")[int(rng.integers(2))]
+            self.question, self.answer = make_problem(rng, kind)
+        self.history = []
+        return f"Problem: {self.question}", {"tools": list(o.tools)}
+
+    def parse_action(self, text: str) -> tuple[str, str]:
+        match = _TAG_RE.search(text)
+        if match is None:
+            bare = text.strip().rstrip(".")
+            if _NUMBER_RE.fullmatch(bare.replace(",", "")):
+                return "answer", bare.replace(",", "")
+            raise InvalidAction("no <calculator>, <python> or <answer> tag")
+        kind, body = match.group(1).lower(), match.group(2).strip()
+        if kind != "answer" and kind not in self.options.tools:
+            raise InvalidAction(f"the {kind} tool is not available here")
+        if not body:
+            raise InvalidAction(f"empty <{kind}>")
+        if kind == "python":
+            fenced = _FENCE_RE.match(body)
+            body = fenced.group(1) if fenced else body
+        if kind == "answer":
+            numbers = _NUMBER_RE.findall(body.replace(",", ""))
+            if not numbers:
+                raise InvalidAction(f"the answer {body[:40]!r} holds no number")
+            body = numbers[-1]
+        return kind, body
+
+    def on_step(self, action: tuple[str, str]) -> Transition:
+        kind, body = action
+        o = self.options
+        if kind == "answer":
+            given = float(body)
+            correct = abs(given - self.answer) <= 1e-6 * max(1.0, abs(self.answer))
+            verdict = "correct" if correct else f"wrong; the answer is {format_number(self.answer)}"
+            self.history.append(f"answer {body}")
+            reward = o.correct_reward if correct else o.wrong_reward
+            info: dict[str, Any] = {"tool": None, "answer": given, "success": correct}
+            return Transition(f"Your answer {body} is {verdict}.", reward, True, info)
+        if kind == "calculator":
+            try:
+                output, ok = calculate(body), True
+            except ValueError as err:
+                output, ok = f"error: {err}", False
+        else:
+            result = run_python(
+                body,
+                timeout=o.python_timeout,
+                memory_mb=o.python_memory_mb,
+                max_output=o.max_output_chars,
+            )
+            output, ok = result.describe(), result.ok
+        output = output[: o.max_output_chars]
+        self.history.append(f"{kind}: {body[:60]} -> {output[:60]}")
+        info = {"tool": kind, "tool_ok": ok, "success": False}
+        return Transition(f"<result>\n{output}\n</result>", o.tool_reward, False, info)
+
+    def action_hint(self) -> str:
+        return (
+            "Call a tool ("
+            + ", ".join(f"<{t}>...</{t}>" for t in self.options.tools)
+            + ") or answer with <answer>NUMBER</answer>."
+        )
+
+    def render(self) -> str:
+        lines = [f"Problem: {self.question}"]
+        lines += [f"  {i}. {h}" for i, h in enumerate(self.history, start=1)]
+        return "\n".join(lines)
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        numbers = _NUMBER_RE.findall(self.question) or ["1", "2"]
+        a, b = (numbers[int(i)] for i in rng.integers(len(numbers), size=2))
+        op = "+-*"[int(rng.integers(3))]
+        choice = int(rng.integers(3))
+        if choice == 0 and "calculator" in self.options.tools:
+            return f"<calculator>{a} {op} {b}</calculator>"
+        if choice == 1 and "python" in self.options.tools:
+            return f"<python>print({a} {op} {b})</python>"
+        return f"<answer>{int(rng.integers(0, 1000))}</answer>"

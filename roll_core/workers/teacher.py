@@ -1,0 +1,128 @@
+"""Teacher: the frozen model a student is distilled from. Knows nothing about Ray.
+
+It holds no optimizer and computes no gradients (its memory is the weights alone). It returns
+its next-token distributions at the positions the student trains on, full or top-k (see
+roll_core/algorithms/distill.py), and greedy generations for the exact-match comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from roll_core.algorithms.distill import teacher_targets
+from roll_core.backends.train.torch_backend import resolve_device
+from roll_core.data import Batch
+from roll_core.engine import Worker
+from roll_core.models import load_causal_lm, load_tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Teacher(Worker):
+    """One rank of the teacher model."""
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        tokenizer_path: str | None = None,
+        dtype: str = "float32",
+        device: str = "auto",
+        precision: str = "auto",
+        micro_batch_size: int = 8,
+        num_threads: int | None = None,
+        **rank_info: Any,
+    ) -> None:
+        super().__init__(**rank_info)
+        self.model_path = model_path
+        self.tokenizer_path = tokenizer_path or model_path
+        self.dtype = dtype
+        self.device_name = device
+        self.precision = precision
+        self.micro_batch_size = micro_batch_size
+        self.num_threads = num_threads
+        self.model: Any = None
+
+    def setup(self) -> dict[str, Any]:
+        """Load the model (eval mode, no gradients); report its size and vocabulary."""
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
+        self.device = resolve_device(self.device_name)
+        use_bf16 = self.precision == "bf16" or (
+            self.precision == "auto" and self.device.type == "cuda"
+        )
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
+        self.tokenizer = load_tokenizer(self.tokenizer_path)
+        self.model = load_causal_lm(self.model_path, dtype=_DTYPES[self.dtype], device=self.device)
+        self.model.eval()
+        self.model.requires_grad_(False)
+        return {
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "device": str(self.device),
+            "vocab_size": int(self.model.config.vocab_size),
+        }
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _logits(self, mb: Batch) -> torch.Tensor:
+        if self.model is None:
+            raise RuntimeError("Teacher.setup() was not called")
+        ids = mb.tensors["input_ids"].to(self.device)
+        attn = mb.tensors["attention_mask"].to(self.device)
+        with self._autocast():
+            return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
+
+    @torch.no_grad()
+    def targets(
+        self, batch: Batch, *, temperature: float, top_k: int | None, vocab_size: int
+    ) -> dict[str, torch.Tensor]:
+        """The teacher's next-token targets at every trained position of ``batch`` (0 elsewhere).
+
+        Returns ``teacher_logprobs`` ``[B, T-1, K]`` (see roll_core/algorithms/distill.py),
+        ``teacher_top1`` ``[B, T-1]`` and, with ``top_k``, ``teacher_ids`` ``[B, T-1, k]``, on
+        CPU. Logits beyond ``vocab_size`` (the shared tokenizer's size) are dropped.
+        """
+        parts: dict[str, list[torch.Tensor]] = {}
+        for mb in batch.chunk(self.micro_batch_size):
+            mask = mb.tensors["loss_mask"][:, 1:].bool()
+            logits = self._logits(mb)[:, :-1, :vocab_size][mask.to(self.device)]
+            logp, ids = teacher_targets(logits, temperature=temperature, top_k=top_k)
+            fields = {"teacher_logprobs": logp, "teacher_top1": logp.argmax(-1)}
+            if ids is not None:
+                fields["teacher_ids"] = ids
+                fields["teacher_top1"] = ids[:, 0]
+            for key, value in fields.items():
+                dense = torch.zeros((*mask.shape, *value.shape[1:]), dtype=value.dtype)
+                dense[mask] = value.cpu()
+                parts.setdefault(key, []).append(dense)
+        return {key: torch.cat(values) for key, values in parts.items()}
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuations (no prompt tokens, cut at the eos token)."""
+        if self.model is None:
+            raise RuntimeError("Teacher.setup() was not called")
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding, so every row continues at the end
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attn[i, width - len(p) :] = 1
+        with self._autocast():
+            out = self.model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=attn.to(self.device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+        rows = out[:, width:].tolist()
+        return [row[: row.index(eos)] if eos in row else row for row in rows]

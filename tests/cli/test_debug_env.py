@@ -1,0 +1,279 @@
+"""`roll debug-env` through the real CLI: random, model, replay, errors, and a human at a pty."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from roll_core.envs import make_env
+
+ROLL = str(Path(sys.executable).parent / "roll")
+CORRIDOR = "######/#@$_.#/######"  # push the box Right twice onto the target
+
+
+def _run(
+    args: list[str], env: dict[str, str], *, stdin: str | None = None, cwd: Path | None = None
+):
+    """Run `roll` with stdin from a pipe (never the terminal pytest may be attached to)."""
+    return subprocess.run(
+        [ROLL, *args],
+        input=stdin or "",
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_random_policy_record_and_replay(cli_env: dict[str, str], tmp_path: Path) -> None:
+    record = tmp_path / "sokoban.jsonl"
+    res = _run(
+        [
+            "debug-env",
+            "sokoban",
+            "--policy",
+            "random",
+            "--seed",
+            "3",
+            "--episodes",
+            "2",
+            "max_steps=6",
+            "--record",
+            str(record),
+        ],
+        cli_env,
+    )
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    for part in (
+        "episode 1/2 · sokoban · seed 3 · random",
+        "episode 2/2",
+        "system prompt",
+        "turn 1 · prompt",
+        "turn 1 · response",
+        "reward -0.10",
+        "final observation",
+        "2 episodes: success rate",
+    ):
+        assert part in out, part
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [e["seed"] for e in lines] == [3, 4]
+    assert all(e["env"] == "sokoban" and e["options"]["max_steps"] == 6 for e in lines)
+    assert all(1 <= e["length"] <= 6 for e in lines)
+    # the recorded room is the room the library makes for that seed
+    assert lines[0]["initial_observation"] == make_env("sokoban", max_steps=6).reset(3)[0]
+
+    res = _run(["debug-env", "sokoban", "--replay", str(record)], cli_env)
+    assert res.returncode == 0, res.stderr
+    assert "every observation and reward reproduced" in res.stdout
+    assert "episode 2/2 · sokoban · seed 4 · replay" in res.stdout  # every recorded episode
+
+    res = _run(["debug-env", "frozen_lake", "--replay", str(record)], cli_env)
+    assert res.returncode == 2
+    assert "was recorded from env 'sokoban', not 'frozen_lake'" in res.stderr
+    assert f"roll debug-env sokoban --replay {record}" in res.stderr
+    assert "Traceback" not in res.stderr
+
+    res = _run(["debug-env", "sokoban", "--replay", str(record), "max_steps=9"], cli_env)
+    assert res.returncode == 2 and "recorded options" in res.stderr
+
+
+def test_model_policy_with_a_builtin_model(cli_env: dict[str, str], tmp_path: Path) -> None:
+    record = tmp_path / "lake.jsonl"
+    res = _run(
+        [
+            "debug-env",
+            "frozen_lake",
+            "max_steps=2",
+            "--policy",
+            "model",
+            "--model",
+            "builtin:tiny-qwen3",
+            "--max-new-tokens",
+            "8",
+            "--record",
+            str(record),
+        ],
+        cli_env,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "model: builtin:tiny-qwen3" in res.stdout and "turn 2 · response" in res.stdout
+    assert "8 tokens, length" in res.stdout  # an untrained model talks until max_new_tokens
+    (episode,) = [json.loads(line) for line in record.read_text().splitlines()]
+    assert episode["policy"] == "model" and episode["model"] == "builtin:tiny-qwen3"
+    assert [t["policy_info"]["response_tokens"] for t in episode["turns"]] == [8, 8]
+    assert episode["length"] == 2 and episode["turns"][1]["truncated"]
+    # the random-init model is an invalid-action generator: each costs the format penalty
+    assert all(not t["info"]["action_is_valid"] for t in episode["turns"])
+    res = _run(["debug-env", "frozen_lake", "--replay", str(record)], cli_env)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sokoban"], "stdin is not a terminal"),
+        (["sokobn", "--policy", "random"], "unknown env 'sokobn'. Did you mean 'sokoban'?"),
+        (
+            ["sokoban", "widht=7", "--policy", "random"],
+            "unknown option 'widht' (did you mean 'width'?)",
+        ),
+        (["sokoban", "--policy", "model"], "--policy model needs --model"),
+        (
+            ["sokoban", "--policy", "random", "--model", "x"],
+            "--model is only used with --policy model",
+        ),
+        (["sokoban", "--replay", "missing.jsonl"], "recording missing.jsonl does not exist"),
+        (
+            ["sokoban", "--replay", "a.jsonl", "--record", "b.jsonl"],
+            "takes no --policy, --model or --record",
+        ),
+        (
+            ["sokoban", "--policy", "random", "--record", "/nonexistent-dir/x.jsonl"],
+            "cannot write the recording /nonexistent-dir/x.jsonl",
+        ),
+    ],
+)
+def test_bad_input_is_a_clear_error(cli_env: dict[str, str], args: list[str], message: str) -> None:
+    res = _run(["debug-env", *args], cli_env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "error:" in res.stderr and message in res.stderr
+    assert "Traceback" not in res.stderr
+    if args == ["sokoban"]:
+        assert "--policy random" in res.stderr and "--policy model --model" in res.stderr
+
+
+def test_human_from_piped_stdin(cli_env: dict[str, str]) -> None:
+    res = _run(
+        ["debug-env", "sokoban", f"room={CORRIDOR}", "--policy", "human"],
+        cli_env,
+        stdin="dance\nRight\n<answer>right</answer>\n",
+    )
+    assert res.returncode == 0, res.stderr
+    assert "invalid action: 'dance' is not one of Up, Down, Left, Right" in res.stdout
+    # -0.1 (format penalty) - 0.1 (push) + 10.9 (box on target, solved) = 10.7
+    assert "episode 1: success, return +10.70, 3 turns" in res.stdout
+
+
+def test_user_env_by_dotted_path(cli_env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "coin_env.py").write_text(
+        textwrap.dedent(
+            """
+            from roll_core.envs import TextEnv, Transition, parse_choice
+
+            class Coin(TextEnv):
+                instructions = "Guess heads or tails."
+                def on_reset(self, rng):
+                    self.coin = ["heads", "tails"][int(rng.integers(2))]
+                    return "I flipped a coin.", {}
+                def parse_action(self, text):
+                    return parse_choice(text, {"heads": "heads", "tails": "tails"})
+                def on_step(self, action):
+                    won = action == self.coin
+                    return Transition(f"It was {self.coin}.", float(won), True, {"success": won})
+                def render(self):
+                    return "a coin"
+                def valid_actions(self):
+                    return ["heads", "tails"]
+            """
+        )
+    )
+    res = _run(
+        ["debug-env", "coin_env:Coin", "--policy", "random", "--episodes", "4"],
+        cli_env,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "episode 4/4 · coin_env:Coin" in res.stdout and "4 episodes: success rate" in res.stdout
+
+
+# ---- a human at a real terminal ------------------------------------------------------------
+ARROWS = {"Up": b"\x1b[A", "Down": b"\x1b[B", "Right": b"\x1b[C", "Left": b"\x1b[D"}
+PROMPT = b"move (arrow keys"
+
+
+class _Pty:
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [ROLL, *args], stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+        )
+        os.close(slave)
+        self.seen = b""
+        self._pos = 0
+
+    def expect(self, token: bytes, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        while token not in self.seen[self._pos :]:
+            if time.monotonic() > end or self.proc.poll() is not None and not self._read(0.1):
+                raise AssertionError(
+                    f"no {token!r} in: {self.seen[-800:].decode(errors='replace')}"
+                )
+            self._read(0.1)
+        self._pos = self.seen.index(token, self._pos) + len(token)
+
+    def _read(self, wait: float) -> bool:
+        if not select.select([self.master], [], [], wait)[0]:
+            return False
+        try:
+            data = os.read(self.master, 65536)
+        except OSError:
+            return False
+        self.seen += data
+        return bool(data)
+
+    def send(self, data: bytes) -> None:
+        os.write(self.master, data)
+
+    def finish(self, timeout: float = 60) -> str:
+        self.proc.wait(timeout=timeout)
+        while self._read(0.2):
+            pass
+        os.close(self.master)
+        return self.seen.decode(errors="replace")
+
+
+def test_human_plays_sokoban_with_arrow_keys_in_a_terminal(cli_env: dict[str, str]) -> None:
+    env = make_env("sokoban")
+    env.reset(5)
+    solution = env.solve()
+    assert solution and len(solution) >= 2
+
+    term = _Pty(["debug-env", "sokoban", "--seed", "5"], {**cli_env, "TERM": "xterm"})
+    term.expect(PROMPT)
+    term.send(b"j")  # a key that is no arrow starts a typed action ...
+    time.sleep(0.3)
+    term.send(b"ump\r")  # ... finished with Enter: invalid, costs the format penalty
+    term.expect(b"invalid action: 'jump'")
+    for move in solution:
+        term.expect(PROMPT)
+        term.send(ARROWS[move])
+    output = term.finish()
+    assert term.proc.returncode == 0, output
+    assert "every box is on a target: solved!" in output.lower()
+    # -0.1 (jump) - 0.1 per move before the last + 10.9 (box on target + solved) = 10.9 - 0.1 n
+    assert f"episode 1: success, return +{10.9 - 0.1 * len(solution):.2f}" in output
+    assert f"{len(solution) + 1} turns" in output
+    assert "^[[" not in output  # arrow keys were read, not echoed
+
+
+def test_human_quits_with_q(cli_env: dict[str, str]) -> None:
+    term = _Pty(["debug-env", "frozen_lake", "--episodes", "3"], {**cli_env, "TERM": "xterm"})
+    term.expect(PROMPT)
+    term.send(ARROWS["Right"])
+    term.expect(PROMPT)
+    term.send(b"q")
+    output = term.finish()
+    assert term.proc.returncode == 0, output
+    assert "episode 1: quit, return +0.00, 1 turn" in output and "1 turns" not in output
+    assert "episode 2/3" not in output and "1 episode: " in output

@@ -1,0 +1,153 @@
+"""hf -> mcore -> hf is bitwise identical, for every architecture, layout and TP/PP split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from roll_core.convert import hf_to_mcore, mcore_to_hf, open_checkpoint
+from roll_core.convert.safe_load import load_torch_file
+from tests.convert.conftest import make_hf_model
+
+
+def tensors(directory: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def assert_bitwise_equal(a: Path, b: Path) -> None:
+    ta, tb = tensors(a), tensors(b)
+    assert sorted(ta) == sorted(tb)
+    for name in ta:
+        assert ta[name].dtype == tb[name].dtype, name
+        assert torch.equal(ta[name], tb[name]), name
+
+
+SHAPE_KEYS = (
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+)
+
+
+@pytest.mark.parametrize("fmt", ["legacy", "torch_dist"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_roundtrip_tp2_pp2_is_bitwise_identical(
+    hf_models: dict[str, Path], tmp_path: Path, arch: str, fmt: str
+) -> None:
+    src = hf_models[arch]
+    mcore, back = tmp_path / "mcore", tmp_path / "back"
+    r = hf_to_mcore(src, mcore, tp=2, pp=2, fmt=fmt, make_vocab_size_divisible_by=64)
+    assert (r.arch, r.layout, r.tp, r.pp, r.num_layers) == (arch, fmt, 2, 2, 4)
+    # 250 tokens pad to a multiple of 64 * tp 2 = 128 -> 256
+    assert r.notes == [
+        "vocabulary padded from 250 to 256 rows (zeros); mcore2hf removes the padding again."
+    ]
+    assert (mcore / "latest_checkpointed_iteration.txt").read_text() == "release"
+    back_r = mcore_to_hf(mcore, back)
+    assert (back_r.arch, back_r.layout, back_r.tp, back_r.pp) == (arch, fmt, 2, 2)
+    assert_bitwise_equal(src, back)
+    c_src = json.loads((src / "config.json").read_text())
+    c_back = json.loads((back / "config.json").read_text())
+    assert {k: c_back.get(k) for k in SHAPE_KEYS} == {k: c_src.get(k) for k in SHAPE_KEYS}
+    theta = c_src["rope_parameters"]["rope_theta"]
+    assert c_back["rope_parameters"]["rope_theta"] == theta == c_back["rope_theta"]
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "fmt", "impl"),
+    [
+        (1, 1, "legacy", "transformer_engine"),
+        (2, 1, "legacy", "transformer_engine"),
+        (1, 4, "torch_dist", "local"),
+        (2, 2, "legacy", "local"),
+    ],
+)
+def test_roundtrip_other_splits(
+    hf_models: dict[str, Path], tmp_path: Path, tp: int, pp: int, fmt: str, impl: str
+) -> None:
+    src = hf_models["qwen3"]
+    hf_to_mcore(src, tmp_path / "m", tp=tp, pp=pp, fmt=fmt, transformer_impl=impl)
+    mcore_to_hf(tmp_path / "m", tmp_path / "back")
+    assert_bitwise_equal(src, tmp_path / "back")
+
+
+def test_bfloat16_roundtrip_keeps_dtype(tmp_path: Path) -> None:
+    src = make_hf_model("qwen2", tmp_path / "bf16", dtype=torch.bfloat16)
+    r = hf_to_mcore(src, tmp_path / "m", tp=2, pp=2, fmt="torch_dist")
+    assert r.dtype == "bfloat16"
+    assert mcore_to_hf(tmp_path / "m", tmp_path / "back").dtype == "bfloat16"
+    assert_bitwise_equal(src, tmp_path / "back")
+    # --dtype converts on the way out
+    mcore_to_hf(tmp_path / "m", tmp_path / "f32", dtype="float32")
+    assert {t.dtype for t in tensors(tmp_path / "f32").values()} == {torch.float32}
+
+
+def test_legacy_files_have_megatron_names_and_shards(
+    hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    hf_to_mcore(
+        hf_models["qwen2"], tmp_path / "m", tp=2, pp=2, fmt="legacy", transformer_impl="local"
+    )
+    first = load_torch_file(tmp_path / "m/release/mp_rank_01_000/model_optim_rng.pt")
+    last = load_torch_file(tmp_path / "m/release/mp_rank_01_001/model_optim_rng.pt")
+    assert first["args"].tensor_model_parallel_size == 2
+    assert first["checkpoint_version"] == 3.0
+    sd, sd_last = first["model"], last["model"]
+    # stage 0 holds layers 0, 1 (local ids 0, 1); stage 1 holds layers 2, 3 as local 0, 1
+    assert "embedding.word_embeddings.weight" in sd and "decoder.final_layernorm.weight" not in sd
+    assert sd["embedding.word_embeddings.weight"].shape == (128, 64)  # 256 padded rows / tp 2
+    assert "decoder.layers.1.input_layernorm.weight" in sd  # local (non-TE) norm name
+    assert "decoder.layers.2.input_layernorm.weight" not in sd
+    # qkv rows: (4 heads + 2 * 2 groups) * 16 = 128, split by tp 2 -> 64; qwen2 has its bias
+    assert sd["decoder.layers.0.self_attention.linear_qkv.weight"].shape == (64, 64)
+    assert sd["decoder.layers.0.self_attention.linear_qkv.bias"].shape == (64,)
+    assert sd["decoder.layers.0.self_attention.linear_proj.weight"].shape == (64, 32)  # row
+    assert sd["decoder.layers.0.mlp.linear_fc1.weight"].shape == (96, 64)  # 2 * 96 / 2
+    assert sd["decoder.layers.0.mlp.linear_fc2.weight"].shape == (64, 48)
+    assert sd["decoder.layers.0.mlp.linear_fc1._extra_state"] is None
+    # qwen2 ties embeddings: the last stage keeps Megatron's copy as output_layer.weight
+    assert torch.equal(sd_last["output_layer.weight"], sd["embedding.word_embeddings.weight"])
+
+
+def test_both_layouts_read_the_same_global_tensors(
+    hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    hf_to_mcore(hf_models["llama"], tmp_path / "a", tp=2, pp=2, fmt="legacy")
+    hf_to_mcore(
+        hf_models["llama"], tmp_path / "b", fmt="torch_dist", make_vocab_size_divisible_by=10
+    )
+    a, b = open_checkpoint(tmp_path / "a"), open_checkpoint(tmp_path / "b")
+    assert (a.layout, a.tp, a.pp, a.num_layers) == ("legacy", 2, 2, 4)
+    assert (b.layout, b.tp, b.pp, b.num_layers) == ("torch_dist", 1, 1, 4)
+    for name in ("mlp.linear_fc1.weight", "self_attention.linear_qkv.weight"):
+        for layer in range(4):
+            assert torch.equal(a.read(name, layer), b.read(name, layer)), (name, layer)
+    # tp=2 pads 250 rows to a multiple of 128 * 2 (256); a multiple of 10 needs no padding
+    emb_a = a.read("embedding.word_embeddings.weight")
+    emb_b = b.read("embedding.word_embeddings.weight")
+    assert (emb_a.shape[0], emb_b.shape[0]) == (256, 250)
+    assert torch.equal(emb_a[:250], emb_b[:250])
+
+
+def test_shards_and_index(hf_models: dict[str, Path], tmp_path: Path) -> None:
+    hf_to_mcore(hf_models["qwen3"], tmp_path / "m", fmt="torch_dist")
+    mcore_to_hf(tmp_path / "m", tmp_path / "back", max_shard_bytes=100_000)
+    index = json.loads((tmp_path / "back/model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and files[0].startswith("model-00001-of-")
+    assert sorted(p.name for p in (tmp_path / "back").glob("*.safetensors")) == files
+    assert_bitwise_equal(hf_models["qwen3"], tmp_path / "back")

@@ -1,0 +1,133 @@
+"""The math rule reward: answer extraction and math-verify equivalence."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from roll_core.errors import ConfigError
+from roll_core.rewards import (
+    MathReward,
+    RewardSample,
+    answers_match,
+    extract_answer,
+    extract_boxed,
+    extract_last_number,
+)
+
+
+def sample(response: str, answer: str | None = "68") -> RewardSample:
+    row = {"prompt": "q", "domain": "math"}
+    if answer is not None:
+        row["answer"] = answer
+    return RewardSample(prompt="q", response=response, row=row)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"so \boxed{68}.", "68"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),  # nested braces are matched
+        (r"first \boxed{1} then \boxed{2}", "2"),  # the last box wins
+        (r"\boxed{3} and a truncated \boxed{\frac{1}{", "3"),  # an unclosed box is skipped
+        (r"\fbox{7}", "7"),
+        ("no box here", None),
+        (r"\boxed{ }", None),
+    ],
+)
+def test_extract_boxed(text: str, expected: str | None) -> None:
+    assert extract_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("68", "68"),
+        ("The answer is 68.", "68"),  # the sentence's full stop is not a decimal point
+        ("84 + 76 = 160", "160"),
+        ("x = -5", "-5"),
+        ("7-5", "5"),  # a binary minus is not a sign
+        ("it costs 1,000 dollars", "1000"),
+        ("half: 1/2", "1/2"),
+        ("pi is about 3.14", "3.14"),
+        ("no digits", None),
+    ],
+)
+def test_extract_last_number(text: str, expected: str | None) -> None:
+    assert extract_last_number(text) == expected
+
+
+def test_extract_answer_order_and_thinking() -> None:
+    # a box beats the last number
+    assert extract_answer(r"\boxed{68}, not 67") == "68"
+    # only the text after </think> is graded
+    assert extract_answer("<think>maybe 12</think> The answer is 13") == "13"
+    # thinking never finished: no final answer
+    assert extract_answer("<think>maybe 12") is None
+    # a configured pattern: group 1, named group, whole match; the last match wins
+    assert extract_answer("Answer: 4. Answer: 5.", re.compile(r"Answer: (\d+)")) == "5"
+    assert (
+        extract_answer("<answer>$7$</answer>", re.compile(r"<answer>(?P<answer>.*?)</answer>"))
+        == "7"
+    )
+    assert extract_answer("x=9", re.compile(r"\d+")) == "9"
+    assert extract_answer("<answer>\\boxed{8}</answer>", re.compile("<answer>(.*)</answer>")) == "8"
+    assert extract_answer("68", re.compile(r"Answer: (\d+)")) is None  # pattern, no match
+
+
+@pytest.mark.parametrize(
+    ("reference", "answer"),
+    [
+        ("0.5", "1/2"),
+        ("1/2", "0.5"),
+        ("0.5", r"\frac{1}{2}"),
+        (r"\frac{1}{2}", "1/2"),
+        (r"\frac{1}{2}", r"\frac12"),
+        ("1000", "1,000"),
+        ("3", "3.0"),
+        ("-5", "-5"),
+        (r"The area is \boxed{68}.", "68"),  # a reference with a box is unwrapped
+        (r"x^2+1", r"1+x^2"),
+    ],
+)
+def test_equivalent_forms(reference: str, answer: str) -> None:
+    assert answers_match(reference, answer)
+
+
+@pytest.mark.parametrize(
+    ("reference", "answer"), [("68", "67"), ("0.5", "1/3"), ("1/2", "2"), ("x+1", "x-1")]
+)
+def test_wrong_answers(reference: str, answer: str) -> None:
+    assert not answers_match(reference, answer)
+
+
+def test_math_reward_scores_and_info() -> None:
+    reward = MathReward()
+    right = reward(sample("The answer is 68."))
+    assert right.score == 1.0
+    assert right.info == {"correct": True, "format_ok": True, "extracted": "68"}
+    wrong = reward(sample("68 is wrong, it is 69"))  # the last number is graded
+    assert (wrong.score, wrong.info["extracted"], wrong.info["correct"]) == (0.0, "69", False)
+    boxed = reward(sample(r"Half of it: \boxed{\frac{1}{2}}", answer="0.5"))
+    assert boxed.score == 1.0
+    nothing = reward(sample("I do not know"))
+    assert nothing.score == 0.0
+    assert nothing.info == {"correct": False, "format_ok": False, "extracted": None}
+
+
+def test_math_reward_answer_pattern_and_key() -> None:
+    reward = MathReward(answer_pattern=r"answer is (\S+?)\.?$", answer_key="solution")
+    s = RewardSample("q", "42 steps later the answer is 17.", {"solution": "17"})
+    assert reward(s).score == 1.0
+    assert reward(RewardSample("q", "just 17", {"solution": "17"})).info["extracted"] is None
+
+
+def test_math_reward_without_reference_raises() -> None:
+    with pytest.raises(ValueError, match="no reference answer in column 'answer'"):
+        MathReward()(sample("68", answer=None))
+
+
+def test_bad_answer_pattern_is_config_error() -> None:
+    with pytest.raises(ConfigError, match="not a valid regular expression"):
+        MathReward(answer_pattern="(unclosed")
