@@ -205,7 +205,7 @@ def prompt_ids(
     if fmt == "prompt_response":
         return encode_prompt(tokenizer, str(row[prompt_key]))
     context = _conversation(row.get(prompt_key), row[chosen_key], chosen_key, 0)[:-1]
-    out = tokenizer.apply_chat_template(context, add_generation_prompt=True, tokenize=True)
+    out: Any = tokenizer.apply_chat_template(context, add_generation_prompt=True, tokenize=True)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 

@@ -7,6 +7,7 @@ The calls read the same with the `local` executor (instances in this process, no
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -31,7 +32,7 @@ class Executor(Protocol):
         *,
         rank: int,
         world_size: int,
-        resources: dict[str, float],
+        resources: Mapping[str, float],
         kwargs: dict[str, Any],
     ) -> Handle: ...
 
@@ -50,7 +51,7 @@ class Cluster:
         executor: Executor,
         *,
         world_size: int = 1,
-        resources: dict[str, float] | None = None,
+        resources: Mapping[str, float] | None = None,
         worker_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.name = name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -36,7 +37,7 @@ class LocalExecutor:
         *,
         rank: int,
         world_size: int,
-        resources: dict[str, float],
+        resources: Mapping[str, float],
         kwargs: dict[str, Any],
     ) -> _LocalHandle:
         return _LocalHandle(worker_cls(rank=rank, world_size=world_size, **kwargs))
@@ -93,7 +94,7 @@ class RayExecutor:
         *,
         rank: int,
         world_size: int,
-        resources: dict[str, float],
+        resources: Mapping[str, float],
         kwargs: dict[str, Any],
     ) -> _RayHandle:
         options = {

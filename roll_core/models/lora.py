@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -97,7 +97,7 @@ def apply_lora(
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
     config = LoraConfig(
         r=rank,
-        lora_alpha=alpha,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # peft says int; scale is alpha / r
         lora_dropout=dropout,
         target_modules=targets,
         bias="none",
@@ -133,7 +133,7 @@ def load_adapter(model: Any, path: Path) -> None:
             hint="Resume with the actor_train.lora settings the run started with.",
         )
     result = set_peft_model_state_dict(model, state, adapter_name=ADAPTER_NAME)
-    if result.unexpected_keys:
+    if getattr(result, "unexpected_keys", None):
         raise CheckpointError(f"adapter checkpoint {path} has unexpected keys.")
 
 
@@ -149,7 +149,7 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     deltas: dict[str, torch.Tensor] = {}
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer) and ADAPTER_NAME in module.lora_A:
-            deltas[f"{name}.weight"] = module.get_delta_weight(ADAPTER_NAME)
+            deltas[f"{name}.weight"] = cast(Any, module).get_delta_weight(ADAPTER_NAME)
     merged: dict[str, torch.Tensor] = {}
     for key, value in base.state_dict().items():
         if ".lora_" in key:

@@ -26,7 +26,7 @@ from roll_core.backends.infer import Request, SamplingParams
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import Batch, StatefulLoader, encode_prompt, load_rows, require_columns
 from roll_core.engine import Cluster, make_executor
-from roll_core.errors import CheckpointError, DataError
+from roll_core.errors import CheckpointError, ConfigError, DataError
 from roll_core.models import load_tokenizer, resolve_model_path
 from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.rl_math import RLState, advantages_and_kl, rl_batch_metrics
@@ -43,6 +43,7 @@ def uses_reference(cfg: RLVRConfig) -> bool:
 
 
 def plan(cfg: RLVRConfig) -> list[RolePlan]:
+    check_algorithm(cfg)
     ex = cfg.executor.type
     rows = cfg.rollout.n * cfg.rollout.prompts_per_step
     roles = [
@@ -116,6 +117,8 @@ def _prompts(
         if not isinstance(text, str) or not text.strip() or row.get(d.answer_key) in (None, ""):
             stats["dropped_empty"] += 1
             continue
+        if d.answer_key != "answer":  # rewards read the reference from row["answer"]
+            row = {**row, "answer": row[d.answer_key]}
         ids = encode_prompt(tokenizer, text, system=d.system_prompt)
         if len(ids) > d.max_prompt_length:
             stats["dropped_too_long"] += 1
@@ -142,14 +145,7 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
         if cfg.eval.max_samples:
             evals = evals[: cfg.eval.max_samples]
     RewardStage(cfg.reward, tokenizer=tokenizer, domains=_domains(cfg, train + evals)).close()
-    if cfg.rollout.n == 1 and cfg.algorithm.adv_estimator in GROUP_ESTIMATORS:
-        from roll_core.errors import ConfigError
-
-        raise ConfigError(
-            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the samples of a group, "
-            "but rollout.n is 1.",
-            hint="Set rollout.n to 2 or more (8 is common), or use adv_estimator=reinforce_plus_plus.",
-        )
+    check_algorithm(cfg)
     return RLVRSetup(model_path, tokenizer, train, evals, stats)
 
 
@@ -157,7 +153,22 @@ def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
     return {p.row.get(cfg.reward.domain_key) for p in prompts}
 
 
-GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
+def check_algorithm(cfg: RLVRConfig) -> None:
+    """Algorithm choices this pipeline cannot run, as recipe errors (no model is loaded)."""
+    algo = cfg.algorithm
+    if algo.uses_critic:
+        raise ConfigError(
+            "algorithm.adv_estimator=gae needs a critic, and `roll train rlvr` does not build "
+            "a critic role yet.",
+            hint="Use a critic-free estimator: grpo, dr_grpo, rloo, reinforce_plus_plus "
+            "(or the presets grpo, dapo, gspo, rloo, reinforce_plus_plus).",
+        )
+    if algo.needs_groups and cfg.rollout.n < 2:
+        raise ConfigError(
+            f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of a group, "
+            f"but rollout.n is {cfg.rollout.n}.",
+            hint="Set rollout.n to 2 or more (8 is common), or use adv_estimator=reinforce_plus_plus.",
+        )
 
 
 class PromptStream:
@@ -373,7 +384,7 @@ def _train_step(
     rl_state: RLState,
 ) -> dict[str, float]:
     timers: dict[str, float] = {}
-    t = time.perf_counter()
+    t = step_start = time.perf_counter()
     rollout = scheduler.next_batch(step)
     timers["time/rollout"] = time.perf_counter() - t
     if not rollout.groups:
@@ -400,6 +411,11 @@ def _train_step(
     t = time.perf_counter()
     metrics |= _update(cfg, clusters["actor_train"], batch, temp)
     timers["time/train"] = time.perf_counter() - t
+    wall = time.perf_counter() - step_start
+    generated = float(batch.tensors["response_lengths"].sum())
+    timers["perf/step_s"] = wall
+    timers["perf/tokens_per_s"] = float(batch.tensors["attention_mask"].sum()) / wall
+    timers["perf/generated_tokens_per_s"] = generated / max(1e-9, timers["time/rollout"])
     return {
         **rollout.metrics,
         **rl_batch_metrics(batch, cfg.rollout.max_new_tokens),

@@ -131,11 +131,15 @@ def test_cross_field_error_reads_plainly(tmp_path: Path) -> None:
 def test_recipe_for_another_pipeline(tmp_path: Path) -> None:
     # a recipe written for a different (existing) pipeline names the command that runs it
     with pytest.raises(ConfigError, match="this recipe is for `rlvr`, not `sft`") as exc:
-        load_recipe(write(tmp_path, MINIMAL.replace("pipeline: sft", "pipeline: rlvr")), expected="sft")
+        load_recipe(
+            write(tmp_path, MINIMAL.replace("pipeline: sft", "pipeline: rlvr")), expected="sft"
+        )
     assert "roll rlvr" not in str(exc.value) or "roll train rlvr" in str(exc.value)
 
 
 def test_unknown_pipeline_is_not_suggested_as_a_command(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown pipeline 'ppo'") as exc:
-        load_recipe(write(tmp_path, MINIMAL.replace("pipeline: sft", "pipeline: ppo")), expected="sft")
+        load_recipe(
+            write(tmp_path, MINIMAL.replace("pipeline: sft", "pipeline: ppo")), expected="sft"
+        )
     assert "roll ppo" not in str(exc.value)

@@ -29,7 +29,7 @@ def metrics(run_dir: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def teacher(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A teacher wider and deeper than the student (Qwen3, hidden 192, 3 layers, 1.4M
-    parameters, the built-in tokenizer) after 10 SFT steps on arithmetic, built in-process."""
+    parameters, the built-in tokenizer) after 8 SFT steps on arithmetic, built in-process."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from roll_core.backends.train.torch_backend import TorchTrainBackend
@@ -55,13 +55,13 @@ def teacher(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         backend = TorchTrainBackend(
             model_path=str(root / "init"),
             optim=OptimConfig(lr=3e-3),
-            total_steps=10,
-            micro_batch_size=16,
+            total_steps=8,
+            micro_batch_size=8,
         )
-        rows = load_rows(str(ARITH / "train.jsonl"), max_rows=160)
+        rows = load_rows(str(ARITH / "train.jsonl"), max_rows=64)
         examples, _ = build_sft_dataset(rows, tokenizer, fmt="prompt_response", max_length=64)
-        for i in range(10):
-            batch = collate_sft(examples[16 * i : 16 * (i + 1)], pad_id=tokenizer.pad_token_id)
+        for i in range(8):
+            batch = collate_sft(examples[8 * i : 8 * (i + 1)], pad_id=tokenizer.pad_token_id)
             batch.meta["loss_tokens"] = int(batch.tensors["loss_mask"][:, 1:].sum())
             backend.train_step(batch, get_objective("sft"))
         backend.export(root / "final")

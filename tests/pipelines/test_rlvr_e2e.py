@@ -61,9 +61,16 @@ def test_rlvr_runs_and_logs_the_promised_metrics(roll, rl_recipe, tmp_path: Path
     assert [r["step"] for r in logged] == [0, 1, 2, 3, 4, 5, 6]
     step = logged[1]
     for key in (
-        "rollout/reward_mean", "rollout/response_length_mean", "rollout/response_clip_ratio",
-        "actor/pg_loss", "actor/clipfrac", "train/grad_norm", "time/rollout", "time/train",
-        "sync/seconds", "perf/tokens_per_s",
+        "rollout/reward_mean",
+        "rollout/response_length_mean",
+        "rollout/response_clip_ratio",
+        "actor/pg_loss",
+        "actor/clipfrac",
+        "train/grad_norm",
+        "time/rollout",
+        "time/train",
+        "sync/seconds",
+        "perf/tokens_per_s",
     ):
         assert key in step, key
     # weights in sync: the trainer's log-probs equal the sampler's (hf, fp32)
@@ -78,8 +85,17 @@ def test_rlvr_sigkill_resume_is_bitwise(roll, rl_recipe, cli_env, tmp_path: Path
     assert base.returncode == 0, base.stderr
     run = tmp_path / "runs" / "rl-kill-02"
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "roll"), "train", "rlvr", str(recipe), "--run-id", "rl-kill-02"],
-        env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            str(Path(sys.executable).parent / "roll"),
+            "train",
+            "rlvr",
+            str(recipe),
+            "--run-id",
+            "rl-kill-02",
+        ],
+        env=cli_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 240
     while time.time() < deadline:
