@@ -77,17 +77,35 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _model_in(ann: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(the model class inside an annotation, whether a key/index segment comes first)."""
+    origin = getattr(ann, "__origin__", None)
+    if origin in (dict, list, tuple):
+        args = getattr(ann, "__args__", ())
+        inner, _ = _model_in(args[-1]) if args else (None, False)
+        return inner, True
+    for cand in (ann, *getattr(ann, "__args__", ())):
+        if isinstance(cand, type) and issubclass(cand, BaseModel):
+            return cand, False
+        if getattr(cand, "__origin__", None) in (dict, list, tuple):
+            return _model_in(cand)
+    return None, False
+
+
 def _model_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The schema class that owns the last element of `loc` (None when not a model)."""
+    """The schema class that owns the last element of `loc` (None when not a model).
+
+    Mapping keys (`reward.domains.<name>`) and list indices in `loc` are stepped over.
+    """
     model: type[BaseModel] | None = schema
-    for part in loc[:-1]:
+    parts = list(loc[:-1])
+    while parts:
+        part = parts.pop(0)
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
-        ann = model.model_fields[part].annotation
-        candidates = [ann, *getattr(ann, "__args__", ())]
-        model = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
+        model, keyed = _model_in(model.model_fields[part].annotation)
+        if keyed and parts:
+            parts.pop(0)
     return model
 
 

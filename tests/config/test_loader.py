@@ -143,3 +143,18 @@ def test_unknown_pipeline_is_not_suggested_as_a_command(tmp_path: Path) -> None:
             write(tmp_path, MINIMAL.replace("pipeline: sft", "pipeline: ppo")), expected="sft"
         )
     assert "roll ppo" not in str(exc.value)
+
+
+def test_typo_under_a_mapping_key_is_suggested(tmp_path: Path) -> None:
+    # reward.domains is a mapping of domain name -> section: the name is stepped over
+    p = tmp_path / "rl.yaml"
+    p.write_text(
+        "pipeline: rlvr\nmodel: {path: builtin:tiny-qwen3}\n"
+        "data: {train: {path: x.jsonl}}\ntrainer: {max_steps: 2}\n"
+        "reward: {domains: {math: {rewardz: [math]}}}\n"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"reward\.domains\.math\.rewardz: unknown key; did you mean reward\.domains\.math\.rewards\?",
+    ):
+        load_recipe(p)
