@@ -31,7 +31,7 @@ class PreferenceDataConfig(Strict):
         default="prompt_response",
         description="`prompt_response`: text columns prompt, chosen, rejected; `messages`: "
         "chosen and rejected are chat conversations ending with the compared assistant turn "
-        "(an optional prompt column holds shared leading messages).",
+        "(a prompt column holding messages is put before both; a text one is ignored).",
     )
     prompt_key: str = Field(default="prompt", description="Column holding the prompt.")
     chosen_key: str = Field(default="chosen", description="Column holding the preferred response.")

@@ -5,7 +5,9 @@
 conversations (lists of ``{role, content}``) whose last message is the assistant answer being
 compared, optionally after a shared ``prompt`` column of messages (TRL's conversational
 format); everything before the last message must be the same in both. Only the final assistant
-turn is scored: its tokens and its end-of-turn token, as in SFT (roll_core/data/sft.py).
+turn is scored: its tokens and its end-of-turn token, as in SFT (roll_core/data/sft.py). A
+``prompt`` column of plain text is ignored in this format (HuggingFaceH4/ultrafeedback_binarized
+keeps the prompt text next to conversations that already begin with it).
 
 **Bad rows.** A missing column or a row whose prompt, chosen or rejected is blank raises a
 :class:`~roll_core.errors.DataError` naming the row. A pair whose chosen and rejected are the
@@ -244,9 +246,13 @@ def _text(value: Any, key: str, index: int) -> str:
 
 
 def _conversation(prompt: Any, conv: Any, key: str, index: int) -> list[dict[str, Any]]:
-    """``prompt`` messages (if any) + ``conv``; the last message must be the assistant's."""
-    if isinstance(prompt, str):
-        prompt = [{"role": "user", "content": prompt}]
+    """``prompt`` messages (if a list) + ``conv``; the last message must be the assistant's.
+
+    A string prompt is ignored: datasets such as ultrafeedback_binarized keep the prompt text
+    beside conversations that already start with it.
+    """
+    if not isinstance(prompt, list):
+        prompt = None
     messages = [*(prompt or []), *(conv if isinstance(conv, list) else [])]
     if not isinstance(conv, list) or not all(
         isinstance(m, Mapping)

@@ -92,6 +92,20 @@ def test_messages_score_only_the_last_assistant_turn(tokenizer) -> None:
         assert scored == [ord(answer), END]  # "hello" (an earlier turn) is not scored
     prompt = prompt_ids(tokenizer, data[0], fmt="messages")
     assert pairs[0]["chosen"]["input_ids"][: len(prompt)] == prompt
+    # A text prompt beside full conversations (ultrafeedback_binarized) is not prepended;
+    # a prompt column of messages is (TRL's explicit-prompt format).
+    with_text = data.add_column("prompt", ["2+2?"])
+    assert (
+        build_preference_dataset(with_text, tokenizer, fmt="messages", max_length=256)[0] == pairs
+    )
+    split = rows(
+        {
+            "prompt": context,
+            "chosen": [{"role": "assistant", "content": "4"}],
+            "rejected": [{"role": "assistant", "content": "5"}],
+        }
+    )
+    assert build_preference_dataset(split, tokenizer, fmt="messages", max_length=256)[0] == pairs
     different = rows(
         {
             "chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "4"}],
