@@ -115,5 +115,5 @@ def test_debug_shows_traceback(roll, tmp_path: Path) -> None:
 
 def test_recipe_for_another_pipeline(roll, tmp_path: Path) -> None:
     p = tmp_path / "r.yaml"
-    p.write_text("pipeline: dpo\n")
-    check(roll("validate", str(p)), 2, "unknown pipeline 'dpo'")
+    p.write_text("pipeline: ppo\n")
+    check(roll("validate", str(p)), 2, "unknown pipeline 'ppo'")
