@@ -100,3 +100,15 @@ def preference_loss(
         chosen_rewards=beta * chosen_logratios.detach(),
         rejected_rewards=beta * rejected_logratios.detach(),
     )
+
+
+def chosen_nll(policy_chosen_logps: torch.Tensor, chosen_tokens: torch.Tensor) -> torch.Tensor:
+    """Token-mean negative log-likelihood of each chosen response, ``[B]``: the term RPO
+    (Pang et al. 2024, arXiv 2404.19733, eq. 2) adds to DPO, weighted by ``alpha``, so the
+    chosen responses do not lose likelihood while the margin grows.
+
+    Args:
+        policy_chosen_logps: ``[B]`` summed log-probs of the chosen responses.
+        chosen_tokens: ``[B]`` number of scored tokens of each chosen response (>= 1).
+    """
+    return -policy_chosen_logps.float() / chosen_tokens.float()

@@ -68,6 +68,13 @@ class DPOLossConfig(Strict):
         lt=0.5,
         description="`cdpo` only: the assumed probability that a pair's labels are flipped.",
     )
+    sft_weight: float = Field(
+        default=0.0,
+        ge=0,
+        description="Add this multiple of the chosen response's token-mean NLL to each pair's "
+        "loss (RPO). DPO alone can lower the chosen likelihood while widening the margin; this "
+        "term holds it up. 0: off.",
+    )
 
     @model_validator(mode="after")
     def _smoothing_only_for_cdpo(self) -> DPOLossConfig:

@@ -262,6 +262,7 @@ def summarise(sums: dict[str, float], prefix: str) -> dict[str, float]:
         f"{prefix}/logp_accuracy": sums["dpo/logp_accuracy_sum"] / n,
         f"{prefix}/logps/chosen": sums["dpo/logps_chosen_sum"] / n,
         f"{prefix}/logps/rejected": sums["dpo/logps_rejected_sum"] / n,
+        f"{prefix}/nll/chosen": sums["dpo/nll_sum"] / n,
     }
 
 
@@ -320,7 +321,10 @@ def run(cfg: DPOConfig, setup: DPOSetup, loop: DriverLoop) -> dict[str, float]:
         )
         ref = reference_log_probs(cfg, setup, executor, actor, loop)
         params = dict(
-            loss_type=cfg.dpo.loss, beta=cfg.dpo.beta, label_smoothing=cfg.dpo.label_smoothing
+            loss_type=cfg.dpo.loss,
+            beta=cfg.dpo.beta,
+            label_smoothing=cfg.dpo.label_smoothing,
+            sft_weight=cfg.dpo.sft_weight,
         )
         pad_id = tokenizer.pad_token_id
         ref_eval_acc = (

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from roll_core.algorithms.distill import distill_loss
-from roll_core.algorithms.preference import preference_loss
+from roll_core.algorithms.preference import chosen_nll, preference_loss
 from roll_core.backends.train.torch_backend import token_log_probs
 from roll_core.data import Batch
 
@@ -40,8 +40,13 @@ def dpo(
     loss_type: str = "sigmoid",
     beta: float = 0.1,
     label_smoothing: float = 0.0,
+    sft_weight: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mean preference loss over the pairs of the global batch (this micro-batch's share)."""
+    """Mean preference loss over the pairs of the global batch (this micro-batch's share).
+
+    ``sft_weight`` > 0 adds that multiple of each chosen response's token-mean negative
+    log-likelihood to its pair's loss (RPO, arXiv 2404.19733).
+    """
     side = mb.tensors["pair_side"]
     if len(mb) % 2 or bool((side[0::2] != 0).any()) or bool((side[1::2] != 1).any()):
         raise ValueError("a DPO micro-batch must hold whole pairs: rows (chosen, rejected)*")
@@ -56,12 +61,16 @@ def dpo(
         beta=beta,
         label_smoothing=label_smoothing,
     )
-    loss = out.losses.sum() / float(mb.meta["pairs"])
+    tokens = mb.tensors["loss_mask"][0::2, 1:].sum(-1).clamp(min=1).to(logps.dtype)
+    nll = chosen_nll(logps[0::2], tokens)
+    losses = out.losses + sft_weight * nll if sft_weight else out.losses
+    loss = losses.sum() / float(mb.meta["pairs"])
     margin = out.chosen_rewards - out.rejected_rewards
     chosen_logps, rejected_logps = logps.detach()[0::2], logps.detach()[1::2]
     return loss, {
         "dpo/pairs": float(len(margin)),
-        "dpo/loss_sum": float(out.losses.detach().sum()),
+        "dpo/loss_sum": float(losses.detach().sum()),
+        "dpo/nll_sum": float(nll.detach().sum()),
         "dpo/rewards_chosen_sum": float(out.chosen_rewards.sum()),
         "dpo/rewards_rejected_sum": float(out.rejected_rewards.sum()),
         "dpo/margin_sum": float(margin.sum()),

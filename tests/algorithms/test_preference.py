@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from roll_core.algorithms.preference import PREFERENCE_LOSSES, preference_loss
+from roll_core.algorithms.preference import PREFERENCE_LOSSES, chosen_nll, preference_loss
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
 from roll_core.workers.objectives import get_objective
@@ -126,3 +126,29 @@ def test_dpo_objective_normalises_by_global_pairs_and_checks_layout() -> None:
     swapped = Batch(tensors={**mb.tensors, "pair_side": torch.tensor([1, 0])}, meta=mb.meta)
     with pytest.raises(ValueError, match="whole pairs"):
         get_objective("dpo", beta=0.1)(logits, swapped)
+
+
+def test_rpo_term_adds_the_chosen_token_mean_nll() -> None:
+    # chosen log-prob -3 over 2 tokens: NLL per token 1.5
+    assert chosen_nll(torch.tensor([-3.0]), torch.tensor([2])).tolist() == [1.5]
+    # The objective above with sft_weight 0.5: loss = log 2 + 0.5 * log 2 = 1.039721 (one
+    # one-token chosen response with log-prob -log 2). d loss / d logp_chosen = -0.05 - 0.5 =
+    # -0.55, so the chosen row's logits get -0.55 * [0.5, -0.5] = [-0.275, 0.275]; the rejected
+    # row's gradient is unchanged, [-0.025, 0.025].
+    logits = torch.zeros(2, 2, 2, requires_grad=True)
+    mb = Batch(
+        tensors={
+            "input_ids": torch.tensor([[1, 0], [1, 1]]),
+            "attention_mask": torch.ones(2, 2, dtype=torch.long),
+            "loss_mask": torch.tensor([[0, 1], [0, 1]]),
+            "pair_side": torch.tensor([0, 1]),
+            "ref_logps": torch.full((2,), -LOG2),
+        },
+        meta={"pairs": 1},
+    )
+    loss, metrics = get_objective("dpo", beta=0.1, sft_weight=0.5)(logits, mb)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(1.5 * LOG2, abs=1e-6)
+    assert metrics["dpo/nll_sum"] == pytest.approx(LOG2, abs=1e-6)
+    expected = torch.tensor([[[-0.275, 0.275], [0.0, 0.0]], [[-0.025, 0.025], [0.0, 0.0]]])
+    torch.testing.assert_close(logits.grad, expected, atol=1e-6, rtol=0)
