@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="builtin:tiny-qwen3")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=8)
@@ -49,24 +51,45 @@ def main() -> None:
     stage = RewardStage(RewardConfig(), tokenizer=tok, domains={"math"})
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
     threads = max(1, args.threads // args.ranks)
-    infer = Cluster("actor_infer", ActorInfer, LocalExecutor(), world_size=args.ranks, worker_kwargs={
-        "backend": "hf", "backend_kwargs": {"model_path": path, "device": "cpu", "num_threads": threads}})
+    infer = Cluster(
+        "actor_infer",
+        ActorInfer,
+        LocalExecutor(),
+        world_size=args.ranks,
+        worker_kwargs={
+            "backend": "hf",
+            "backend_kwargs": {"model_path": path, "device": "cpu", "num_threads": threads},
+        },
+    )
     infer.run("setup")
 
     def direct() -> tuple[int, float]:
         start = time.perf_counter()
-        reqs = [Request(i * args.n + k, p.prompt_ids, seed=i * args.n + k) for i, p in enumerate(prompts)
-                for k in range(args.n)]
+        reqs = [
+            Request(i * args.n + k, p.prompt_ids, seed=i * args.n + k)
+            for i, p in enumerate(prompts)
+            for k in range(args.n)
+        ]
         outs = infer.run_rank0("generate", reqs, params)
         for r, c in zip(reqs, outs, strict=True):
             p = prompts[r.request_id // args.n]
-            stage.score_sample(Sample(r.request_id, p.index, p, c.response_ids, c.log_probs, c.finish_reason, 0))
+            stage.score_sample(
+                Sample(r.request_id, p.index, p, c.response_ids, c.log_probs, c.finish_reason, 0)
+            )
         return sum(len(c.response_ids) for c in outs), time.perf_counter() - start
 
     def scheduled() -> tuple[int, float]:
-        sched = RolloutScheduler(infer=infer, prompts=iter(prompts), reward_fn=stage.score_sample, params=params,
-                                 n=args.n, prompts_per_step=len(prompts), chunk_size=args.chunk_size,
-                                 max_chunks_in_flight=2, reward_workers=2)
+        sched = RolloutScheduler(
+            infer=infer,
+            prompts=iter(prompts),
+            reward_fn=stage.score_sample,
+            params=params,
+            n=args.n,
+            prompts_per_step=len(prompts),
+            chunk_size=args.chunk_size,
+            max_chunks_in_flight=2,
+            reward_workers=2,
+        )
         start = time.perf_counter()
         out = sched.next_batch(step=1)
         wall = time.perf_counter() - start
@@ -80,10 +103,16 @@ def main() -> None:
         tokens, wall = scheduled()
         s_rates.append(tokens / wall)
     d, s = max(d_rates), max(s_rates)
-    print(f"model {args.model}: {args.prompts} prompts x n={args.n}, <= {args.max_new_tokens} new tokens, "
-          f"{args.ranks} infer rank(s), chunks of {args.chunk_size}, best of {args.rounds}")
-    print(f"direct generate + rewards after: {d:10,.0f} tokens/s  ({', '.join(f'{x:,.0f}' for x in d_rates)})")
-    print(f"sample-level scheduler:          {s:10,.0f} tokens/s  ({', '.join(f'{x:,.0f}' for x in s_rates)})")
+    print(
+        f"model {args.model}: {args.prompts} prompts x n={args.n}, <= {args.max_new_tokens} new tokens, "
+        f"{args.ranks} infer rank(s), chunks of {args.chunk_size}, best of {args.rounds}"
+    )
+    print(
+        f"direct generate + rewards after: {d:10,.0f} tokens/s  ({', '.join(f'{x:,.0f}' for x in d_rates)})"
+    )
+    print(
+        f"sample-level scheduler:          {s:10,.0f} tokens/s  ({', '.join(f'{x:,.0f}' for x in s_rates)})"
+    )
     print(f"ratio scheduler / direct: {s / d:.3f}")
 
 

@@ -187,11 +187,17 @@ def reference_log_probs(
     if cache.is_file():
         from safetensors import safe_open
 
-        with safe_open(str(cache), framework="pt") as f:
-            same = (f.metadata() or {}).get("fingerprint") == fingerprint
-        if same:
-            loop.console_note(f"reference log-probs: read from {cache.name}")
-            return load_file(str(cache))
+        try:
+            with safe_open(str(cache), framework="pt") as f:
+                same = (f.metadata() or {}).get("fingerprint") == fingerprint
+            if same:
+                cached = load_file(str(cache))
+                loop.console_note(f"reference log-probs: read from {cache.name}")
+                return cached
+        except Exception as err:  # a damaged cache is recomputed, never trusted
+            loop.console_note(
+                f"reference log-probs: {cache.name} is unreadable ({err}); recomputing"
+            )
     role = cfg.actor_train
     if role.lora is None:
         ref = Cluster(

@@ -18,7 +18,6 @@ from roll_core.backends.infer.base import Completion, Request, SamplingParams
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.models import load_causal_lm, load_tokenizer
 
-
 _GLOBAL_RNG = threading.Lock()
 
 
