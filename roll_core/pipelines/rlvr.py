@@ -209,6 +209,7 @@ def _make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str
                     seed=cfg.seed,
                     num_threads=role.num_threads,
                     gradient_checkpointing=cfg.model.gradient_checkpointing,
+                    lora=role.lora,
                 ),
             },
         ),

@@ -60,9 +60,17 @@ class ActorTrain(Worker):
             return backend.log_probs(batch, temperature=temperature)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
-        """Every parameter by name (tied ones once), detached CPU copies: the weight-sync payload."""
-        model = self._b().model
-        return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+        """The weight-sync payload: every tensor of the plain model by name, detached CPU
+        copies. Under LoRA the adapters are merged in (W + scale * B @ A), so the inference
+        engine gets ordinary weights."""
+        backend = self._b()
+        if getattr(backend, "lora", None) is not None:
+            from roll_core.models.lora import merged_state_dict
+
+            weights = merged_state_dict(backend.model)
+        else:
+            weights = dict(backend.model.named_parameters())
+        return {n: t.detach().to("cpu", copy=True) for n, t in weights.items()}
 
     def save(self, path: str) -> None:
         """Write this rank's state to `path/rank-<rank>/`."""

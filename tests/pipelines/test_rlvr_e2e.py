@@ -121,3 +121,22 @@ def test_group_estimator_needs_groups(roll, rl_recipe) -> None:
 def test_unknown_estimator_lists_valid(roll, rl_recipe) -> None:
     res = roll("train", "rlvr", str(rl_recipe()), "algorithm.adv_estimator=grpoo", "--dry-run")
     assert res.returncode == 2 and "grpo" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_rlvr_with_lora_syncs_merged_weights(roll, rl_recipe, tmp_path: Path) -> None:
+    recipe = rl_recipe(trainer={"max_steps": 3, "micro_batch_size": 8}, eval={"every_steps": None})
+    res = roll(
+        "train",
+        "rlvr",
+        str(recipe),
+        "actor_train.lora={rank: 4, alpha: 8}",
+        "--run-id",
+        "rl-lora-03",
+    )
+    assert res.returncode == 0, res.stderr
+    logged = rows(tmp_path / "runs" / "rl-lora-03")
+    # after each sync the sampler's log-probs equal the adapted trainer's: merged weights arrived
+    assert all(
+        r["train_infer/logprob_diff"] < 1e-3 for r in logged if "train_infer/logprob_diff" in r
+    )
+    assert len([r for r in logged if "train_infer/logprob_diff" in r]) == 3

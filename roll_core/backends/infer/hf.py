@@ -116,10 +116,9 @@ class HFInferBackend:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:
-        params = dict(self.model.named_parameters())
-        buffers = dict(self.model.named_buffers())
+        tensors = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
         for name, value in named_tensors.items():
-            target = params.get(name, buffers.get(name))
+            target = tensors.get(name)
             if target is None:
                 raise KeyError(f"weight sync: the inference model has no tensor {name!r}")
             target.copy_(torch.as_tensor(value).to(target.device, target.dtype))
