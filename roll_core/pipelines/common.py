@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from roll_core.errors import RollError, UsageError
+from roll_core.errors import CheckpointError, RollError, UsageError
 from roll_core.runs import CheckpointManager, Run, atomic_write_text
 from roll_core.tracking import build_tracking
 from roll_core.tracking.jsonl import truncate_after
@@ -62,6 +62,35 @@ def evaluate_exact_match(
         for out, ref in zip(outs, answers[i : i + batch_size], strict=True):
             hits += tokenizer.decode(out, skip_special_tokens=True).strip() == ref
     return hits / max(1, len(prompts))
+
+
+def check_same_data(
+    ckpt: Path, state: dict[str, Any], *, size: int, unit: str = "examples"
+) -> None:
+    """Refuse to resume against training data of another size than the checkpoint's."""
+    saved = state.get("train_size", size)
+    if saved != size:
+        raise CheckpointError(
+            f"the training data changed since {ckpt.name}: it had {saved} {unit}, now {size}.",
+            hint="Resume with the data the run started with, or start a new run.",
+        )
+
+
+def actor_loader_state(
+    actor: Any, loader: Any, *, size: int, unit: str = "examples"
+) -> tuple[Callable[[Path], dict[str, Any]], Callable[[Path, dict[str, Any]], None]]:
+    """`save_state` / `load_state` for a loop whose state is actor_train + one data loader."""
+
+    def save_state(ckpt: Path) -> dict[str, Any]:
+        actor.run("save", str(ckpt / "actor_train"))
+        return {"loader": loader.state_dict(), "train_size": size}
+
+    def load_state(ckpt: Path, state: dict[str, Any]) -> None:
+        check_same_data(ckpt, state, size=size, unit=unit)
+        actor.run("load", str(ckpt / "actor_train"))
+        loader.load_state_dict(state["loader"])
+
+    return save_state, load_state
 
 
 class DriverLoop:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -29,10 +28,15 @@ from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.config.preference import DistillConfig
 from roll_core.data import Batch, StatefulLoader, collate_sft
 from roll_core.engine import Cluster, make_executor
-from roll_core.errors import CheckpointError, ConfigError, ModelError
+from roll_core.errors import ConfigError, ModelError
 from roll_core.models import load_tokenizer, model_summary, resolve_model_path
 from roll_core.models.lora import check_lora_targets_from_config
-from roll_core.pipelines.common import DriverLoop, RolePlan, evaluate_exact_match
+from roll_core.pipelines.common import (
+    DriverLoop,
+    RolePlan,
+    actor_loader_state,
+    evaluate_exact_match,
+)
 from roll_core.pipelines.sft import SFTData
 from roll_core.pipelines.sft import prepare_data as prepare_sft_data
 from roll_core.workers.actor_train import ActorTrain
@@ -245,19 +249,9 @@ def run(cfg: DistillConfig, setup: DistillSetup, loop: DriverLoop) -> dict[str, 
                 batch[key] = torch.cat([p[key] for p in parts])
             return batch
 
-        def save_state(ckpt: Path) -> dict[str, Any]:
-            actor.run("save", str(ckpt / "actor_train"))
-            return {"loader": loader.state_dict(), "train_examples": len(data.train)}
-
-        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-            if state.get("train_examples", len(data.train)) != len(data.train):
-                raise CheckpointError(
-                    f"the training data changed since {ckpt.name}: it had "
-                    f"{state['train_examples']} examples, now {len(data.train)}.",
-                    hint="Resume with the data the run started with, or start a new run.",
-                )
-            actor.run("load", str(ckpt / "actor_train"))
-            loader.load_state_dict(state["loader"])
+        save_state, load_state = actor_loader_state(
+            actor, loader, size=len(data.train), unit="examples"
+        )
 
         def evaluate(step: int) -> dict[str, float]:
             return _evaluate(

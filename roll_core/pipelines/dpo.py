@@ -25,7 +25,6 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,10 +35,14 @@ from roll_core.config.preference import DPOConfig
 from roll_core.data import Batch, StatefulLoader, load_rows, require_columns
 from roll_core.data.preference import Pair, build_preference_dataset, collate_pairs, prompt_ids
 from roll_core.engine import Cluster, make_executor
-from roll_core.errors import CheckpointError
 from roll_core.models import load_tokenizer, resolve_model_path
 from roll_core.models.lora import check_lora_targets_from_config
-from roll_core.pipelines.common import DriverLoop, RolePlan, evaluate_exact_match
+from roll_core.pipelines.common import (
+    DriverLoop,
+    RolePlan,
+    actor_loader_state,
+    evaluate_exact_match,
+)
 from roll_core.workers.actor_train import ActorTrain
 from roll_core.workers.reference import Reference
 
@@ -337,19 +340,9 @@ def run(cfg: DPOConfig, setup: DPOSetup, loop: DriverLoop) -> dict[str, float]:
             float((ref["eval"][0::2] > ref["eval"][1::2]).float().mean()) if data.eval else 0.0
         )
 
-        def save_state(ckpt: Path) -> dict[str, Any]:
-            actor.run("save", str(ckpt / "actor_train"))
-            return {"loader": loader.state_dict(), "train_pairs": len(data.train)}
-
-        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-            if state.get("train_pairs", len(data.train)) != len(data.train):
-                raise CheckpointError(
-                    f"the training data changed since {ckpt.name}: it had "
-                    f"{state['train_pairs']} pairs, now {len(data.train)}.",
-                    hint="Resume with the data the run started with, or start a new run.",
-                )
-            actor.run("load", str(ckpt / "actor_train"))
-            loader.load_state_dict(state["loader"])
+        save_state, load_state = actor_loader_state(
+            actor, loader, size=len(data.train), unit="pairs"
+        )
 
         def evaluate(step: int) -> dict[str, float]:
             sums: dict[str, float] = {}

@@ -26,9 +26,9 @@ from roll_core.backends.infer import Request, SamplingParams
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import Batch, StatefulLoader, encode_prompt, load_rows, require_columns
 from roll_core.engine import Cluster, make_executor
-from roll_core.errors import CheckpointError, ConfigError, DataError
+from roll_core.errors import ConfigError, DataError
 from roll_core.models import load_tokenizer, resolve_model_path
-from roll_core.pipelines.common import DriverLoop, RolePlan
+from roll_core.pipelines.common import DriverLoop, RolePlan, check_same_data
 from roll_core.pipelines.rl_math import RLState, advantages_and_kl, rl_batch_metrics
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.rewards import RewardStage
@@ -334,18 +334,13 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             torch.save(clusters["actor_infer"].run("get_rng_state"), ckpt / "infer_rng.pt")
             return {
                 "prompts": stream.loader.state_dict(),
-                "train_prompts": len(setup.train),
+                "train_size": len(setup.train),
                 "rl": rl_state.state_dict(),
                 "rewards": rewards.state_dict(),
             }
 
         def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-            if state["train_prompts"] != len(setup.train):
-                raise CheckpointError(
-                    f"the training prompts changed since {ckpt.name}: "
-                    f"{state['train_prompts']} then, {len(setup.train)} now.",
-                    hint="Resume with the data the run started with.",
-                )
+            check_same_data(ckpt, state, size=len(setup.train), unit="prompts")
             clusters["actor_train"].run("load", str(ckpt / "actor_train"))
             for rank, rng in enumerate(torch.load(ckpt / "infer_rng.pt", weights_only=False)):
                 clusters["actor_infer"].handles[rank].submit("set_rng_state", rng)

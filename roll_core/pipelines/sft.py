@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from roll_core.backends.train.torch_backend import resolve_device
@@ -29,9 +28,13 @@ from roll_core.data import (
     require_columns,
 )
 from roll_core.engine import Cluster, make_executor
-from roll_core.errors import CheckpointError
 from roll_core.models import load_tokenizer, resolve_model_path
-from roll_core.pipelines.common import DriverLoop, RolePlan, evaluate_exact_match
+from roll_core.pipelines.common import (
+    DriverLoop,
+    RolePlan,
+    actor_loader_state,
+    evaluate_exact_match,
+)
 from roll_core.workers.actor_train import ActorTrain
 
 
@@ -193,19 +196,9 @@ def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
         info = actor.run("setup")[0]
         loop.console_note(f"actor_train: {info['params']:,} parameters on {info['device']}")
 
-        def save_state(ckpt: Path) -> dict[str, Any]:
-            actor.run("save", str(ckpt / "actor_train"))
-            return {"loader": loader.state_dict(), "train_examples": len(data.train)}
-
-        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-            if state.get("train_examples", len(data.train)) != len(data.train):
-                raise CheckpointError(
-                    f"the training data changed since {ckpt.name}: it had "
-                    f"{state['train_examples']} examples, now {len(data.train)}.",
-                    hint="Resume with the data the run started with, or start a new run.",
-                )
-            actor.run("load", str(ckpt / "actor_train"))
-            loader.load_state_dict(state["loader"])
+        save_state, load_state = actor_loader_state(
+            actor, loader, size=len(data.train), unit="examples"
+        )
 
         def evaluate(step: int) -> dict[str, float]:
             return _evaluate(cfg, data, actor, tokenizer)
