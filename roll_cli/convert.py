@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 convert_app = typer.Typer(
-    help="Convert checkpoints between Megatron-core (legacy or torch_dist, any TP/PP) and "
+    help="Convert checkpoints between Megatron-core (legacy or torch_dist, any TP/PP/EP) and "
     "Hugging Face safetensors. No GPU or Megatron install needed.",
     no_args_is_help=True,
 )
@@ -97,6 +97,11 @@ def _progress(label: str) -> Iterator[Callable[[int, int, str], None]]:
         yield update
 
 
+def _sizes(result: Any) -> str:
+    """``tp=2, pp=2`` (and ``, ep=2`` for expert-parallel checkpoints)."""
+    return f"tp={result.tp}, pp={result.pp}" + (f", ep={result.ep}" if result.ep > 1 else "")
+
+
 def _report(result: Any, what: str) -> None:
     out.print(
         f"[green]converted[/green] {what}: {result.arch}, {result.num_layers} layers, "
@@ -122,7 +127,9 @@ def mcore2hf(
     dst: Annotated[Path, typer.Argument(help="New Hugging Face model directory.")],
     arch: Annotated[
         str | None,
-        typer.Option("--arch", help="Architecture (llama, qwen2, qwen3); default: detected."),
+        typer.Option(
+            "--arch", help="Architecture (llama, qwen2, qwen3, qwen3_moe); default: detected."
+        ),
     ] = None,
     hf_config: Annotated[
         Path | None,
@@ -159,7 +166,7 @@ def mcore2hf(
             overwrite=overwrite,
             progress=progress,
         )
-    _report(result, f"{result.layout} checkpoint (tp={result.tp}, pp={result.pp}) to Hugging Face")
+    _report(result, f"{result.layout} checkpoint ({_sizes(result)}) to Hugging Face")
 
 
 @convert_app.command("hf2mcore")
@@ -174,6 +181,9 @@ def hf2mcore(
     dst: Annotated[Path, typer.Argument(help="New Megatron checkpoint directory.")],
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size.")] = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel size.")] = 1,
+    ep: Annotated[
+        int, typer.Option("--ep", help="Expert-parallel size (mixture-of-experts models).")
+    ] = 1,
     fmt: Annotated[
         str, typer.Option("--format", help="Checkpoint layout: torch_dist or legacy.")
     ] = "torch_dist",
@@ -194,7 +204,7 @@ def hf2mcore(
     overwrite: Overwrite = False,
     debug: Debug = False,
 ) -> None:
-    """Hugging Face model -> Megatron-core checkpoint split for --tp x --pp."""
+    """Hugging Face model -> Megatron-core checkpoint split for --tp x --pp (x --ep)."""
     from roll_core.convert import hf_to_mcore
 
     with _progress("hf2mcore") as progress:
@@ -203,6 +213,7 @@ def hf2mcore(
             dst,
             tp=tp,
             pp=pp,
+            ep=ep,
             fmt=fmt,
             transformer_impl=transformer_impl,
             dtype=dtype,
@@ -210,4 +221,4 @@ def hf2mcore(
             overwrite=overwrite,
             progress=progress,
         )
-    _report(result, f"Hugging Face model to {result.layout} (tp={result.tp}, pp={result.pp})")
+    _report(result, f"Hugging Face model to {result.layout} ({_sizes(result)})")

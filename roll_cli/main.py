@@ -208,6 +208,21 @@ def train_rlvr(
     _run_training("rlvr", recipe, overrides, dry_run, run_id)
 
 
+@train_app.command("agentic")
+@handle_errors
+def train_agentic(
+    recipe: Recipe,
+    overrides: Overrides = None,
+    dry_run: DryRun = False,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Multi-turn agentic RL in text environments (StarPO trajectory-wise, GiGPO step-wise)."""
+    _run_training("agentic", recipe, overrides, dry_run, run_id)
+
+
 @app.command()
 @handle_errors
 def validate(recipe: Recipe, overrides: Overrides = None, debug: Debug = False) -> None:

@@ -37,7 +37,7 @@ from roll_core.algorithms.normalization import (
 )
 from roll_core.algorithms.policy_losses import POLICY_LOSSES, policy_loss, tis_weight
 from roll_core.algorithms.shaping import groups_with_signal, overlong_penalty
-from roll_core.algorithms.value import value_loss
+from roll_core.algorithms.value import explained_variance, value_loss
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -55,6 +55,7 @@ __all__ = [
     "compute_advantages",
     "entropy_bonus",
     "entropy_from_logits",
+    "explained_variance",
     "groups_with_signal",
     "kl_estimate",
     "kl_loss",

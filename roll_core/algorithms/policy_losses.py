@@ -217,6 +217,52 @@ def pg(
     return _reinforce_term(advantages, torch.ones_like(log_probs), log_probs), {}
 
 
+@POLICY_LOSSES.register("decoupled_ppo")
+def decoupled_ppo(
+    *,
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    behaviour_log_probs: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    behaviour_cap: float | None = 5.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Decoupled PPO (Fu et al. 2025, AReaL, arXiv 2505.24298, sec. 5.1, eq. 5): the proximal
+    policy that the clip trusts is separate from the behaviour policy that sampled the tokens.
+
+    ``old_log_probs`` are the proximal policy's (the trainer's log-probs before this step's
+    updates); ``behaviour_log_probs`` are the sampler's (possibly several versions older in
+    async training). ``w = exp(old_logp - behaviour_logp)`` (no gradient) corrects for the
+    off-policy sampling; ``r = exp(logp - old_logp)`` is clipped as in PPO:
+    ``loss = w * max(-A*r, -A*clip(r, 1 - clip_low, 1 + clip_high))``. Tokens whose ``w``
+    exceeds ``behaviour_cap`` get weight 0 (as AReaL masks them); null: no cap. Without
+    ``behaviour_log_probs`` the behaviour policy is the proximal one (``w = 1``: plain PPO).
+
+    Metrics: ``actor/clipfrac``, ``actor/behav_weight_mean`` / ``_max`` (over kept tokens),
+    ``actor/behav_capfrac`` (tokens masked by the cap). Departure: log-ratios clamped to +-20.
+    """
+    _check_clip(clip_low, clip_high)
+    if behaviour_log_probs is None:
+        behaviour_log_probs = old_log_probs
+    log_w = (old_log_probs - behaviour_log_probs).detach().clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    weight = torch.exp(log_w)
+    capped = weight > behaviour_cap if behaviour_cap is not None else torch.zeros_like(log_w) > 0
+    weight = torch.where(capped, torch.zeros_like(weight), weight)
+    ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = weight * torch.maximum(unclipped, clipped)
+    kept = response_mask * (~capped).to(response_mask.dtype)
+    return loss, {
+        "actor/clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
+        "actor/behav_weight_mean": masked_mean(weight, kept),
+        "actor/behav_weight_max": (weight * kept).max(),
+        "actor/behav_capfrac": masked_mean(capped.float(), response_mask),
+    }
+
+
 def tis_weight(
     *, old_log_probs: torch.Tensor, infer_log_probs: torch.Tensor, cap: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,7 +304,8 @@ def policy_loss(
     """The policy loss `name` aggregated to a scalar, and its metrics.
 
     Args:
-        name: a registered loss: ``ppo``, ``gspo``, ``cispo``, ``topr``, ``pg``.
+        name: a registered loss: ``ppo``, ``decoupled_ppo``, ``gspo``, ``cispo``, ``topr``,
+            ``pg``.
         log_probs, old_log_probs, advantages, response_mask: ``[B, T]`` (module docstring).
         agg_mode: loss aggregation (:data:`~roll_core.algorithms.aggregation.LOSS_AGG_MODES`).
         infer_log_probs: ``[B, T]`` log-probs from the inference engine (needed with tis_cap).
@@ -279,6 +326,7 @@ def policy_loss(
         old_log_probs=old_log_probs,
         advantages=advantages,
         response_mask=response_mask,
+        behaviour_log_probs=infer_log_probs,  # the behaviour policy (decoupled_ppo)
         **params,
     )
     loss_mat, token_metrics = POLICY_LOSSES.call(fn, name, inputs)

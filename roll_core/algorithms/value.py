@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from roll_core.algorithms.aggregation import agg_loss
-from roll_core.algorithms.functional import masked_mean
+from roll_core.algorithms.functional import masked_mean, masked_var
 
 
 def value_loss(
@@ -48,3 +48,19 @@ def value_loss(
         "critic/vf_clipfrac": float(clipfrac),
         "critic/vpred_mean": float(masked_mean(values.detach(), response_mask)),
     }
+
+
+def explained_variance(
+    *, values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """``1 - Var(returns - values) / Var(returns)`` over the masked tokens (a scalar).
+
+    How much of the returns' variance the critic's predictions account for: 1 is a perfect
+    critic, 0 is no better than predicting the mean, negative is worse than that. Variances are
+    the unbiased masked ones; when the returns do not vary the result is 0 (nothing to
+    explain) instead of NaN. As logged by OpenAI baselines and verl (``vf_explained_var``).
+    """
+    var_returns = masked_var(returns, response_mask)
+    if float(var_returns) <= 0:
+        return torch.zeros((), dtype=returns.dtype)
+    return 1 - masked_var(returns - values, response_mask) / var_returns

@@ -27,7 +27,7 @@ AdvEstimatorName = Literal[
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
 ]
-PolicyLossName = Literal["ppo", "gspo", "cispo", "topr", "pg"]
+PolicyLossName = Literal["ppo", "gspo", "cispo", "topr", "pg", "decoupled_ppo"]
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
@@ -308,7 +308,8 @@ class AlgorithmConfig(Strict):
         default="ppo",
         description="`ppo` (clipped, with clip-higher and dual clip), `gspo` (sequence ratio), "
         "`cispo` (clipped IS weight), `topr` (tapered off-policy REINFORCE), `pg` (vanilla "
-        "policy gradient).",
+        "policy gradient), `decoupled_ppo` (AReaL: PPO clip around the trainer's old policy, "
+        "times the capped weight pi_old / pi_behaviour for off-policy async samples).",
     )
     loss_agg_mode: LossAggMode = Field(
         default="token-mean",

@@ -14,7 +14,12 @@ reward:
         - {name: format, weight: 0.1, pattern: '.*The answer is \\d+\\.'}
       timeout_s: 5
     puzzles: my_pkg.rewards:score_puzzle # shorthand: one function, weight 1
+    code:                                # runs the program against the row's `tests`
+      rewards: [{name: code, code: {score: pass_fraction}}]
 ```
+
+The options of `code`, `judge`, `instructions`, `choice` and `repetition` live in
+:mod:`roll_core.config.reward_options`.
 """
 
 from __future__ import annotations
@@ -25,13 +30,35 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from roll_core.config.reward_options import (
+    ChoiceConfig,
+    CodeRewardConfig,
+    InstructionsConfig,
+    JudgeConfig,
+    RepetitionConfig,
+)
 from roll_core.config.schema import Strict
 
-__all__ = ["BUILTIN_REWARDS", "DomainRewardConfig", "RewardConfig", "RewardFnConfig"]
+__all__ = [
+    "BUILTIN_REWARDS",
+    "ChoiceConfig",
+    "CodeRewardConfig",
+    "DomainRewardConfig",
+    "InstructionsConfig",
+    "JudgeConfig",
+    "RepetitionConfig",
+    "RewardConfig",
+    "RewardFnConfig",
+]
 
 BUILTIN_REWARDS: dict[str, tuple[str, ...]] = {
     "math": ("answer_pattern", "answer_key"),
     "format": ("pattern",),
+    "code": ("code",),
+    "judge": ("judge",),
+    "instructions": ("instructions",),
+    "choice": ("answer_key", "choice"),
+    "repetition": ("repetition",),
 }
 """Built-in reward name -> its options. The config layer sits below ``roll_core.rewards`` and
 does not import it; a test keeps this equal to ``roll_core.rewards.REWARDS``."""
@@ -43,7 +70,16 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "answer_key": "answer",
     "pattern": None,
     "args": {},
+    "code": None,
+    "judge": None,
+    "instructions": None,
+    "choice": None,
+    "repetition": None,
 }
+SELF_BOUNDED = ("code", "judge")
+"""Rewards that bound their own work (subprocesses, HTTP timeouts) and keep state across
+calls (adaptive timeouts, a client or a model): their domains run under thread isolation
+unless the recipe says otherwise."""
 
 
 def check_reward_name(name: str) -> str:
@@ -68,8 +104,10 @@ class RewardFnConfig(Strict):
 
     name: str = Field(
         description="A built-in reward (`math`: math-verify rule reward; `format`: regex "
-        "match of the whole response) or a user function `pkg.module:function` returning a "
-        "float or a `RewardResult`."
+        "match of the whole response; `code`: run the program against the row's tests; "
+        "`judge`: an LLM judge; `instructions`: instruction-following checks; `choice`: "
+        "multiple-choice letter; `repetition`: repeated n-gram penalty) or a user function "
+        "`pkg.module:function` returning a float or a `RewardResult`."
     )
     weight: float = Field(
         default=1.0, description="Weight of this function in the domain's weighted sum."
@@ -91,6 +129,21 @@ class RewardFnConfig(Strict):
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="User functions only: keyword arguments, called as `fn(sample, **args)`.",
+    )
+    code: CodeRewardConfig | None = Field(
+        default=None, description="`code` only: test-case format, scoring, timeouts, sandbox."
+    )
+    judge: JudgeConfig | None = Field(
+        default=None, description="`judge` only: endpoint or model, prompt, score parsing."
+    )
+    instructions: InstructionsConfig | None = Field(
+        default=None, description="`instructions` only: where the constraints come from."
+    )
+    choice: ChoiceConfig | None = Field(
+        default=None, description="`choice` only: the option letters."
+    )
+    repetition: RepetitionConfig | None = Field(
+        default=None, description="`repetition` only: n-gram size."
     )
 
     @model_validator(mode="before")
@@ -140,7 +193,16 @@ class DomainRewardConfig(Strict):
         default=5.0,
         gt=0,
         description="Wall-clock bound for scoring one sample (all its functions). A sample "
-        "that takes longer gets reward 0 and counts in `reward/<domain>/timeouts`.",
+        "that takes longer gets reward 0 and counts in `reward/<domain>/timeouts`. Unset in "
+        "a domain with `code` or `judge`: derived from their own bounds (code: 4 x "
+        "max_sample_s + 30; judge: (retries + 1) x (request_timeout_s + backoff) x 4 + 30), "
+        "since a sample may wait for a free sandbox or judge slot.",
+    )
+    isolation: Literal["process", "thread"] | None = Field(
+        default=None,
+        description="How this domain's functions run (see reward.isolation). None: `thread` "
+        "for domains with `code` or `judge` (they bound their own work and keep state), "
+        "else reward.isolation.",
     )
 
     @model_validator(mode="before")
@@ -151,6 +213,28 @@ class DomainRewardConfig(Strict):
         if isinstance(data, list):
             return {"rewards": data}
         return data
+
+    @model_validator(mode="after")
+    def _self_bounded_timeout(self) -> DomainRewardConfig:
+        bound = 0.0
+        for fn in self.rewards:
+            if fn.name == "code":
+                bound = max(bound, 4 * (fn.code or CodeRewardConfig()).max_sample_s + 30)
+            elif fn.name == "judge":
+                j = fn.judge or JudgeConfig()
+                per_try = j.request_timeout_s + j.retry_backoff_s * 2**j.retries
+                bound = max(bound, 4 * (j.retries + 1) * per_try + 30)
+        if bound and "timeout_s" not in self.model_fields_set:
+            self.timeout_s = bound
+        return self
+
+    def effective_isolation(self, default: Literal["process", "thread"]) -> str:
+        """``isolation``, or its default for this domain's functions (see the field)."""
+        if self.isolation is not None:
+            return self.isolation
+        if any(fn.name in SELF_BOUNDED for fn in self.rewards):
+            return "thread"
+        return default
 
 
 class RewardConfig(Strict):

@@ -114,15 +114,76 @@ class LoraConfig(Strict):
     )
 
 
+class FSDP2Config(Strict):
+    """Options of the `fsdp2` train backend (torch.distributed.fsdp.fully_shard)."""
+
+    cpu_offload: bool = Field(
+        default=False,
+        description="Keep sharded parameters, gradients and optimizer state in CPU memory "
+        "(CPUOffloadPolicy); GPU memory then holds one layer's weights at a time.",
+    )
+    reshard_after_forward: bool = Field(
+        default=True,
+        description="Free gathered parameters after each layer's forward (ZeRO-3 like); "
+        "False keeps them until backward (ZeRO-2 like, more memory, less communication).",
+    )
+
+
+class DeepSpeedConfig(Strict):
+    """Options of the `deepspeed` train backend (ZeRO)."""
+
+    zero_stage: Literal[1, 2, 3] = Field(
+        default=2,
+        description="ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters.",
+    )
+    offload_optimizer: bool = Field(
+        default=False, description="Optimizer state (and its step) in CPU memory (ZeRO-Offload)."
+    )
+    offload_param: bool = Field(
+        default=False, description="Parameters in CPU memory (ZeRO-Infinity; needs zero_stage 3)."
+    )
+
+    @model_validator(mode="after")
+    def _offload_needs_stage3(self) -> DeepSpeedConfig:
+        if self.offload_param and self.zero_stage != 3:
+            raise ValueError(
+                f"deepspeed.offload_param needs zero_stage 3 (got {self.zero_stage}): only "
+                "ZeRO-3 shards parameters. Set zero_stage: 3 or offload_param: false"
+            )
+        return self
+
+
 class ActorTrainConfig(Strict):
     """The role that trains the policy: its backend, devices and optimizer."""
 
-    backend: Literal["torch"] = Field(
+    backend: Literal["torch", "fsdp2", "deepspeed"] = Field(
         default="torch",
-        description="Train backend. `torch`: one process, CPU or one CUDA device.",
+        description="Train backend. `torch`: one process, CPU or one CUDA device. `fsdp2`: "
+        "PyTorch FSDP2, parameters/gradients/optimizer sharded over `world_size` ranks. "
+        "`deepspeed`: DeepSpeed ZeRO stage 1/2/3 (the `deepspeed` extra).",
     )
     world_size: int = Field(
-        default=1, ge=1, le=1, description="Data-parallel ranks (the torch backend has one)."
+        default=1,
+        ge=1,
+        description="Data-parallel ranks, each its own process (a Ray actor, or a subprocess "
+        "with the local executor) in one torch.distributed group: gloo on CPU, nccl on GPU. "
+        "More than 1 needs backend fsdp2 or deepspeed.",
+    )
+    fsdp2: FSDP2Config | None = Field(
+        default=None, description="FSDP2 options (backend fsdp2; None: the defaults)."
+    )
+    deepspeed: DeepSpeedConfig | None = Field(
+        default=None, description="DeepSpeed options (backend deepspeed; None: the defaults)."
+    )
+    device_mapping: list[int] | None = Field(
+        default=None,
+        description="GPU ids (over the whole Ray cluster: node k holds ids k*gpus_per_node ..) "
+        "this role runs on. Roles whose mappings overlap are colocated and take turns "
+        "(weights, grads and optimizer state offloaded between phases); disjoint mappings "
+        "run side by side. None: CPU, or GPUs in the order roles are listed.",
+    )
+    num_gpus_per_worker: int = Field(
+        default=1, ge=1, description="GPUs of each rank (1 for data-parallel training)."
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="`auto` picks CUDA when available, else CPU."
@@ -143,6 +204,37 @@ class ActorTrainConfig(Strict):
         description="LoRA adapters (None: full fine-tuning). Checkpoints then hold the adapters "
         "only; the final export merges them into a plain Hugging Face model.",
     )
+
+    @model_validator(mode="after")
+    def _backend_options(self) -> ActorTrainConfig:
+        if self.world_size > 1 and self.backend == "torch":
+            raise ValueError(
+                f"actor_train.world_size={self.world_size} needs a multi-rank backend: set "
+                "actor_train.backend to fsdp2 or deepspeed (torch runs one process)"
+            )
+        for name in ("fsdp2", "deepspeed"):
+            if getattr(self, name) is not None and self.backend != name:
+                raise ValueError(
+                    f"actor_train.{name} options are set but actor_train.backend is "
+                    f"{self.backend}: set backend: {name} or remove the {name} section"
+                )
+        if self.lora is not None and self.backend != "torch":
+            raise ValueError(
+                f"actor_train.lora is supported by the torch backend only (backend is "
+                f"{self.backend})"
+            )
+        if self.device_mapping is not None:
+            if len(set(self.device_mapping)) != len(self.device_mapping):
+                raise ValueError(
+                    f"actor_train.device_mapping has repeated GPU ids: {self.device_mapping}"
+                )
+            need = self.world_size * self.num_gpus_per_worker
+            if need > len(self.device_mapping):
+                raise ValueError(
+                    f"actor_train needs world_size x num_gpus_per_worker = {need} GPUs but "
+                    f"device_mapping lists {len(self.device_mapping)}"
+                )
+        return self
 
 
 class TrainerConfig(Strict):
@@ -214,6 +306,20 @@ class ExecutorConfig(Strict):
     )
     num_cpus: int | None = Field(
         default=None, ge=1, description="CPUs for a local Ray cluster (None: Ray's choice)."
+    )
+    num_gpus: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs the Ray cluster has in all (for `--dry-run` and plan checks; None: "
+        "the largest GPU id any role's device_mapping uses, + 1).",
+    )
+    gpus_per_node: int = Field(
+        default=8, ge=1, description="GPUs per node: GPU id g lives on node g // gpus_per_node."
+    )
+    gpu_memory_gib: float = Field(
+        default=80.0,
+        gt=0,
+        description="Memory of one GPU; `--dry-run` flags GPUs whose estimate exceeds it.",
     )
 
 

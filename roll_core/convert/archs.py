@@ -1,8 +1,9 @@
 """Architectures the converter knows, as data: how each is recognised, its Hugging Face config
 and its parameter names on both sides.
 
-Everything that differs between Llama, Qwen2/2.5 and Qwen3 is in :data:`ARCHS`; the code that
-uses it (:mod:`roll_core.convert.convert`) has no per-architecture branch.
+Everything that differs between Llama, Qwen2/2.5, Qwen3 and Qwen3-MoE is in :data:`ARCHS` and
+the key tables; the code that uses them (:mod:`roll_core.convert.convert`) has no
+per-architecture branch.
 
 Three vocabularies meet here:
 
@@ -15,12 +16,21 @@ Parameter names use the *canonical Megatron name*: the key a ``torch_dist`` chec
 (``decoder.layers.`` + a per-layer name such as ``self_attention.linear_qkv.weight``, with the
 layer norms fused into the following linear layer as Transformer Engine names them). The
 legacy layout of a model built with Megatron's local (non-TE) layers names two of them
-differently; :data:`LOCAL_NAMES` maps those.
+differently; :data:`LOCAL_NAMES` maps those (and :data:`DIST_LOCAL_NAMES` the one name a local
+MoE layer has in ``torch_dist``).
+
+Mixture-of-experts layers (Qwen3-MoE) replace the dense MLP by a router and ``num_experts``
+SwiGLU experts. An expert parameter has one more index, the *global* expert id ``e``: in
+``torch_dist`` the tensor is stacked ``[layer, expert, ...]``
+(``decoder.layers.mlp.experts.experts.linear_fc1.weight``); in the legacy layout expert ``e``
+lives in the file of expert-parallel rank ``e // num_local_experts`` as local expert
+``e % num_local_experts`` (:data:`LEGACY_EXPERT_NAMES`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +57,17 @@ class ModelDims:
     tied_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
+    moe: bool = False
+    """Every layer's MLP is a mixture of experts (the fields below are 0 for a dense model)."""
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    """The hidden size of one expert."""
+    moe_topk: int = 0
+    """Experts per token."""
+    moe_norm_topk: bool = True
+    """Routing weights are the softmax over the top-k logits (renormalised), not over all."""
+    moe_aux_loss_coeff: float = 0.0
+    """Load-balancing loss weight (used in training only)."""
 
 
 #: Megatron-LM argument -> ModelDims field (the plain renames; derived ones are in code below).
@@ -63,16 +84,36 @@ ARG_TO_DIMS: Mapping[str, str] = {
     "qk_layernorm": "qk_norm",
 }
 
+#: Megatron-LM MoE argument -> ModelDims field (read when ``num_experts`` is set).
+MOE_ARG_TO_DIMS: Mapping[str, str] = {
+    "num_experts": "num_experts",
+    "moe_ffn_hidden_size": "moe_ffn_hidden_size",
+    "moe_router_topk": "moe_topk",
+    "moe_aux_loss_coeff": "moe_aux_loss_coeff",
+}
+
 #: Megatron-LM arguments every supported architecture needs, with the value it must have.
 REQUIRED_ARGS: Mapping[str, Any] = {
     "normalization": "RMSNorm",
     "swiglu": True,
     "position_embedding_type": "rope",
     "add_bias_linear": False,
-    "num_experts": None,
     "rotary_percent": 1.0,
     "use_rope_scaling": False,
     "virtual_pipeline_model_parallel_size": None,
+}
+
+#: Megatron-LM arguments a mixture-of-experts model needs (Qwen3-MoE routing: softmax, top-k,
+#: no shared experts, no expert bias, every layer MoE), with the value it must have (a tuple:
+#: one of these). Sinkhorn balancing routes differently at inference, so it is refused.
+MOE_REQUIRED_ARGS: Mapping[str, Any] = {
+    "moe_router_score_function": "softmax",
+    "moe_router_topk_scaling_factor": None,
+    "moe_router_enable_expert_bias": False,
+    "moe_router_num_groups": None,
+    "moe_shared_expert_intermediate_size": None,
+    "moe_layer_freq": 1,
+    "moe_router_load_balancing_type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "none"),
 }
 
 #: Defaults of Megatron-LM arguments an old checkpoint may lack.
@@ -91,6 +132,17 @@ ARG_DEFAULTS: Mapping[str, Any] = {
     "use_rope_scaling": False,
     "virtual_pipeline_model_parallel_size": None,
     "untie_embeddings_and_output_weights": False,
+    "moe_router_topk": 2,
+    "moe_router_pre_softmax": False,
+    "moe_aux_loss_coeff": 0.0,
+    "moe_router_score_function": "softmax",
+    "moe_router_topk_scaling_factor": None,
+    "moe_router_enable_expert_bias": False,
+    "moe_router_num_groups": None,
+    "moe_shared_expert_intermediate_size": None,
+    "moe_layer_freq": 1,
+    "moe_router_load_balancing_type": "aux_loss",
+    "expert_model_parallel_size": 1,
     "make_vocab_size_divisible_by": 128,
     "transformer_impl": "transformer_engine",
 }
@@ -105,7 +157,8 @@ class KeyMap:
     ``gate_up`` (gate and up stacked), ``vocab`` (one tensor, vocabulary padding added or
     removed). ``tp`` names the tensor-parallel rule: ``replicated``, ``column``, ``row``,
     ``gated_column`` or ``vocab``. ``when`` is a ModelDims flag that must be true for the
-    parameter to exist (``qkv_bias``, ``qk_norm``, ``untied``).
+    parameter to exist (``qkv_bias``, ``qk_norm``, ``moe``, ``untied``; ``!moe``: false).
+    ``per_expert``: one tensor per expert; the HF names hold ``{e}``, the global expert id.
     """
 
     mcore: str
@@ -113,6 +166,7 @@ class KeyMap:
     kind: str = "copy"
     tp: str = "replicated"
     when: str | None = None
+    per_expert: bool = False
 
 
 #: Parameters outside the transformer layers (Megatron name -> HF names).
@@ -141,14 +195,34 @@ LAYER_KEYS: tuple[KeyMap, ...] = (
     KeyMap("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), when="qk_norm"),
     KeyMap("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), when="qk_norm"),
     KeyMap("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",), tp="row"),
-    KeyMap("mlp.linear_fc1.layer_norm_weight", ("post_attention_layernorm.weight",)),
+    # dense MLP (the pre-MLP norm is fused into linear_fc1 by Transformer Engine)
+    KeyMap("mlp.linear_fc1.layer_norm_weight", ("post_attention_layernorm.weight",), when="!moe"),
     KeyMap(
         "mlp.linear_fc1.weight",
         ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
         "gate_up",
         "gated_column",
+        when="!moe",
     ),
-    KeyMap("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), tp="row"),
+    KeyMap("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), tp="row", when="!moe"),
+    # mixture of experts (Megatron keeps the pre-MLP norm a module of its own here)
+    KeyMap("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), when="moe"),
+    KeyMap("mlp.router.weight", ("mlp.gate.weight",), when="moe"),
+    KeyMap(
+        "mlp.experts.experts.linear_fc1.weight",
+        ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"),
+        "gate_up",
+        "gated_column",
+        when="moe",
+        per_expert=True,
+    ),
+    KeyMap(
+        "mlp.experts.experts.linear_fc2.weight",
+        ("mlp.experts.{e}.down_proj.weight",),
+        tp="row",
+        when="moe",
+        per_expert=True,
+    ),
 )
 
 HF_LAYER_PREFIX = "model.layers.{i}."
@@ -160,24 +234,53 @@ LOCAL_NAMES: Mapping[str, str] = {
     "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
 }
 
-#: Modules with an ``_extra_state`` entry (legacy) / sharded object (torch_dist), per layer
-#: implementation. Megatron's strict loaders expect them; their value is ``None``.
-EXTRA_STATE_MODULES: Mapping[str, tuple[str, ...]] = {
-    "local": (
-        "self_attention.linear_proj",
-        "self_attention.linear_qkv",
-        "mlp.linear_fc1",
-        "mlp.linear_fc2",
-    ),
-    "transformer_engine": (
-        "self_attention.linear_proj",
-        "self_attention.linear_qkv",
-        "self_attention.core_attention",
-        "mlp.linear_fc1",
-        "mlp.linear_fc2",
-    ),
+#: ``torch_dist`` name of a canonical parameter in a model of local (non-TE) layers, where it
+#: differs: a local MoE layer's pre-MLP norm is stored under the dense MLP's TE name.
+DIST_LOCAL_NAMES: Mapping[str, str] = {
+    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
 }
-TRANSFORMER_IMPLS = tuple(EXTRA_STATE_MODULES)
+
+#: Legacy names of expert parameters (``{e}``: the local expert id), per canonical name;
+#: the first is written (SequentialMLP, Megatron's default), all are read (the second is
+#: Transformer Engine's grouped GEMM, ``TEGroupedMLP``; ``torch_dist`` stores both alike).
+LEGACY_EXPERT_NAMES: Mapping[str, tuple[str, ...]] = {
+    "mlp.experts.experts.linear_fc1.weight": (
+        "mlp.experts.local_experts.{e}.linear_fc1.weight",
+        "mlp.experts.linear_fc1.weight{e}",
+    ),
+    "mlp.experts.experts.linear_fc2.weight": (
+        "mlp.experts.local_experts.{e}.linear_fc2.weight",
+        "mlp.experts.linear_fc2.weight{e}",
+    ),
+    "mlp.experts.experts.linear_fc1": ("mlp.experts.local_experts.{e}.linear_fc1",),
+    "mlp.experts.experts.linear_fc2": ("mlp.experts.local_experts.{e}.linear_fc2",),
+}
+
+
+@dataclass(frozen=True)
+class ExtraState:
+    """A module with an ``_extra_state`` entry (legacy) / sharded object (torch_dist).
+
+    Megatron's strict loaders expect them; their value is ``None``. ``impls``: the layer
+    implementations that have it; ``when`` and ``per_expert`` as in :class:`KeyMap`.
+    """
+
+    module: str
+    impls: tuple[str, ...] = ("local", "transformer_engine")
+    when: str | None = None
+    per_expert: bool = False
+
+
+EXTRA_STATES: tuple[ExtraState, ...] = (
+    ExtraState("self_attention.linear_proj"),
+    ExtraState("self_attention.linear_qkv"),
+    ExtraState("self_attention.core_attention", impls=("transformer_engine",)),
+    ExtraState("mlp.linear_fc1", when="!moe"),
+    ExtraState("mlp.linear_fc2", when="!moe"),
+    ExtraState("mlp.experts.experts.linear_fc1", when="moe", per_expert=True),
+    ExtraState("mlp.experts.experts.linear_fc2", when="moe", per_expert=True),
+)
+TRANSFORMER_IMPLS = ("transformer_engine", "local")
 
 
 @dataclass(frozen=True)
@@ -188,12 +291,15 @@ class ArchSpec:
     model_type: str
     architecture: str
     flags: Mapping[str, bool]
-    """ModelDims flags that identify it (``qkv_bias``, ``qk_norm``)."""
+    """ModelDims flags that identify it (``qkv_bias``, ``qk_norm``, ``moe``)."""
     hf_config: Mapping[str, str]
     """HF config key -> ModelDims field."""
     hf_constants: Mapping[str, Any] = field(default_factory=dict)
     """HF config keys with a fixed value for this architecture."""
     description: str = ""
+    hf_aliases: Mapping[str, str] = field(default_factory=dict)
+    """Other names of ``hf_config`` keys (transformers 5 writes ``num_local_experts`` for
+    Qwen3-MoE's ``num_experts``); read when the key itself is absent."""
 
 
 _COMMON_HF_CONFIG: Mapping[str, str] = {
@@ -210,6 +316,15 @@ _COMMON_HF_CONFIG: Mapping[str, str] = {
     "tie_word_embeddings": "tied_embeddings",
 }
 
+#: HF config keys of a mixture-of-experts model (Qwen2-MoE / Qwen3-MoE names).
+_MOE_HF_CONFIG: Mapping[str, str] = {
+    "num_experts": "num_experts",
+    "moe_intermediate_size": "moe_ffn_hidden_size",
+    "num_experts_per_tok": "moe_topk",
+    "norm_topk_prob": "moe_norm_topk",
+    "router_aux_loss_coef": "moe_aux_loss_coeff",
+}
+
 ARCHS: Mapping[str, ArchSpec] = {
     a.name: a
     for a in (
@@ -217,7 +332,7 @@ ARCHS: Mapping[str, ArchSpec] = {
             "llama",
             "llama",
             "LlamaForCausalLM",
-            {"qkv_bias": False, "qk_norm": False},
+            {"qkv_bias": False, "qk_norm": False, "moe": False},
             _COMMON_HF_CONFIG,
             {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
             "Llama 2/3 (no biases, RMSNorm, SwiGLU, RoPE, GQA)",
@@ -226,7 +341,7 @@ ARCHS: Mapping[str, ArchSpec] = {
             "qwen2",
             "qwen2",
             "Qwen2ForCausalLM",
-            {"qkv_bias": True, "qk_norm": False},
+            {"qkv_bias": True, "qk_norm": False, "moe": False},
             {k: v for k, v in _COMMON_HF_CONFIG.items() if k != "head_dim"},
             {"hidden_act": "silu", "use_sliding_window": False},
             "Qwen2 / Qwen2.5 (bias on q, k, v)",
@@ -235,10 +350,26 @@ ARCHS: Mapping[str, ArchSpec] = {
             "qwen3",
             "qwen3",
             "Qwen3ForCausalLM",
-            {"qkv_bias": False, "qk_norm": True},
+            {"qkv_bias": False, "qk_norm": True, "moe": False},
             _COMMON_HF_CONFIG,
             {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False},
             "Qwen3 dense (RMSNorm on q and k per head)",
+        ),
+        ArchSpec(
+            "qwen3_moe",
+            "qwen3_moe",
+            "Qwen3MoeForCausalLM",
+            {"qkv_bias": False, "qk_norm": True, "moe": True},
+            {**_COMMON_HF_CONFIG, **_MOE_HF_CONFIG},
+            {
+                "hidden_act": "silu",
+                "attention_bias": False,
+                "use_sliding_window": False,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            },
+            "Qwen3-MoE (Qwen3 attention, every MLP a top-k mixture of experts)",
+            {"num_experts": "num_local_experts"},
         ),
     )
 }
@@ -265,7 +396,7 @@ def detect_arch(dims: ModelDims) -> ArchSpec:
     for spec in ARCHS.values():
         if all(getattr(dims, k) == v for k, v in spec.flags.items()):
             return spec
-    found = ", ".join(f"{k}={getattr(dims, k)}" for k in ("qkv_bias", "qk_norm"))
+    found = ", ".join(f"{k}={getattr(dims, k)}" for k in ("qkv_bias", "qk_norm", "moe"))
     raise CheckpointError(
         f"no supported architecture has {found}. Supported: {supported()}.",
         hint="Pass --arch or --hf-config to say which architecture this is.",
@@ -285,18 +416,23 @@ def dims_from_args(args: Mapping[str, Any], *, vocab_size: int | None) -> ModelD
             f"the checkpoint's args lack {', '.join(missing)}, so the model shape is unknown.",
             hint="This does not look like a Megatron-LM GPT checkpoint; check SRC.",
         )
+    moe = a.get("num_experts") is not None
+    if moe and _all_moe_layers(a.get("moe_layer_freq")):
+        a["moe_layer_freq"] = 1
+    required = {**REQUIRED_ARGS, **(MOE_REQUIRED_ARGS if moe else {})}
     unsupported = [
-        f"{k}={a.get(k)!r} (supported: {v!r})"
-        for k, v in REQUIRED_ARGS.items()
-        if a.get(k, ARG_DEFAULTS.get(k)) != v
+        f"{k}={a.get(k)!r} (supported: {', '.join(map(repr, v)) if isinstance(v, tuple) else v!r})"
+        for k, v in required.items()
+        if a.get(k, ARG_DEFAULTS.get(k)) not in (v if isinstance(v, tuple) else (v,))
     ]
     if unsupported:
         raise CheckpointError(
             "the checkpoint uses features the converter does not support: "
             + "; ".join(unsupported)
             + f". Supported architectures: {supported()}.",
-            hint="MoE, LayerNorm, learned positions, linear biases, rope scaling and virtual "
-            "pipeline stages are not converted (docs/convert.md lists what is).",
+            hint="LayerNorm, learned positions, linear biases, rope scaling, virtual pipeline "
+            "stages, shared experts, expert bias, grouped or sigmoid routing and models that mix "
+            "dense and MoE layers are not converted (docs/convert.md lists what is).",
         )
     values: dict[str, Any] = {dst: a.get(src) for src, dst in ARG_TO_DIMS.items()}
     heads = int(a["num_attention_heads"])
@@ -315,17 +451,48 @@ def dims_from_args(args: Mapping[str, Any], *, vocab_size: int | None) -> ModelD
             hint="Pass --hf-config with the model's config.json.",
         )
     values["vocab_size"] = int(vocab_size or a.get("vocab_size") or padded)
+    if moe:
+        values.update({dst: a.get(src) for src, dst in MOE_ARG_TO_DIMS.items()})
+        values["moe"] = True
+        values["moe_ffn_hidden_size"] = int(
+            a.get("moe_ffn_hidden_size") or values["ffn_hidden_size"]
+        )
+        values["moe_norm_topk"] = not a["moe_router_pre_softmax"]
+        coeff = a.get("moe_aux_loss_coeff") or 0.0
+        values["moe_aux_loss_coeff"] = float(coeff[0] if isinstance(coeff, list) else coeff)
     return ModelDims(**values)
 
 
+def _all_moe_layers(freq: Any) -> bool:
+    """Whether Megatron's ``moe_layer_freq`` (an int or a per-layer 0/1 list) means every layer."""
+    return freq == 1 or (isinstance(freq, (list, tuple)) and all(f == 1 for f in freq))
+
+
 def args_from_dims(
-    dims: ModelDims, *, tp: int, pp: int, transformer_impl: str, dtype: str, divisible_by: int
+    dims: ModelDims,
+    *,
+    tp: int,
+    pp: int,
+    transformer_impl: str,
+    dtype: str,
+    divisible_by: int,
+    ep: int = 1,
 ) -> dict[str, Any]:
     """Megatron-LM training arguments that describe ``dims`` (stored as ``args``)."""
     import torch
 
     args = {src: getattr(dims, dst) for src, dst in ARG_TO_DIMS.items()}
     args.update(REQUIRED_ARGS)
+    args["num_experts"] = None
+    if dims.moe:
+        args.update({src: getattr(dims, dst) for src, dst in MOE_ARG_TO_DIMS.items()})
+        args.update({k: v for k, v in MOE_REQUIRED_ARGS.items() if not isinstance(v, tuple)})
+        args.update(
+            moe_router_pre_softmax=not dims.moe_norm_topk,
+            moe_router_load_balancing_type="aux_loss",
+            moe_grouped_gemm=False,
+            expert_tensor_parallel_size=tp,
+        )
     args.update(
         num_query_groups=dims.num_kv_heads,
         group_query_attention=dims.num_kv_heads != dims.num_heads,
@@ -336,7 +503,7 @@ def args_from_dims(
         seq_length=dims.max_position_embeddings,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
-        expert_model_parallel_size=1,
+        expert_model_parallel_size=ep,
         transformer_impl=transformer_impl,
         params_dtype=getattr(torch, dtype),
         bf16=dtype == "bfloat16",
@@ -369,12 +536,28 @@ def hf_config_from_dims(
     # built on it) read the top-level key.
     out["rope_theta"] = dims.rope_theta
     out["torch_dtype"] = dtype
+    # ... and the key names of transformers 4 where transformers 5 renamed them
+    # (Qwen3-MoE's num_experts is num_local_experts in transformers 5's config.json)
+    for key, alias in spec.hf_aliases.items():
+        if alias in out:
+            out[key] = out[alias]
     return out
 
 
 def _hf_rope_theta(config: Mapping[str, Any]) -> Any:
     params = config.get("rope_parameters") or {}
     return params.get("rope_theta", config.get("rope_theta", 10000.0))
+
+
+#: HF config keys a ``config.json`` may leave out (transformers' default applies).
+_DEFAULTED_HF_KEYS = ("norm_topk_prob", "router_aux_loss_coef", "num_experts_per_tok")
+
+
+@functools.cache
+def _default_hf_config(model_type: str) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type)
 
 
 def dims_from_hf_config(spec: ArchSpec, config: Mapping[str, Any], padded_vocab: int) -> ModelDims:
@@ -394,7 +577,10 @@ def dims_from_hf_config(spec: ArchSpec, config: Mapping[str, Any], padded_vocab:
             )
     values: dict[str, Any] = {}
     for key, attr in spec.hf_config.items():
-        values[attr] = _hf_rope_theta(config) if key == "rope_theta" else config.get(key)
+        value = config.get(key, config.get(spec.hf_aliases.get(key, key)))
+        if value is None and key in _DEFAULTED_HF_KEYS:  # as transformers reads the file
+            value = getattr(_default_hf_config(spec.model_type), key, None)
+        values[attr] = _hf_rope_theta(config) if key == "rope_theta" else value
     heads = int(values["num_heads"])
     values["num_kv_heads"] = int(values.get("num_kv_heads") or heads)
     values["head_dim"] = int(values.get("head_dim") or int(values["hidden_size"]) // heads)
@@ -415,18 +601,20 @@ def with_vocab(dims: ModelDims, vocab_size: int, padded: int) -> ModelDims:
     return dataclasses.replace(dims, vocab_size=vocab_size, padded_vocab_size=padded)
 
 
-def key_applies(key: KeyMap, dims: ModelDims) -> bool:
+def key_applies(key: KeyMap | ExtraState, dims: ModelDims) -> bool:
     """Whether parameter ``key`` exists in a model of shape ``dims``."""
     if key.when is None:
         return True
     if key.when == "untied":
         return not dims.tied_embeddings
+    if key.when.startswith("!"):
+        return not getattr(dims, key.when[1:])
     return bool(getattr(dims, key.when))
 
 
 def mcore_shape(name: str, dims: ModelDims) -> tuple[int, ...]:
     """The global shape of canonical Megatron parameter ``name`` in a model of shape ``dims``."""
-    h, d = dims.hidden_size, dims.head_dim
+    h, d, f = dims.hidden_size, dims.head_dim, dims.moe_ffn_hidden_size
     qkv = (dims.num_heads + 2 * dims.num_kv_heads) * d
     shapes: dict[str, tuple[int, ...]] = {
         "embedding.word_embeddings.weight": (dims.padded_vocab_size, h),
@@ -441,6 +629,10 @@ def mcore_shape(name: str, dims: ModelDims) -> tuple[int, ...]:
         "mlp.linear_fc1.layer_norm_weight": (h,),
         "mlp.linear_fc1.weight": (2 * dims.ffn_hidden_size, h),
         "mlp.linear_fc2.weight": (h, dims.ffn_hidden_size),
+        "pre_mlp_layernorm.weight": (h,),
+        "mlp.router.weight": (dims.num_experts, h),
+        "mlp.experts.experts.linear_fc1.weight": (2 * f, h),  # one expert
+        "mlp.experts.experts.linear_fc2.weight": (h, f),
     }
     return shapes[name]
 
@@ -457,11 +649,23 @@ SHAPE_FIELDS = (
     "tied_embeddings",
     "qkv_bias",
     "qk_norm",
+    "moe",
+    "num_experts",
+    "moe_ffn_hidden_size",
+    "moe_topk",
+    "moe_norm_topk",
 )
 
 
 def check_dims(spec: ArchSpec, dims: ModelDims) -> None:
     """Refuse a shape ``spec``'s HF config cannot express."""
+    if dims.moe and dims.moe_topk == 1 and dims.moe_norm_topk:
+        raise UsageError(
+            "top-1 routing with renormalised weights (HF norm_topk_prob=true; Megatron without "
+            "--moe-router-pre-softmax) gives every token the weight 1 in HF but not in "
+            "Megatron, which refuses it.",
+            hint="Use norm_topk_prob=false (Megatron: --moe-router-pre-softmax) for top-1 routing.",
+        )
     wrong = [f"{k}={getattr(dims, k)}" for k, v in spec.flags.items() if getattr(dims, k) != v]
     if wrong:
         raise UsageError(

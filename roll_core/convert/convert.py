@@ -21,12 +21,14 @@ from typing import Any
 import torch
 
 from roll_core.convert.archs import (
+    EXTRA_STATES,
     GLOBAL_KEYS,
     HF_LAYER_PREFIX,
     LAYER_KEYS,
     SHAPE_FIELDS,
     TRANSFORMER_IMPLS,
     ArchSpec,
+    ExtraState,
     KeyMap,
     ModelDims,
     args_from_dims,
@@ -79,6 +81,8 @@ class ConvertResult:
     dtype: str
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ep: int = 1
+    """Expert-parallel size (1 for dense models)."""
 
 
 # -- per-key transforms (the ``kind`` of a KeyMap) -------------------------------------------
@@ -118,22 +122,36 @@ def to_mcore(key: KeyMap, hf: list[torch.Tensor], dims: ModelDims) -> torch.Tens
     return hf[0]
 
 
-def plan(dims: ModelDims) -> list[tuple[KeyMap, int | None]]:
-    """Every (parameter, layer) of a model of shape ``dims``, in Megatron's order."""
+#: One step of a conversion: a parameter, its layer and its expert (None where not per-...).
+Step = tuple[KeyMap, "int | None", "int | None"]
+
+
+def plan(dims: ModelDims) -> list[Step]:
+    """Every (parameter, layer, expert) of a model of shape ``dims``, in Megatron's order."""
     globals_ = [k for k in GLOBAL_KEYS if key_applies(k, dims)]
     layer_keys = [k for k in LAYER_KEYS if key_applies(k, dims)]
-    out: list[tuple[KeyMap, int | None]] = [
-        (k, None) for k in globals_ if k.mcore.startswith("embedding.")
-    ]
-    out += [(k, i) for i in range(dims.num_layers) for k in layer_keys]
-    out += [(k, None) for k in globals_ if not k.mcore.startswith("embedding.")]
+    out: list[Step] = [(k, None, None) for k in globals_ if k.mcore.startswith("embedding.")]
+    for i in range(dims.num_layers):
+        for k in layer_keys:
+            out += [(k, i, e) for e in range(dims.num_experts)] if k.per_expert else [(k, i, None)]
+    out += [(k, None, None) for k in globals_ if not k.mcore.startswith("embedding.")]
     return out
 
 
-def hf_names(key: KeyMap, layer: int | None) -> list[str]:
-    """The HF tensor names of ``key`` (of ``layer``)."""
+def extra_states(dims: ModelDims, transformer_impl: str) -> list[ExtraState]:
+    """The modules with ``_extra_state`` in a model of shape ``dims`` and this implementation."""
+    return [x for x in EXTRA_STATES if transformer_impl in x.impls and key_applies(x, dims)]
+
+
+def hf_names(key: KeyMap, layer: int | None, expert: int | None = None) -> list[str]:
+    """The HF tensor names of ``key`` (of ``layer``, ``expert``)."""
     prefix = "" if layer is None else HF_LAYER_PREFIX.format(i=layer)
-    return [prefix + n for n in key.hf]
+    return [prefix + (n.format(e=expert) if expert is not None else n) for n in key.hf]
+
+
+def _label(key: KeyMap, layer: int | None, expert: int | None) -> str:
+    where = "" if layer is None else f"layer {layer} "
+    return where + key.mcore + ("" if expert is None else f" expert {expert}")
 
 
 # -- output directory ------------------------------------------------------------------------
@@ -230,16 +248,14 @@ def mcore_to_hf(
     try:
         writer = HFWriter(tmp, max_shard_bytes)
         n_params = 0
-        for done, (key, layer) in enumerate(steps, 1):
-            t = reader.read(key.mcore, layer)
-            _check_shape(key.mcore, layer, t, dims)
-            for hf_name, ht in zip(hf_names(key, layer), to_hf(key, t, dims), strict=True):
+        for done, (key, layer, expert) in enumerate(steps, 1):
+            t = reader.read(key.mcore, layer, expert)
+            _check_shape(key, layer, expert, t, dims)
+            for hf_name, ht in zip(hf_names(key, layer, expert), to_hf(key, t, dims), strict=True):
                 writer.add(hf_name, ht.to(out_dtype))
                 n_params += ht.numel()
             if progress is not None:
-                progress(
-                    done, len(steps), key.mcore if layer is None else f"layer {layer} {key.mcore}"
-                )
+                progress(done, len(steps), _label(key, layer, expert))
         files = writer.close()
         config = (
             dict(user_config)
@@ -256,7 +272,8 @@ def mcore_to_hf(
         raise
     return ConvertResult(
         dst, spec.name, reader.layout, reader.tp, reader.pp, dims.num_layers,
-        sum(len(k.hf) for k, _ in steps), n_params, _dtype_name(out_dtype), files, notes,
+        sum(len(k.hf) for k, _, _ in steps), n_params, _dtype_name(out_dtype), files, notes,
+        reader.ep,
     )  # fmt: skip
 
 
@@ -309,12 +326,14 @@ def _check_same_shape(from_args: ModelDims, from_config: ModelDims, path: Path |
         )
 
 
-def _check_shape(name: str, layer: int | None, t: torch.Tensor, dims: ModelDims) -> None:
-    want = mcore_shape(name, dims)
+def _check_shape(
+    key: KeyMap, layer: int | None, expert: int | None, t: torch.Tensor, dims: ModelDims
+) -> None:
+    want = mcore_shape(key.mcore, dims)
     if tuple(t.shape) != want:
-        where = name if layer is None else f"layer {layer} {name}"
         raise CheckpointError(
-            f"{where} has shape {tuple(t.shape)}; the checkpoint's args describe {want}.",
+            f"{_label(key, layer, expert)} has shape {tuple(t.shape)}; the checkpoint's args "
+            f"describe {want}.",
             hint="The args stored in the checkpoint do not match its weights; pass --hf-config "
             "with the model's real config.",
         )
@@ -329,6 +348,7 @@ def hf_to_mcore(
     *,
     tp: int = 1,
     pp: int = 1,
+    ep: int = 1,
     fmt: str = "torch_dist",
     transformer_impl: str = "transformer_engine",
     dtype: str = "auto",
@@ -338,7 +358,8 @@ def hf_to_mcore(
 ) -> ConvertResult:
     """Convert the HF model directory ``src`` into a Megatron checkpoint ``dst``.
 
-    ``fmt`` is ``torch_dist`` or ``legacy``; ``transformer_impl`` (``transformer_engine`` or
+    ``ep`` (expert-parallel size, MoE models only) splits the experts over ``ep`` legacy files
+    per (TP rank, stage); ``torch_dist`` only records it. ``fmt`` is ``torch_dist`` or ``legacy``; ``transformer_impl`` (``transformer_engine`` or
     ``local``) picks the legacy layer-norm names and the ``_extra_state`` entries Megatron's
     strict loader expects. The checkpoint is a ``release`` checkpoint (weights and args only):
     load it in Megatron-LM with ``--finetune`` or ``--no-load-optim --no-load-rng``.
@@ -352,9 +373,9 @@ def hf_to_mcore(
             f"--transformer-impl {transformer_impl!r} is not one of {', '.join(TRANSFORMER_IMPLS)}.",
             hint="Pick the one the Megatron run uses (Megatron-LM's default is transformer_engine).",
         )
-    if tp < 1 or pp < 1 or make_vocab_size_divisible_by < 1:
+    if tp < 1 or pp < 1 or ep < 1 or make_vocab_size_divisible_by < 1:
         raise UsageError(
-            "--tp, --pp and --make-vocab-size-divisible-by must be at least 1.",
+            "--tp, --pp, --ep and --make-vocab-size-divisible-by must be at least 1.",
             hint="Pass positive sizes.",
         )
     _check_dst(dst, overwrite)
@@ -374,27 +395,29 @@ def hf_to_mcore(
         spec, reader.config, padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
     )
     check_dims(spec, dims)
-    _check_parallel(dims, tp, pp)
+    _check_parallel(dims, tp, pp, ep)
     out_dtype = _resolve_dtype(dtype, reader.dtype())
     args = args_from_dims(
         dims, tp=tp, pp=pp, transformer_impl=transformer_impl, dtype=_dtype_name(out_dtype),
-        divisible_by=make_vocab_size_divisible_by,
+        divisible_by=make_vocab_size_divisible_by, ep=ep,
     )  # fmt: skip
     steps = plan(dims)
-    keys = {k.mcore: k for k, _ in steps}
-    params = [ParamSpec(k.mcore, layer, mcore_shape(k.mcore, dims)) for k, layer in steps]
+    keys = {k.mcore: k for k, _, _ in steps}
+    params = [ParamSpec(k.mcore, layer, mcore_shape(k.mcore, dims), e) for k, layer, e in steps]
+    extras = extra_states(dims, transformer_impl)
 
-    def produce(name: str, layer: int | None) -> torch.Tensor:
+    def produce(name: str, layer: int | None, expert: int | None) -> torch.Tensor:
         key = keys[name]
-        hf = [reader.get(n) for n in hf_names(key, layer)]
+        names = hf_names(key, layer, expert)
+        hf = [reader.get(n) for n in names]
         if key.kind == "vocab" and hf[0].shape[0] != dims.vocab_size:
             raise CheckpointError(
-                f"{hf_names(key, layer)[0]} has {hf[0].shape[0]} rows; config.json says "
+                f"{names[0]} has {hf[0].shape[0]} rows; config.json says "
                 f"vocab_size {dims.vocab_size}.",
                 hint="The weights do not match config.json.",
             )
         t = to_mcore(key, hf, dims).to(out_dtype)
-        _check_hf_shape(key, layer, t, dims)
+        _check_hf_shape(key, names, t, dims)
         return t
 
     done = 0
@@ -410,13 +433,14 @@ def hf_to_mcore(
         it_dir = tmp / "release"
         if fmt == "legacy":
             write_legacy(
-                it_dir, params, produce, args=args, tp=tp, pp=pp,
-                transformer_impl=transformer_impl, tied=dims.tied_embeddings, on_tensor=on_tensor,
+                it_dir, params, produce, args=args, tp=tp, pp=pp, ep=ep,
+                transformer_impl=transformer_impl, tied=dims.tied_embeddings,
+                extra_states=extras, on_tensor=on_tensor,
             )  # fmt: skip
         else:
             write_torch_dist(
                 it_dir, params, produce, args=args, dtype=out_dtype,
-                transformer_impl=transformer_impl, on_tensor=on_tensor,
+                transformer_impl=transformer_impl, extra_states=extras, on_tensor=on_tensor,
             )  # fmt: skip
         write_latest(tmp)
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -433,33 +457,43 @@ def hf_to_mcore(
     return ConvertResult(
         dst, spec.name, fmt, tp, pp, dims.num_layers, len(params),
         sum(int(torch.Size(p.shape).numel()) for p in params), _dtype_name(out_dtype), files, notes,
+        ep,
     )  # fmt: skip
 
 
-def _check_parallel(dims: ModelDims, tp: int, pp: int) -> None:
-    problems = [
-        f"{what} {n} is not divisible by {flag} {size}"
-        for what, n, flag, size in (
-            ("num_hidden_layers", dims.num_layers, "--pp", pp),
-            ("num_attention_heads", dims.num_heads, "--tp", tp),
-            ("num_key_value_heads", dims.num_kv_heads, "--tp", tp),
-            ("intermediate_size", dims.ffn_hidden_size, "--tp", tp),
+def _check_parallel(dims: ModelDims, tp: int, pp: int, ep: int) -> None:
+    if ep > 1 and not dims.moe:
+        raise UsageError(
+            f"--ep {ep}: expert parallelism needs a mixture-of-experts model; this one is dense.",
+            hint="Leave out --ep (or pass --ep 1).",
         )
-        if n % size
+    sizes = [
+        ("num_hidden_layers", dims.num_layers, "--pp", pp),
+        ("num_attention_heads", dims.num_heads, "--tp", tp),
+        ("num_key_value_heads", dims.num_kv_heads, "--tp", tp),
+        ("intermediate_size", dims.ffn_hidden_size, "--tp", tp),
+    ]
+    if dims.moe:
+        sizes += [
+            ("num_experts", dims.num_experts, "--ep", ep),
+            ("moe_intermediate_size", dims.moe_ffn_hidden_size, "--tp", tp),
+        ]
+    problems = [
+        f"{what} {n} is not divisible by {flag} {size}" for what, n, flag, size in sizes if n % size
     ]
     if problems:
         raise UsageError(
             "cannot split the model: " + "; ".join(problems) + ".",
-            hint="Choose --tp and --pp that divide those sizes.",
+            hint="Choose --tp, --pp and --ep that divide those sizes.",
         )
 
 
-def _check_hf_shape(key: KeyMap, layer: int | None, t: torch.Tensor, dims: ModelDims) -> None:
+def _check_hf_shape(key: KeyMap, names: list[str], t: torch.Tensor, dims: ModelDims) -> None:
     want = mcore_shape(key.mcore, dims)
     if tuple(t.shape) != want:
-        names = ", ".join(hf_names(key, layer))
         raise CheckpointError(
-            f"{names} make a tensor of shape {tuple(t.shape)}; config.json describes {want}.",
+            f"{', '.join(names)} make a tensor of shape {tuple(t.shape)}; config.json "
+            f"describes {want}.",
             hint="The weights do not match config.json.",
         )
 

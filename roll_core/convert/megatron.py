@@ -50,11 +50,13 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from roll_core.convert.archs import (
-    EXTRA_STATE_MODULES,
+    DIST_LOCAL_NAMES,
     GLOBAL_KEYS,
     LAYER_KEYS,
+    LEGACY_EXPERT_NAMES,
     LOCAL_NAMES,
     MCORE_LAYER_PREFIX,
+    ExtraState,
 )
 from roll_core.convert.safe_load import load_pickle, load_torch_file, namespace_to_dict
 from roll_core.convert.tensors import merge_tp, split_tp
@@ -64,6 +66,14 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 LEGACY_FILE = "model_optim_rng.pt"
 RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
 TP_RULE: Mapping[str, str] = {k.mcore: k.tp for k in (*GLOBAL_KEYS, *LAYER_KEYS)}
+#: Args that give the tensor, pipeline and expert parallel sizes.
+_SIZE_ARGS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "expert_model_parallel_size",
+)
+#: (tensor-parallel rank, pipeline stage, expert-parallel rank) of a legacy file.
+Rank = tuple[int, int, int]
 CHECKPOINT_VERSION = 3.0
 
 
@@ -132,25 +142,23 @@ def open_checkpoint(src: Path) -> LegacyReader | DistReader:
 
 
 class LegacyReader:
-    """Reads ``mp_rank_TT[_PPP]/model_optim_rng.pt`` files (memory-mapped)."""
+    """Reads ``mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt`` files (memory-mapped).
+
+    ``EEE`` (the expert-parallel rank) is there when the expert-parallel size is above 1, as
+    Megatron-LM names them; with one pipeline stage that gives ``mp_rank_TT_EEE``, so the
+    directory names are read with the sizes the checkpoint's ``args`` give.
+    """
 
     layout = "legacy"
 
     def __init__(self, it_dir: Path) -> None:
         self.dir = it_dir
-        ranks: dict[tuple[int, int], Path] = {}
-        for p in sorted(it_dir.iterdir()):
-            m = RANK_DIR.match(p.name)
-            if not (p.is_dir() and m):
-                continue
-            if m.group(3) is not None:
-                raise CheckpointError(
-                    f"{p.name} is an expert-parallel shard; Mixture-of-Experts checkpoints are not "
-                    "supported yet.",
-                    hint="docs/convert.md lists the supported architectures.",
-                )
-            ranks[(int(m.group(1)), int(m.group(2) or 0))] = p / LEGACY_FILE
-        first = next((f for f in ranks.values() if f.is_file()), None)
+        found: dict[str, Path] = {
+            p.name: p / LEGACY_FILE
+            for p in sorted(it_dir.iterdir())
+            if p.is_dir() and RANK_DIR.match(p.name)
+        }
+        first = next((f for f in found.values() if f.is_file()), None)
         if first is None:
             raise CheckpointError(
                 f"no {LEGACY_FILE} in any mp_rank_* directory of {it_dir}.",
@@ -159,20 +167,21 @@ class LegacyReader:
         self.args = namespace_to_dict(load_torch_file(first).get("args"))
         self.tp = int(self.args.get("tensor_model_parallel_size") or 1)
         self.pp = int(self.args.get("pipeline_model_parallel_size") or 1)
+        self.ep = int(self.args.get("expert_model_parallel_size") or 1)
+        self.num_experts = int(self.args.get("num_experts") or 0)
+        self._check_expert_sizes()
+        ranks = {self._rank_of(name): f for name, f in found.items()}
         self._check_grid(ranks)
         self.files = ranks
-        self.states: dict[tuple[int, int], Mapping[str, Any]] = {}
+        self.states: dict[Rank, Mapping[str, Any]] = {}
         for rank, f in sorted(ranks.items()):
             sd = load_torch_file(f)
             args = namespace_to_dict(sd.get("args"))
-            sizes = (
-                args.get("tensor_model_parallel_size"),
-                args.get("pipeline_model_parallel_size"),
-            )
-            if args and sizes != (self.tp, self.pp):
+            sizes = tuple(args.get(k) or 1 for k in _SIZE_ARGS)
+            if args and sizes != (self.tp, self.pp, self.ep):
                 raise CheckpointError(
-                    f"{f} says tensor/pipeline parallel sizes {sizes}, {first} says "
-                    f"{(self.tp, self.pp)}.",
+                    f"{f} says tensor/pipeline/expert parallel sizes {sizes}, {first} says "
+                    f"{(self.tp, self.pp, self.ep)}.",
                     hint="The mp_rank_* directories come from different runs; use one run's files.",
                 )
             if "model" not in sd:
@@ -184,24 +193,67 @@ class LegacyReader:
             self.states[rank] = sd["model"]
         self._index_layers()
 
-    def _check_grid(self, ranks: dict[tuple[int, int], Path]) -> None:
-        expected = {(t, p) for t in range(self.tp) for p in range(self.pp)}
+    def _check_expert_sizes(self) -> None:
+        if self.ep > 1 and not self.num_experts:
+            raise CheckpointError(
+                f"args give expert_model_parallel_size {self.ep} but no num_experts.",
+                hint="The checkpoint's args are damaged; check the training arguments.",
+            )
+        if self.num_experts % self.ep:
+            raise CheckpointError(
+                f"{self.num_experts} experts do not split over expert-parallel size {self.ep}.",
+                hint="The checkpoint's args are damaged; check the training arguments.",
+            )
+        etp = self.args.get("expert_tensor_parallel_size")
+        if self.num_experts and etp not in (None, self.tp):
+            raise CheckpointError(
+                f"the experts are split over expert-tensor-parallel size {etp}, the other layers "
+                f"over tensor-parallel size {self.tp}; the legacy layout of such a run is not "
+                "supported.",
+                hint="Save the checkpoint with --ckpt-format torch_dist (any split converts) or "
+                "with expert_tensor_parallel_size equal to tensor_model_parallel_size.",
+            )
+        self.num_local_experts = self.num_experts // self.ep
+
+    def _rank_of(self, name: str) -> Rank:
+        """(tp, pp, ep) rank of directory ``name`` (``mp_rank_TT[_PPP][_EEE]``)."""
+        m = RANK_DIR.match(name)
+        assert m is not None
+        parts = [int(g) for g in m.groups()[1:] if g is not None]
+        if len(parts) != (self.pp > 1) + (self.ep > 1):
+            raise CheckpointError(
+                f"{self.dir / name} does not fit tensor/pipeline/expert parallel sizes "
+                f"{self.tp}x{self.pp}x{self.ep} (expected names like "
+                f"{_rank_dir(0, 0, 0, self.pp, self.ep)}).",
+                hint="The directory mixes checkpoints of different parallel sizes.",
+            )
+        return (
+            int(m.group(1)),
+            parts[0] if self.pp > 1 else 0,
+            parts[-1] if self.ep > 1 else 0,
+        )
+
+    def _check_grid(self, ranks: dict[Rank, Path]) -> None:
+        expected = {
+            (t, p, e) for t in range(self.tp) for p in range(self.pp) for e in range(self.ep)
+        }
         extra = sorted(set(ranks) - expected)
         if extra:
             raise CheckpointError(
-                f"{self.dir} has shards for ranks (tp, pp) {extra}, outside the "
-                f"tensor/pipeline parallel sizes {self.tp}x{self.pp} its args give.",
+                f"{self.dir} has shards for ranks (tp, pp, ep) {extra}, outside the "
+                f"tensor/pipeline/expert parallel sizes {self.tp}x{self.pp}x{self.ep} its args "
+                "give.",
                 hint="The directory mixes checkpoints of different parallel sizes.",
             )
         missing = [
-            str(self.dir / _rank_dir(t, p, self.pp) / LEGACY_FILE)
-            for t, p in sorted(expected)
-            if not ranks.get((t, p), Path("/nonexistent")).is_file()
+            str(self.dir / _rank_dir(t, p, e, self.pp, self.ep) / LEGACY_FILE)
+            for t, p, e in sorted(expected)
+            if not ranks.get((t, p, e), Path("/nonexistent")).is_file()
         ]
         if missing:
             raise CheckpointError(
-                f"{len(missing)} shard file(s) missing for tp={self.tp} pp={self.pp}: "
-                + ", ".join(missing),
+                f"{len(missing)} shard file(s) missing for tp={self.tp} pp={self.pp} "
+                f"ep={self.ep}: " + ", ".join(missing),
                 hint="Copy the complete checkpoint (every mp_rank_* directory).",
             )
 
@@ -210,7 +262,7 @@ class LegacyReader:
         pat = re.compile(r"^decoder\.layers\.(\d+)\.")
         self.layer_of: list[tuple[int, int]] = []
         for stage in range(self.pp):
-            ids = {int(m.group(1)) for k in self.states[(0, stage)] if (m := pat.match(k))}
+            ids = {int(m.group(1)) for k in self.states[(0, stage, 0)] if (m := pat.match(k))}
             if ids and ids != set(range(len(ids))):
                 raise CheckpointError(
                     f"pipeline stage {stage} has layers {sorted(ids)}, not 0..{len(ids) - 1}.",
@@ -224,45 +276,58 @@ class LegacyReader:
                 f"the pipeline stages hold {self.num_layers} layers; args.num_layers is {want}.",
                 hint="Some stages are missing or come from a different run.",
             )
-        keys = self.states[(0, 0)]
+        keys = self.states[(0, 0, 0)]
         self.transformer_impl = (
             "local"
             if any(k.endswith(".input_layernorm.weight") for k in keys)
             else "transformer_engine"
         )
 
-    def has(self, name: str, layer: int | None = None) -> bool:
-        """Whether canonical parameter ``name`` (of ``layer``) is stored."""
-        return self._key(name, layer)[1] is not None
+    def has(self, name: str, layer: int | None = None, expert: int | None = None) -> bool:
+        """Whether canonical parameter ``name`` (of ``layer``, ``expert``) is stored."""
+        return self._key(name, layer, expert)[1] is not None
 
-    def _key(self, name: str, layer: int | None) -> tuple[int, str | None]:
+    def _key(self, name: str, layer: int | None, expert: int | None) -> tuple[Rank, str | None]:
         if layer is None:
-            stage = 0 if name.startswith("embedding.") else self.pp - 1
-            return stage, name if name in self.states[(0, stage)] else None
+            rank = (0, 0 if name.startswith("embedding.") else self.pp - 1, 0)
+            return rank, name if name in self.states[rank] else None
         stage, local = self.layer_of[layer]
-        sd = self.states[(0, stage)]
-        for candidate in (name, LOCAL_NAMES.get(name)):
+        e_rank, candidates = 0, [name, LOCAL_NAMES.get(name)]
+        if expert is not None:
+            if not 0 <= expert < self.num_experts:
+                return (0, stage, 0), None
+            e_rank, local_expert = divmod(expert, self.num_local_experts)
+            candidates = [n.format(e=local_expert) for n in LEGACY_EXPERT_NAMES[name]]
+        sd = self.states[(0, stage, e_rank)]
+        for candidate in candidates:
             key = f"{MCORE_LAYER_PREFIX}{local}.{candidate}"
             if candidate and key in sd:
-                return stage, key
-        return stage, None
+                return (0, stage, e_rank), key
+        return (0, stage, e_rank), None
 
-    def read(self, name: str, layer: int | None = None) -> torch.Tensor:
+    def read(self, name: str, layer: int | None = None, expert: int | None = None) -> torch.Tensor:
         """The global tensor of canonical parameter ``name`` (merged over TP ranks)."""
-        stage, key = self._key(name, layer)
+        (_, stage, e_rank), key = self._key(name, layer, expert)
         if key is None:
             where = f"layer {layer}" if layer is not None else f"stage {stage}"
+            where += f", expert {expert}" if expert is not None else ""
             raise CheckpointError(
-                f"parameter {name} ({where}) is not in {self.files[(0, stage)]}.",
+                f"parameter {name} ({where}) is not in {self.files[(0, stage, e_rank)]}.",
                 hint="The checkpoint's args do not match its weights (an architecture flag such "
-                "as qk_layernorm or add_qkv_bias differs); check the training arguments.",
+                "as qk_layernorm, add_qkv_bias or num_experts differs, or the experts use "
+                "Megatron's legacy GroupedMLP); check the training arguments.",
             )
-        shards = [self.states[(t, stage)][key] for t in range(self.tp)]
+        shards = [self.states[(t, stage, e_rank)][key] for t in range(self.tp)]
         return merge_tp(shards, tp_rule(name), name=key)
 
 
-def _rank_dir(tp_rank: int, pp_rank: int, pp: int) -> str:
-    return f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
+def _rank_dir(tp_rank: int, pp_rank: int, ep_rank: int, pp: int, ep: int) -> str:
+    """Megatron-LM's name of a rank's directory: ``mp_rank_TT[_PPP][_EEE]``."""
+    return (
+        f"mp_rank_{tp_rank:02d}"
+        + (f"_{pp_rank:03d}" if pp > 1 else "")
+        + (f"_{ep_rank:03d}" if ep > 1 else "")
+    )
 
 
 # -- torch_dist layout -----------------------------------------------------------------------
@@ -334,6 +399,7 @@ class DistReader:
         self.args = namespace_to_dict(common.get("args") if isinstance(common, dict) else None)
         self.tp = int(self.args.get("tensor_model_parallel_size") or 1)
         self.pp = int(self.args.get("pipeline_model_parallel_size") or 1)
+        self.ep = int(self.args.get("expert_model_parallel_size") or 1)
         self.tensors: dict[str, TensorStorageMetadata] = {
             k: v
             for k, v in self.metadata.state_dict_metadata.items()
@@ -352,45 +418,61 @@ class DistReader:
         self._reader = _SafeFileSystemReader(it_dir, self.metadata)
 
     def _fqn(self, name: str, layer: int | None) -> str:
-        return name if layer is None else MCORE_LAYER_PREFIX + name
+        if layer is None:
+            return name
+        local = DIST_LOCAL_NAMES.get(name)  # a local MoE layer's pre-MLP norm
+        if local is not None and MCORE_LAYER_PREFIX + name not in self.tensors:
+            return MCORE_LAYER_PREFIX + local
+        return MCORE_LAYER_PREFIX + name
 
-    def has(self, name: str, layer: int | None = None) -> bool:
+    def has(self, name: str, layer: int | None = None, expert: int | None = None) -> bool:
         """Whether canonical parameter ``name`` is stored."""
         return self._fqn(name, layer) in self.tensors
 
-    def read(self, name: str, layer: int | None = None) -> torch.Tensor:
-        """The global tensor of ``name`` (one layer of a stacked tensor when ``layer`` is set)."""
+    def read(self, name: str, layer: int | None = None, expert: int | None = None) -> torch.Tensor:
+        """The global tensor of ``name``: one layer of a stacked tensor when ``layer`` is set,
+        one expert of that layer when ``expert`` is (``[layer, expert, ...]`` tensors)."""
         fqn = self._fqn(name, layer)
         md = self.tensors.get(fqn)
-        if md is None:
+        index = tuple(i for i in (layer, expert) if i is not None)
+        if md is None or len(md.size) <= len(index):
             raise CheckpointError(
-                f"parameter {fqn} is not in {self.dir}/.metadata.",
+                f"parameter {fqn} is not in {self.dir}/.metadata"
+                + (f" (as a tensor of shape {tuple(md.size)})." if md is not None else "."),
                 hint="The checkpoint's args do not match its weights (an architecture flag such "
-                "as qk_layernorm or add_qkv_bias differs); check the training arguments.",
+                "as qk_layernorm, add_qkv_bias or num_experts differs); check the training "
+                "arguments.",
             )
-        shape = tuple(md.size) if layer is None else (1, *md.size[1:])
-        offsets = (0,) * len(shape) if layer is None else (layer,) + (0,) * (len(shape) - 1)
+        if any(not 0 <= i < n for i, n in zip(index, md.size, strict=False)):
+            raise CheckpointError(
+                f"{fqn} has shape {tuple(md.size)}; index {index} is outside it.",
+                hint="The checkpoint's args (num_layers, num_experts) do not match its weights.",
+            )
+        shape = (1,) * len(index) + tuple(md.size[len(index) :])
+        offsets = index + (0,) * (len(shape) - len(index))
         out = torch.empty(shape, dtype=md.properties.dtype)
         planner = _ChunkLoadPlanner({fqn: (offsets, out)})
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)
             dcp.load({fqn: out}, storage_reader=self._reader, planner=planner, no_dist=True)
-        return out if layer is None else out[0]
+        return out.reshape(md.size[len(index) :])
 
 
 # -- writing ---------------------------------------------------------------------------------
 
-#: ``produce(name, layer)`` -> the global tensor of a canonical parameter.
-Producer = Callable[[str, "int | None"], torch.Tensor]
+#: ``produce(name, layer, expert)`` -> the global tensor of a canonical parameter.
+Producer = Callable[[str, "int | None", "int | None"], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One parameter to write: canonical name, layer (None outside layers), global shape."""
+    """One parameter to write: canonical name, layer (None outside layers), expert (None
+    outside experts), global shape (of one layer's, one expert's tensor)."""
 
     name: str
     layer: int | None
     shape: tuple[int, ...]
+    expert: int | None = None
 
 
 def write_latest(root: Path, text: str = "release") -> None:
@@ -406,6 +488,13 @@ def _common(args: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _legacy_name(name: str, transformer_impl: str, local_expert: int | None) -> str:
+    """The legacy (per-stage, per-rank) name of canonical parameter or module ``name``."""
+    if local_expert is not None:
+        return LEGACY_EXPERT_NAMES[name][0].format(e=local_expert)
+    return LOCAL_NAMES.get(name, name) if transformer_impl == "local" else name
+
+
 def write_legacy(
     it_dir: Path,
     params: list[ParamSpec],
@@ -416,55 +505,63 @@ def write_legacy(
     pp: int,
     transformer_impl: str,
     tied: bool,
+    extra_states: list[ExtraState],
+    ep: int = 1,
     on_tensor: Callable[[str], None] | None = None,
 ) -> list[Path]:
-    """Write one ``mp_rank_TT[_PPP]/model_optim_rng.pt`` per (TP rank, stage).
+    """Write one ``mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt`` per (TP rank, stage, EP rank).
 
-    Memory holds one rank file at a time: each global tensor is produced again for every TP rank
-    and split, so no stage is ever held whole.
+    Every expert-parallel rank's file holds the stage's non-expert parameters and its own
+    ``num_experts / ep`` experts (local ids from 0). Memory holds one rank file at a time: each
+    global tensor is produced again for every TP rank and split, so no stage is ever held whole.
     """
     num_layers = int(args["num_layers"])
     per_stage = num_layers // pp
+    n_local = int(args.get("num_experts") or 0) // ep
     written = []
     for stage in range(pp):
         first, last = stage == 0, stage == pp - 1
         layers = range(stage * per_stage, (stage + 1) * per_stage)
-        for rank in range(tp):
-            state: dict[str, Any] = {}
-            for p in params:
-                if p.layer is None:
-                    if p.name.startswith("embedding."):
-                        if not first:
+        for e_rank in range(ep):
+            experts = range(e_rank * n_local, (e_rank + 1) * n_local)
+            for rank in range(tp):
+                state: dict[str, Any] = {}
+                for p in params:
+                    if p.layer is None:
+                        if p.name.startswith("embedding."):
+                            if not first:
+                                continue
+                        elif not last:
                             continue
-                    elif not last:
+                        key = p.name
+                    elif p.layer in layers and (p.expert is None or p.expert in experts):
+                        local = p.layer - stage * per_stage
+                        local_expert = None if p.expert is None else p.expert - experts.start
+                        name = _legacy_name(p.name, transformer_impl, local_expert)
+                        key = f"{MCORE_LAYER_PREFIX}{local}.{name}"
+                    else:
                         continue
-                    key = p.name
-                elif p.layer in layers:
-                    local = p.layer - stage * per_stage
-                    name = (
-                        LOCAL_NAMES.get(p.name, p.name) if transformer_impl == "local" else p.name
-                    )
-                    key = f"{MCORE_LAYER_PREFIX}{local}.{name}"
-                else:
-                    continue
-                state[key] = split_tp(produce(p.name, p.layer), tp_rule(p.name), tp, name=key)[rank]
-                if rank == tp - 1 and on_tensor is not None:
-                    on_tensor(key)
-            if last and tied and pp > 1:
-                # Megatron keeps a copy of the tied embedding on the last stage.
-                emb = produce("embedding.word_embeddings.weight", None)
-                state["output_layer.weight"] = split_tp(emb, "vocab", tp)[rank]
-            for layer in layers:
-                for module in EXTRA_STATE_MODULES[transformer_impl]:
-                    state[
-                        f"{MCORE_LAYER_PREFIX}{layer - stage * per_stage}.{module}._extra_state"
-                    ] = None
-            if last and "output_layer.weight" in state:
-                state["output_layer._extra_state"] = None
-            path = it_dir / _rank_dir(rank, stage, pp) / LEGACY_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({**_common(args), "model": _ordered(state)}, path)
-            written.append(path)
+                    t = produce(p.name, p.layer, p.expert)
+                    state[key] = split_tp(t, tp_rule(p.name), tp, name=key)[rank]
+                    once = rank == tp - 1 and (p.expert is not None or e_rank == 0)
+                    if once and on_tensor is not None:
+                        on_tensor(key if p.expert is None else f"{key} (expert {p.expert})")
+                if last and tied and pp > 1:
+                    # Megatron keeps a copy of the tied embedding on the last stage.
+                    emb = produce("embedding.word_embeddings.weight", None, None)
+                    state["output_layer.weight"] = split_tp(emb, "vocab", tp)[rank]
+                for layer in layers:
+                    local = layer - stage * per_stage
+                    for x in extra_states:
+                        for e in range(n_local) if x.per_expert else [None]:
+                            module = _legacy_name(x.module, transformer_impl, e)
+                            state[f"{MCORE_LAYER_PREFIX}{local}.{module}._extra_state"] = None
+                if last and "output_layer.weight" in state:
+                    state["output_layer._extra_state"] = None
+                path = it_dir / _rank_dir(rank, stage, e_rank, pp, ep) / LEGACY_FILE
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save({**_common(args), "model": _ordered(state)}, path)
+                written.append(path)
     return written
 
 
@@ -535,31 +632,40 @@ def write_torch_dist(
     args: Mapping[str, Any],
     dtype: torch.dtype,
     transformer_impl: str,
+    extra_states: list[ExtraState],
     on_tensor: Callable[[str], None] | None = None,
 ) -> None:
-    """Write a ``torch_dist`` checkpoint Megatron-core loads at any TP/PP size.
+    """Write a ``torch_dist`` checkpoint Megatron-core loads at any TP/PP/EP size.
 
-    Each layer of a stacked tensor is one chunk, produced when the writer reaches it.
+    Layer tensors are stacked ``[layer, ...]``, expert tensors ``[layer, expert, ...]``; each
+    layer's (and expert's) part is one chunk, produced when the writer reaches it.
     """
     num_layers = int(args["num_layers"])
+    num_experts = int(args.get("num_experts") or 0)
     items: list[WriteItem] = []
-    sources: dict[tuple[str, int | None], ParamSpec] = {}
+    sources: dict[tuple[str, tuple[int, ...]], ParamSpec] = {}  # (fqn, offsets) -> param
     for p in params:
+        index = tuple(i for i in (p.layer, p.expert) if i is not None)
         if p.layer is None:
-            fqn, offsets, size = p.name, (0,) * len(p.shape), p.shape
+            fqn = p.name
         else:
-            fqn = MCORE_LAYER_PREFIX + p.name
-            offsets, size = (p.layer,) + (0,) * len(p.shape), (num_layers, *p.shape)
-        items.append(
-            _tensor_item(
-                fqn, offsets, (1, *p.shape) if p.layer is not None else p.shape, size, dtype
-            )
-        )
-        sources[(fqn, p.layer)] = p
+            name = DIST_LOCAL_NAMES.get(p.name, p.name) if transformer_impl == "local" else p.name
+            fqn = MCORE_LAYER_PREFIX + name
+        stacked = (num_layers, num_experts)[: len(index)]
+        offsets = index + (0,) * len(p.shape)
+        chunk = (1,) * len(index) + p.shape
+        items.append(_tensor_item(fqn, offsets, chunk, (*stacked, *p.shape), dtype))
+        sources[(fqn, offsets)] = p
     for layer in range(num_layers):
-        for module in EXTRA_STATE_MODULES[transformer_impl]:
-            fqn = f"{MCORE_LAYER_PREFIX}{module}._extra_state/shard_{layer}_{num_layers}"
-            items.append(WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO))
+        for x in extra_states:
+            for e in range(num_experts) if x.per_expert else [None]:
+                where = (
+                    f"{layer}_{num_layers}"
+                    if e is None
+                    else f"{layer}.{e}_{num_layers}.{num_experts}"
+                )
+                fqn = f"{MCORE_LAYER_PREFIX}{x.module}._extra_state/shard_{where}"
+                items.append(WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO))
 
     def resolve(item: WriteItem) -> Any:
         fqn = item.index.fqn
@@ -568,12 +674,12 @@ def write_torch_dist(
             torch.save([None], buf)
             buf.seek(0)
             return buf
-        layer = None if not fqn.startswith(MCORE_LAYER_PREFIX) else int(item.index.offset[0])  # type: ignore[index]
-        p = sources[(fqn, layer)]
-        t = produce(p.name, p.layer).to(dtype)
+        p = sources[(fqn, tuple(item.index.offset or ()))]
+        index = [i for i in (p.layer, p.expert) if i is not None]
+        t = produce(p.name, p.layer, p.expert).to(dtype)
         if on_tensor is not None:
-            on_tensor(fqn if layer is None else f"{fqn}[{layer}]")
-        return t if layer is None else t.unsqueeze(0)
+            on_tensor(fqn + "".join(f"[{i}]" for i in index))
+        return t.reshape((1,) * len(index) + tuple(t.shape))
 
     it_dir.mkdir(parents=True, exist_ok=True)
     writer = FileSystemWriter(it_dir, single_file_per_rank=True, thread_count=1, sync_files=False)

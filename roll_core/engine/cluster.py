@@ -3,7 +3,14 @@
 `cluster.run(method, ...)` calls every rank with the same arguments; `cluster.run_dp(method,
 batch)` splits a Batch across ranks (data parallel), calls, and returns the per-rank results.
 The calls read the same with the `local` executor (instances in this process, no Ray) and the
-`ray` executor (one Ray actor per rank)."""
+`ray` executor (one Ray actor per rank).
+
+When the worker class says its ranks form a torch.distributed group
+(`Worker.needs_process_group`, e.g. actor_train with `world_size > 1` or the fsdp2 / deepspeed
+backends), every rank runs in its own process (a subprocess under `local`), the cluster sets
+up the group (gloo on CPU, nccl on GPU) before anything else, batches are split by token
+count, and `run_rank0` calls every rank (gathering a sharded model is a collective) and
+returns rank 0's answer."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from roll_core.data import Batch
+from roll_core.engine.dispatch import split_by_tokens
 from roll_core.engine.worker import Worker
 
 
@@ -34,6 +42,7 @@ class Executor(Protocol):
         world_size: int,
         resources: Mapping[str, float],
         kwargs: dict[str, Any],
+        isolated: bool = False,
     ) -> Handle: ...
 
     def gather(self, futures: list[Any]) -> list[Any]: ...
@@ -53,28 +62,47 @@ class Cluster:
         world_size: int = 1,
         resources: Mapping[str, float] | None = None,
         worker_kwargs: dict[str, Any] | None = None,
+        gpu_ids: list[tuple[int, ...]] | None = None,
+        gpus_per_node: int = 8,
     ) -> None:
+        """`gpu_ids[r]`: the global GPU ids of rank r (from roll_core/engine/placement.py);
+        the executor pins the rank to them (CUDA_VISIBLE_DEVICES; on Ray, the node's bundle
+        of one placement group over the cluster). None: no pinning."""
         self.name = name
         self.executor = executor
         self.world_size = world_size
+        self.distributed = worker_cls.needs_process_group(world_size, worker_kwargs or {})
         self.handles = [
             executor.spawn(
                 worker_cls,
                 rank=rank,
                 world_size=world_size,
-                resources=resources or {},
+                resources=_rank_resources(resources, gpu_ids, rank, gpus_per_node),
                 kwargs=worker_kwargs or {},
+                **({"isolated": True} if self.distributed else {}),
             )
             for rank in range(world_size)
         ]
         self.run("ping")
+        self.dist_backend: str | None = None
+        if self.distributed:
+            address, port = self.run_one(0, "dist_endpoint")
+            self.dist_backend = self.run("init_process_group", address, port)[0]
+
+    def run_one(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call `method` on one rank only and wait (not for collective methods)."""
+        return self.executor.gather([self.handles[rank].submit(method, *args, **kwargs)])[0]
 
     def run(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` on every rank with the same arguments; results in rank order."""
         return self.executor.gather([h.submit(method, *args, **kwargs) for h in self.handles])
 
     def run_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self.executor.gather([self.handles[0].submit(method, *args, **kwargs)])[0]
+        """Rank 0's result. In a process group every rank is called (the method may be a
+        collective: gathering sharded weights, exporting, generating with a sharded model)."""
+        if self.distributed and self.world_size > 1:
+            return self.run(method, *args, **kwargs)[0]
+        return self.run_one(0, method, *args, **kwargs)
 
     def submit(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Future:
         """Start `method` on one rank without waiting: a concurrent.futures.Future.
@@ -85,9 +113,27 @@ class Cluster:
         return self.handles[rank].submit_async(method, *args, **kwargs)
 
     def run_dp(self, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
-        """Split `batch` into one contiguous shard per rank and call `method` on each."""
-        shards = batch.split(self.world_size)
+        """Split `batch` into one contiguous shard per rank and call `method` on each.
+
+        Shards have near-equal real-token counts (attention_mask sums) when the batch has an
+        attention mask, else near-equal row counts; results come back in rank order, so
+        concatenating them gives the batch's order."""
+        shards = split_by_tokens(batch, self.world_size)
         futures = [
             h.submit(method, shard, **kwargs) for h, shard in zip(self.handles, shards, strict=True)
         ]
         return self.executor.gather(futures)
+
+
+def _rank_resources(
+    resources: Mapping[str, float] | None,
+    gpu_ids: list[tuple[int, ...]] | None,
+    rank: int,
+    gpus_per_node: int,
+) -> dict[str, Any]:
+    out: dict[str, Any] = dict(resources or {})
+    if gpu_ids is not None:
+        out["gpu_ids"] = tuple(gpu_ids[rank])
+        out["gpus_per_node"] = gpus_per_node
+        out["num_nodes"] = 1 + max(g for ids in gpu_ids for g in ids) // gpus_per_node
+    return out

@@ -1,4 +1,5 @@
-"""Executors: `local` (every worker in this process) and `ray` (one Ray actor per rank)."""
+"""Executors: `local` (every worker in this process, or in a subprocess per rank when the ranks
+form a torch.distributed group) and `ray` (one Ray actor per rank)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from roll_core.engine.process import ProcessHandle
 from roll_core.engine.worker import Worker
 from roll_core.errors import ConfigError, RollError
 
@@ -27,9 +29,16 @@ class _LocalHandle:
 
 
 class LocalExecutor:
-    """Runs workers in the driver process: the debug mode and the single-device mode."""
+    """Runs workers in the driver process: the debug mode and the single-device mode.
+
+    Ranks that form a torch.distributed group (`isolated=True`) each get a spawned
+    subprocess instead (roll_core/engine/process.py); nothing else changes for the caller.
+    """
 
     name = "local"
+
+    def __init__(self) -> None:
+        self._processes: list[ProcessHandle] = []
 
     def spawn(
         self,
@@ -39,14 +48,26 @@ class LocalExecutor:
         world_size: int,
         resources: Mapping[str, float],
         kwargs: dict[str, Any],
-    ) -> _LocalHandle:
+        isolated: bool = False,
+    ) -> _LocalHandle | ProcessHandle:
+        if isolated:
+            env = {}
+            if "gpu_ids" in resources:  # one machine: global ids are this machine's ids
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in resources["gpu_ids"])  # type: ignore[union-attr,attr-defined]
+            handle = ProcessHandle(
+                worker_cls, {"rank": rank, "world_size": world_size, **kwargs}, env=env
+            )
+            self._processes.append(handle)
+            return handle
         return _LocalHandle(worker_cls(rank=rank, world_size=world_size, **kwargs))
 
     def gather(self, futures: list[Any]) -> list[Any]:
-        return futures
+        return [f.result() if isinstance(f, Future) else f for f in futures]
 
     def shutdown(self) -> None:
-        pass
+        for handle in self._processes:
+            handle.close()
+        self._processes.clear()
 
 
 class _RayHandle:
@@ -96,15 +117,54 @@ class RayExecutor:
         world_size: int,
         resources: Mapping[str, float],
         kwargs: dict[str, Any],
+        isolated: bool = False,
     ) -> _RayHandle:
-        options = {
+        options: dict[str, Any] = {
             "num_cpus": resources.get("CPU", 0),
             "num_gpus": resources.get("GPU", 0),
             "name": None,
         }
+        env_vars = {"TOKENIZERS_PARALLELISM": "false"}
+        if "gpu_ids" in resources:
+            # Pin the rank to its GPUs: the bundle of its node in one placement group over the
+            # cluster (one bundle of gpus_per_node GPUs per node), a token GPU share so Ray
+            # packs colocated roles on the same GPUs, and CUDA_VISIBLE_DEVICES set by us.
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            ids = tuple(int(g) for g in resources["gpu_ids"])  # type: ignore[union-attr,attr-defined]
+            per_node = int(resources["gpus_per_node"])
+            pg = self._placement_group(int(resources["num_nodes"]), per_node)
+            options["num_gpus"] = 0.01
+            options["num_cpus"] = 0
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=ids[0] // per_node
+            )
+            env_vars["CUDA_VISIBLE_DEVICES"] = ",".join(str(g % per_node) for g in ids)
+            env_vars["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+        if isolated or "gpu_ids" in resources:
+            options["runtime_env"] = {"env_vars": env_vars}
         actor_cls = self._ray.remote(worker_cls)
         actor = actor_cls.options(**options).remote(rank=rank, world_size=world_size, **kwargs)
         return _RayHandle(actor)
+
+    def _placement_group(self, num_nodes: int, gpus_per_node: int) -> Any:
+        """One placement group for the whole run: bundle k = all GPUs of node k."""
+        key = (num_nodes, gpus_per_node)
+        pgs: dict[tuple[int, int], Any] = self.__dict__.setdefault("_pgs", {})
+        if key not in pgs:
+            from ray.util.placement_group import placement_group
+
+            bundles = [{"GPU": float(gpus_per_node), "CPU": 1.0} for _ in range(num_nodes)]
+            pg = placement_group(bundles, strategy="STRICT_SPREAD" if num_nodes > 1 else "PACK")
+            try:
+                self._ray.get(pg.ready(), timeout=600)
+            except Exception as err:  # noqa: BLE001 - GetTimeoutError and friends
+                raise ConfigError(
+                    f"Ray could not reserve {num_nodes} node(s) x {gpus_per_node} GPUs ({err}).",
+                    hint="Check `ray status`, executor.num_gpus and executor.gpus_per_node.",
+                ) from None
+            pgs[key] = pg
+        return pgs[key]
 
     def gather(self, futures: list[Any]) -> list[Any]:
         from ray.exceptions import RayTaskError

@@ -3,6 +3,8 @@ nothing about Ray. An executor creates one instance per rank."""
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 
@@ -13,6 +15,16 @@ class Worker:
         self.rank = rank
         self.world_size = world_size
 
+    @classmethod
+    def needs_process_group(cls, world_size: int, kwargs: dict[str, Any]) -> bool:
+        """Whether the ranks of a cluster of this class form a torch.distributed group.
+
+        Such ranks each run in their own process (a subprocess under the local executor, a
+        Ray actor under Ray); the cluster calls `dist_endpoint` on rank 0 and then
+        `init_process_group` on every rank before anything else.
+        """
+        return False
+
     def ping(self) -> int:
         """Cheap call used to wait until a remote worker is up."""
         return self.rank
@@ -22,3 +34,53 @@ class Worker:
         if method.startswith("_"):
             raise AttributeError(f"{type(self).__name__}.{method} is private")
         return getattr(self, method)(*args, **kwargs)
+
+    # ---- torch.distributed ------------------------------------------------------------------
+    def dist_endpoint(self) -> tuple[str, int]:
+        """(address, free TCP port) of this rank's host: the rendezvous of the group."""
+        host = os.environ.get("ROLL_MASTER_ADDR") or _node_ip()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return host, port
+
+    def init_process_group(self, address: str, port: int, backend: str = "auto") -> str:
+        """Join the cluster's group (`auto`: nccl when this process sees a GPU, else gloo)."""
+        import torch
+        import torch.distributed as dist
+
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        os.environ.update(
+            MASTER_ADDR=address,
+            MASTER_PORT=str(port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",  # every rank sees its own device(s) as 0 (CUDA_VISIBLE_DEVICES)
+        )
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"tcp://{address}:{port}",
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+        return backend
+
+    def destroy_process_group(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _node_ip() -> str:
+    """This host's address as other nodes see it (Ray's view when Ray runs us)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except ImportError:  # pragma: no cover - ray is a core dependency
+        pass
+    return "127.0.0.1"

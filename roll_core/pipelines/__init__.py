@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_core.config.loader import apply_overrides, dump_config, read_yaml, schema_for, validate
-from roll_core.pipelines import distill, dpo, rlvr, sft
+from roll_core.pipelines import agentic, distill, dpo, rlvr, sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
 from roll_core.runs import Run
 
@@ -33,6 +33,7 @@ PIPELINES: dict[str, Pipeline] = {
     "rlvr": Pipeline(plan=rlvr.plan, prepare=rlvr.prepare, run=rlvr.run),
     "dpo": Pipeline(plan=dpo.plan, prepare=dpo.prepare, run=dpo.run),
     "distill": Pipeline(plan=distill.plan, prepare=distill.prepare, run=distill.run),
+    "agentic": Pipeline(plan=agentic.plan, prepare=agentic.prepare, run=agentic.run),
 }
 
 
@@ -43,8 +44,36 @@ class RunResult:
 
 
 def plan(cfg: Any) -> list[RolePlan]:
-    """The resource plan of a validated recipe (loads no model)."""
-    return PIPELINES[cfg.pipeline].plan(cfg)
+    """The resource plan of a validated recipe (loads no model). GPU recipes get extra rows:
+    the placement per node and the memory estimate per GPU (roll_core/engine/placement.py);
+    an impossible placement raises ConfigError."""
+    rows = PIPELINES[cfg.pipeline].plan(cfg)
+    return rows + gpu_plan_rows(cfg)
+
+
+def gpu_plan_rows(cfg: Any) -> list[RolePlan]:
+    """Placement and memory as plan rows (none for a CPU recipe)."""
+    from roll_core.engine.placement import span
+    from roll_core.engine.resource_plan import gpu_plan
+
+    gp = gpu_plan(cfg) if hasattr(cfg, "actor_train") else None
+    if gp is None:
+        return []
+    ex = cfg.executor.type
+    p = gp.placement
+    rows = []
+    for node, line in enumerate(p.node_lines()):
+        head, _, detail = line.partition(": ")
+        gpus = [g for g in range(p.num_gpus) if g // p.gpus_per_node == node]
+        ids = head[head.index("(") + 1 : -1]
+        rows.append(RolePlan(f"node {node}", "placement", "", len(gpus), ids, ex, detail))
+    rows.append(RolePlan("placement", "", "", p.num_gpus, "cuda", ex, gp.colocation()))
+    for gpus, text in gp.memory_groups():
+        where = f"GPUs {span(gpus)}"
+        rows.append(RolePlan("memory/GPU", "estimate", "", len(gpus), where, ex, text))
+    note = gp.model_note + "; activations not included"
+    rows.append(RolePlan("memory/GPU", "model", "", p.num_gpus, "", ex, note))
+    return rows
 
 
 def _execute(

@@ -16,6 +16,7 @@ from roll_core.algorithms import (
     clip_advantages,
     clip_rewards,
     compute_advantages,
+    explained_variance,
     normalize_rewards,
     overlong_penalty,
     scores_to_token_rewards,
@@ -46,6 +47,20 @@ def rl_batch_metrics(batch: Batch, max_new_tokens: int) -> dict[str, float]:
         metrics["train_infer/logprob_diff"] = _masked_mean(gap, mask)
         metrics["train_infer/logprob_diff_max"] = float((gap * mask).max())
     return metrics
+
+
+def critic_batch_metrics(batch: Batch) -> dict[str, float]:
+    """The critic's predictions on a rollout batch against the returns computed from them
+    (before the critic's update): their mean and the explained variance."""
+    t = batch.tensors
+    mask = t["response_mask"]
+    return {
+        "critic/values_mean": _masked_mean(t["values"], mask),
+        "critic/returns_mean": _masked_mean(t["returns"], mask),
+        "critic/explained_variance": float(
+            explained_variance(values=t["values"], returns=t["returns"], response_mask=mask)
+        ),
+    }
 
 
 class RLState:

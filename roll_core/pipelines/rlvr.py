@@ -7,7 +7,9 @@ The driver loop::
         batch   = build_rl_batch(groups)              # exactly the generated token ids
         batch  += reference.log_probs(batch)          # only if KL is used
         batch  += actor_train.log_probs(batch)        # old log-probs (and train/infer diff)
+        batch  += critic.values(batch)                # only for gae (PPO)
         batch  += compute_advantages(batch)           # algorithms/, pure
+        metrics = critic.train_step(batch)            # only for gae: clipped value loss
         metrics = actor_train.train_step(batch, "rl") # ppo_epochs x mini_batches updates
         sync_weights(actor_train -> actor_infer)      # policy version = step
         if validation due: metrics |= validate()
@@ -15,6 +17,7 @@ The driver loop::
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,19 +25,33 @@ from typing import Any
 
 import torch
 
-from roll_core.backends.infer import Request, SamplingParams
+from roll_core.backends.infer import Request, SamplingParams, infer_backend_options
+from roll_core.backends.infer.base import PREFIX_CONTINUATION_BACKENDS
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import Batch, StatefulLoader, encode_prompt, load_rows, require_columns
 from roll_core.engine import Cluster, make_executor
+from roll_core.engine.dispatch import reduce_rank_metrics
+from roll_core.engine.resource_plan import cluster_placement
 from roll_core.errors import ConfigError, DataError
 from roll_core.models import load_tokenizer, resolve_model_path
 from roll_core.pipelines.common import DriverLoop, RolePlan, check_same_data
-from roll_core.pipelines.rl_math import RLState, advantages_and_kl, rl_batch_metrics
+from roll_core.pipelines.rl_math import (
+    RLState,
+    advantages_and_kl,
+    critic_batch_metrics,
+    rl_batch_metrics,
+)
+from roll_core.rollout.async_scheduler import (
+    AsyncRolloutScheduler,
+    check_prefix_support,
+    rollout_placement,
+)
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.rewards import RewardStage
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 from roll_core.workers.actor_infer import ActorInfer
-from roll_core.workers.actor_train import ActorTrain
+from roll_core.workers.actor_train import ActorTrain, backend_options
+from roll_core.workers.critic import Critic
 from roll_core.workers.reference import Reference
 
 
@@ -63,7 +80,8 @@ def plan(cfg: RLVRConfig) -> list[RolePlan]:
             cfg.actor_infer.world_size,
             cfg.actor_infer.device,
             ex,
-            f"n={cfg.rollout.n} x {cfg.rollout.prompts_per_step} prompts, chunks of {cfg.rollout.chunk_size}",
+            f"n={cfg.rollout.n} x {cfg.rollout.prompts_per_step} prompts, chunks of {cfg.rollout.chunk_size}; "
+            + placement(cfg),
         ),
     ]
     if uses_reference(cfg):
@@ -76,6 +94,19 @@ def plan(cfg: RLVRConfig) -> list[RolePlan]:
                 cfg.actor_train.device,
                 ex,
                 f"KL {cfg.algorithm.kl.estimator} as {cfg.algorithm.kl.use_as}",
+            )
+        )
+    if cfg.algorithm.uses_critic and cfg.critic is not None:
+        roles.append(
+            RolePlan(
+                "critic",
+                "Critic",
+                cfg.critic.backend,
+                1,
+                cfg.critic.device,
+                ex,
+                f"value model from {cfg.critic.model_path or cfg.model.path}, "
+                f"lr {cfg.critic.optim.lr:g}",
             )
         )
     roles.append(
@@ -153,15 +184,29 @@ def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
     return {p.row.get(cfg.reward.domain_key) for p in prompts}
 
 
+def placement(cfg: RLVRConfig) -> str:
+    """Rollout/train placement in words; ConfigError for async on one shared device."""
+    return rollout_placement(
+        ratio=cfg.rollout.async_generation_ratio,
+        executor=cfg.executor.type,
+        train_device=cfg.actor_train.device,
+        infer_device=cfg.actor_infer.device,
+        train_gpus=getattr(cfg.actor_train, "device_mapping", None),
+        infer_gpus=getattr(cfg.actor_infer, "device_mapping", None),
+    )
+
+
 def check_algorithm(cfg: RLVRConfig) -> None:
     """Algorithm choices this pipeline cannot run, as recipe errors (no model is loaded)."""
     algo = cfg.algorithm
-    if algo.uses_critic:
+    placement(cfg)  # async rollout must not share one device with training
+    if algo.uses_critic and cfg.critic is None:
         raise ConfigError(
-            "algorithm.adv_estimator=gae needs a critic, and `roll train rlvr` does not build "
-            "a critic role yet.",
-            hint="Use a critic-free estimator: grpo, dr_grpo, rloo, reinforce_plus_plus "
-            "(or the presets grpo, dapo, gspo, rloo, reinforce_plus_plus).",
+            "algorithm.adv_estimator=gae (the ppo preset) needs a critic, and the recipe has "
+            "no `critic:` section.",
+            hint="Add a `critic:` section to the recipe (`critic: {optim: {lr: 1.0e-5}}`, or "
+            "`critic: {}` for the defaults; on the command line `critic.optim.lr=1e-5`), or "
+            "use a critic-free estimator: grpo, dr_grpo, rloo, reinforce_plus_plus.",
         )
     if algo.needs_groups and cfg.rollout.n < 2:
         raise ConfigError(
@@ -196,6 +241,7 @@ def _make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str
             executor,
             world_size=role.world_size,
             resources=cpu,
+            **cluster_placement(cfg, "actor_train"),
             worker_kwargs={
                 "backend": role.backend,
                 "backend_kwargs": dict(
@@ -210,6 +256,7 @@ def _make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str
                     num_threads=role.num_threads,
                     gradient_checkpointing=cfg.model.gradient_checkpointing,
                     lora=role.lora,
+                    **backend_options(role),
                 ),
             },
         ),
@@ -219,12 +266,16 @@ def _make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str
             executor,
             world_size=cfg.actor_infer.world_size,
             resources=cpu,
+            **cluster_placement(cfg, "actor_infer"),
             worker_kwargs={
                 "backend": cfg.actor_infer.backend,
                 "backend_kwargs": dict(
                     model_path=setup.model_path,
                     device=cfg.actor_infer.device,
                     num_threads=cfg.actor_infer.num_threads,
+                    **infer_backend_options(
+                        cfg.actor_infer, model_dtype=cfg.model.dtype, seed=cfg.seed
+                    ),
                 ),
             },
         ),
@@ -240,6 +291,26 @@ def _make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str
                 device=role.device,
                 micro_batch_size=cfg.trainer.micro_batch_size,
                 num_threads=role.num_threads,
+            ),
+        )
+    if cfg.algorithm.uses_critic and cfg.critic is not None:
+        critic = cfg.critic
+        clusters["critic"] = Cluster(
+            "critic",
+            Critic,
+            executor,
+            resources=cpu,
+            worker_kwargs=dict(
+                model_path=resolve_model_path(critic.model_path)
+                if critic.model_path
+                else setup.model_path,
+                optim=critic.optim,
+                total_steps=total_updates,
+                micro_batch_size=critic.micro_batch_size or cfg.trainer.micro_batch_size,
+                device=critic.device,
+                precision=critic.precision,
+                num_threads=critic.num_threads,
+                value_clip=cfg.algorithm.value.clip,
             ),
         )
     for cluster in clusters.values():
@@ -313,25 +384,16 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
     scheduler = None
     try:
         clusters = _make_clusters(cfg, setup, executor)
-        scheduler = RolloutScheduler(
-            infer=clusters["actor_infer"],
-            prompts=stream,
-            reward_fn=rewards.score_sample,
-            params=params,
-            n=cfg.rollout.n,
-            prompts_per_step=cfg.rollout.prompts_per_step,
-            chunk_size=cfg.rollout.chunk_size,
-            max_chunks_in_flight=cfg.rollout.max_chunks_in_flight,
-            dynamic_sampling=cfg.algorithm.dynamic_sampling,
-            max_additional_prompts=cfg.rollout.max_additional_prompts,
-            reward_workers=cfg.rollout.reward_workers,
-            seed=cfg.seed,
-        )
+        scheduler = _make_scheduler(cfg, clusters, stream, rewards, params)
         rl_state = RLState(cfg.algorithm)
 
         def save_state(ckpt: Path) -> dict[str, Any]:
             clusters["actor_train"].run("save", str(ckpt / "actor_train"))
+            if "critic" in clusters:
+                clusters["critic"].run("save", str(ckpt / "critic"))
             torch.save(clusters["actor_infer"].run("get_rng_state"), ckpt / "infer_rng.pt")
+            if isinstance(scheduler, AsyncRolloutScheduler):  # groups not yet trained on
+                torch.save(scheduler.state_dict(), ckpt / "async_rollout.pt")
             return {
                 "prompts": stream.loader.state_dict(),
                 "train_size": len(setup.train),
@@ -342,9 +404,14 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         def load_state(ckpt: Path, state: dict[str, Any]) -> None:
             check_same_data(ckpt, state, size=len(setup.train), unit="prompts")
             clusters["actor_train"].run("load", str(ckpt / "actor_train"))
+            if "critic" in clusters:
+                clusters["critic"].run("load", str(ckpt / "critic"))
             for rank, rng in enumerate(torch.load(ckpt / "infer_rng.pt", weights_only=False)):
                 clusters["actor_infer"].handles[rank].submit("set_rng_state", rng)
             stream.loader.load_state_dict(state["prompts"])
+            saved = ckpt / "async_rollout.pt"
+            if isinstance(scheduler, AsyncRolloutScheduler) and saved.exists():
+                scheduler.load_state_dict(torch.load(saved), setup.train)
             rl_state.load_state_dict(state["rl"])
             rewards.load_state_dict(state["rewards"])
 
@@ -355,7 +422,12 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         for step in loop.steps(start, cfg.trainer.max_steps):
             metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state)
             metrics |= rewards.step_metrics()
-            metrics |= sync_weights(clusters, version=step)
+            # version v = the weights after v updates; async: suspend -> sync -> resume
+            if isinstance(scheduler, AsyncRolloutScheduler):
+                update = functools.partial(sync_weights, clusters, version=step + 1)
+                metrics |= scheduler.sync(update, step + 1)
+            else:
+                metrics |= sync_weights(clusters, version=step + 1)
             loop.end_step(
                 step,
                 metrics,
@@ -371,11 +443,58 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         executor.shutdown()
 
 
+def _make_scheduler(
+    cfg: RLVRConfig,
+    clusters: dict[str, Cluster],
+    stream: PromptStream,
+    rewards: RewardStage,
+    params: SamplingParams,
+) -> RolloutScheduler | AsyncRolloutScheduler:
+    """The synchronous scheduler, or (async_generation_ratio > 0) the async producer."""
+    r = cfg.rollout
+    common: dict[str, Any] = dict(
+        infer=clusters["actor_infer"],
+        prompts=stream,
+        reward_fn=rewards.score_sample,
+        params=params,
+        n=r.n,
+        prompts_per_step=r.prompts_per_step,
+        chunk_size=r.chunk_size,
+        max_chunks_in_flight=r.max_chunks_in_flight,
+        dynamic_sampling=cfg.algorithm.dynamic_sampling,
+        max_additional_prompts=r.max_additional_prompts,
+        reward_workers=r.reward_workers,
+        seed=cfg.seed,
+    )
+    if r.async_generation_ratio == 0:
+        return RolloutScheduler(**common)
+    prefix = cfg.actor_infer.backend in PREFIX_CONTINUATION_BACKENDS
+    if not prefix and (r.segment_tokens or r.tail_length_budget):
+        raise ConfigError(
+            f"rollout.segment_tokens / tail_length_budget continue responses from their "
+            f"prefix, which actor_infer.backend={cfg.actor_infer.backend!r} cannot do.",
+            hint="Remove them, or use a backend that continues from a prefix (hf).",
+        )
+    return AsyncRolloutScheduler(
+        **common,
+        async_generation_ratio=r.async_generation_ratio,
+        partial_rollout=check_prefix_support(
+            cfg.actor_infer.backend,
+            prefix,
+            partial_rollout=r.partial_rollout,
+            allow_fallback=r.partial_rollout_fallback,
+        ),
+        segment_tokens=r.segment_tokens,
+        tail_length_budget=r.tail_length_budget,
+        tail_round_size=r.tail_round_size,
+    )
+
+
 def _train_step(
     cfg: RLVRConfig,
     setup: RLVRSetup,
     clusters: dict[str, Cluster],
-    scheduler: RolloutScheduler,
+    scheduler: RolloutScheduler | AsyncRolloutScheduler,
     step: int,
     rl_state: RLState,
 ) -> dict[str, float]:
@@ -401,11 +520,18 @@ def _train_step(
         clusters["actor_train"].run_dp("log_probs", batch, temperature=temp)
     )
     timers["time/old_log_prob"] = time.perf_counter() - t
+    if "critic" in clusters:
+        t = time.perf_counter()
+        values = torch.cat(clusters["critic"].run_dp("values", batch))
+        batch.tensors["values"] = values * batch.tensors["response_mask"]
+        timers["time/values"] = time.perf_counter() - t
     metrics = advantages_and_kl(
         batch, cfg.algorithm, rl_state, max_new_tokens=cfg.rollout.max_new_tokens
     )
+    if "critic" in clusters:
+        metrics |= critic_batch_metrics(batch)
     t = time.perf_counter()
-    metrics |= _update(cfg, clusters["actor_train"], batch, temp)
+    metrics |= _update(cfg, clusters, batch, temp)
     timers["time/train"] = time.perf_counter() - t
     wall = time.perf_counter() - step_start
     generated = float(batch.tensors["response_lengths"].sum())
@@ -420,8 +546,11 @@ def _train_step(
     }
 
 
-def _update(cfg: RLVRConfig, actor: Cluster, batch: Batch, temperature: float) -> dict[str, float]:
-    """ppo_epochs x mini_batches optimizer steps; metrics averaged over them."""
+def _update(
+    cfg: RLVRConfig, clusters: dict[str, Cluster], batch: Batch, temperature: float
+) -> dict[str, float]:
+    """ppo_epochs x mini_batches optimizer steps (of the critic, when there is one, then of
+    the actor, on the same mini-batch); metrics averaged over them."""
     totals: dict[str, float] = {}
     count = 0
     algo = cfg.algorithm
@@ -436,15 +565,18 @@ def _update(cfg: RLVRConfig, actor: Cluster, batch: Batch, temperature: float) -
                 "sequences": float(len(mb)),
                 "max_response_length": float(cfg.rollout.max_new_tokens),
             }
-            out = actor.run_dp(
+            step_metrics: dict[str, float] = {}
+            if "critic" in clusters:
+                step_metrics |= reduce_rank_metrics(clusters["critic"].run_dp("train_step", mb))
+            out = clusters["actor_train"].run_dp(
                 "train_step",
                 mb,
                 objective="rl",
                 algorithm=algo.model_dump(),
                 temperature=temperature,
             )
-            for o in out:
-                for k, v in o.items():
-                    totals[k] = totals.get(k, 0.0) + v
+            step_metrics |= reduce_rank_metrics(out)  # one rank's view of the update
+            for k, v in step_metrics.items():
+                totals[k] = totals.get(k, 0.0) + v
             count += 1
     return {k: v / count for k, v in totals.items()}

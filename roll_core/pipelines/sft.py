@@ -28,6 +28,7 @@ from roll_core.data import (
     require_columns,
 )
 from roll_core.engine import Cluster, make_executor
+from roll_core.engine.resource_plan import cluster_placement
 from roll_core.models import load_tokenizer, resolve_model_path
 from roll_core.pipelines.common import (
     DriverLoop,
@@ -35,7 +36,7 @@ from roll_core.pipelines.common import (
     actor_loader_state,
     evaluate_exact_match,
 )
-from roll_core.workers.actor_train import ActorTrain
+from roll_core.workers.actor_train import ActorTrain, backend_options
 
 
 def plan(cfg: SFTConfig) -> list[RolePlan]:
@@ -174,6 +175,7 @@ def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
         executor,
         world_size=world,
         resources={"CPU": 1} if cfg.executor.type == "ray" else {},
+        **cluster_placement(cfg, "actor_train"),
         worker_kwargs={
             "backend": role.backend,
             "backend_kwargs": dict(
@@ -189,6 +191,7 @@ def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
                 num_threads=role.num_threads,
                 gradient_checkpointing=cfg.model.gradient_checkpointing,
                 lora=role.lora,
+                **backend_options(role),
             ),
         },
     )

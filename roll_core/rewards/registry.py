@@ -23,8 +23,11 @@ from typing import Any
 from roll_core.config.reward import DOTTED_PATH, DomainRewardConfig, RewardFnConfig
 from roll_core.errors import ConfigError
 from roll_core.rewards.base import RewardFn, RewardResult, RewardSample, as_result
+from roll_core.rewards.code import CodeReward
 from roll_core.rewards.format_reward import FormatReward
+from roll_core.rewards.judge import JudgeReward
 from roll_core.rewards.math_reward import MathReward
+from roll_core.rewards.rules import ChoiceReward, InstructionsReward, RepetitionPenalty
 
 __all__ = [
     "REWARDS",
@@ -36,7 +39,15 @@ __all__ = [
     "load_user_function",
 ]
 
-REWARDS: dict[str, type] = {"math": MathReward, "format": FormatReward}
+REWARDS: dict[str, type] = {
+    "math": MathReward,
+    "format": FormatReward,
+    "code": CodeReward,
+    "judge": JudgeReward,
+    "instructions": InstructionsReward,
+    "choice": ChoiceReward,
+    "repetition": RepetitionPenalty,
+}
 """Built-in reward name -> dataclass; its init fields are the options it accepts."""
 
 _PATH_HINT = (
@@ -178,6 +189,29 @@ class WeightedSum:
             warm = getattr(fn, "warmup", None)
             if callable(warm):
                 warm()
+
+    def check_row(self, row: Mapping[str, Any], where: str = "row") -> None:
+        """Let every part that validates rows (``code``, ``instructions``) check ``row``."""
+        for _, _, fn in self.parts:
+            check = getattr(fn, "check_row", None)
+            if callable(check):
+                check(row, where)
+
+    def metrics(self, *, reset: bool = True) -> dict[str, float]:
+        """The parts' own metrics (``code/...``, ``judge/...``), for thread isolation."""
+        out: dict[str, float] = {}
+        for _, _, fn in self.parts:
+            part = getattr(fn, "metrics", None)
+            if callable(part):
+                out.update(part(reset=reset))
+        return out
+
+    def close(self) -> None:
+        """Close the parts that hold resources (a judge's HTTP session)."""
+        for _, _, fn in self.parts:
+            close = getattr(fn, "close", None)
+            if callable(close):
+                close()
 
     def __call__(self, sample: RewardSample) -> RewardResult:
         total = 0.0

@@ -123,6 +123,9 @@ class RewardRouter:
         num_workers: worker processes under ``process`` isolation.
         timeouts: domain -> seconds, for domains given as names or callables
             (default 5 s; a ``DomainRewardConfig`` carries its own ``timeout_s``).
+        isolations: domain -> ``"process"`` / ``"thread"`` overriding ``isolation`` for
+            that domain (``code`` and ``judge`` domains run in threads: they bound their own
+            work and keep state across calls).
 
     Raises:
         ConfigError: no domains, an unknown reward name, a user function that cannot be
@@ -140,6 +143,7 @@ class RewardRouter:
         isolation: Literal["process", "thread"] = "process",
         num_workers: int = 2,
         timeouts: Mapping[str, float] | None = None,
+        isolations: Mapping[str, str | None] | None = None,
     ) -> None:
         if not domains:
             raise ConfigError(
@@ -160,21 +164,34 @@ class RewardRouter:
             fns[name], self.timeouts[name] = _build(spec, (timeouts or {}).get(name))
         if dataset_domains is not None:
             self.check_domains(dataset_domains)
-        self._runner: ProcessRunner | ThreadRunner
-        if isolation == "process":
-            _check_importable(fns)
+        if isolation not in ("process", "thread"):
+            raise ConfigError(f"isolation must be 'process' or 'thread', not {isolation!r}.")
+        modes = {name: (isolations or {}).get(name) or isolation for name in fns}
+        for name, mode in modes.items():
+            if mode not in ("process", "thread"):
+                raise ConfigError(f"isolation of domain {name!r} must be 'process' or 'thread'.")
+        self._fns = fns
+        self._isolations = modes
+        in_process = {n: f for n, f in fns.items() if modes[n] == "process"}
+        in_threads = {n: f for n, f in fns.items() if modes[n] == "thread"}
+        self._runners: dict[str, ProcessRunner | ThreadRunner] = {}
+        if in_process:
+            _check_importable(in_process)
             try:
-                self._runner = ProcessRunner(fns, num_workers=num_workers)
+                process_runner = ProcessRunner(in_process, num_workers=num_workers)
             except (pickle.PicklingError, TypeError, AttributeError) as err:
                 raise ConfigError(
                     f"a reward function cannot be sent to worker processes: {err}.",
                     hint="Define it at module level (no lambda or closure), or set "
                     "reward.isolation: thread.",
                 ) from None
-        elif isolation == "thread":
-            self._runner = ThreadRunner(fns)
-        else:
-            raise ConfigError(f"isolation must be 'process' or 'thread', not {isolation!r}.")
+            self._runners.update(dict.fromkeys(in_process, process_runner))
+        if in_threads:
+            thread_runner = ThreadRunner(in_threads)
+            self._runners.update(dict.fromkeys(in_threads, thread_runner))
+        self._runner = self._runners[next(n for n in fns if modes[n] == isolation)] if any(
+            m == isolation for m in modes.values()
+        ) else next(iter(self._runners.values()))
         self.isolation = isolation
         self._lock = threading.Lock()
         self._window = {name: DomainStats() for name in fns}
@@ -194,6 +211,9 @@ class RewardRouter:
             domain_key=cfg.domain_key,
             isolation=cfg.isolation,
             num_workers=cfg.num_workers,
+            isolations={
+                name: spec.effective_isolation(cfg.isolation) for name, spec in cfg.domains.items()
+            },
         )
 
     @property
@@ -243,7 +263,7 @@ class RewardRouter:
             reason = f"no reward for domain {domain!r} (configured: {', '.join(self.domains)})"
             return RewardResult(0.0, {"error": reason, "timeout": False, "unknown_domain": True})
         try:
-            outcome: Outcome = self._runner.run(domain, sample, self.timeouts[domain])
+            outcome: Outcome = self._runners[domain].run(domain, sample, self.timeouts[domain])
         except Exception as err:  # the runner itself failed (e.g. no process could start)
             outcome = Outcome(None, "reward runner failed: " + describe_error(err))
         if outcome.result is not None:
@@ -259,7 +279,7 @@ class RewardRouter:
 
     def score_many(self, samples: Sequence[RewardSample]) -> list[RewardResult]:
         """Score several samples concurrently (as many at once as there are workers)."""
-        width = getattr(self._runner, "num_workers", 4)
+        width = max(getattr(r, "num_workers", 4) for r in self._runners.values())
         if len(samples) <= 1:
             return [self.score(s) for s in samples]
         with ThreadPoolExecutor(max_workers=min(width, len(samples))) as pool:
@@ -277,6 +297,10 @@ class RewardRouter:
             for domain, stats in self._window.items():
                 out.update(stats.metrics(domain))
             out[f"reward/{UNKNOWN}/count"] = float(self._unknown_window)
+            for domain, fn in self._fns.items():  # code/judge metrics (thread isolation)
+                own = getattr(fn, "metrics", None)
+                if self._isolations[domain] == "thread" and callable(own):
+                    out.update({f"reward/{domain}/{k}": v for k, v in own(reset=reset).items()})
             if reset:
                 self._window = {name: DomainStats() for name in self._window}
                 self._unknown_window = 0
@@ -309,9 +333,28 @@ class RewardRouter:
                     self._totals[name] = DomainStats(**values)
             self._unknown_total = int(state.get("unknown_total", 0))
 
+    def check_rows(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Validate dataset rows with their domain's reward (a ``code`` row's tests, an
+        ``instructions`` row's constraints): call at data loading.
+
+        Raises:
+            DataError: the first malformed row, named by its index.
+        """
+        for i, row in enumerate(rows):
+            value = row.get(self.domain_key)
+            domain = self.default_domain if value is None else str(value)
+            check = getattr(self._fns.get(domain or ""), "check_row", None)
+            if callable(check):
+                check(row, f"row {i} (domain {domain!r})")
+
     def close(self) -> None:
         """Stop the worker processes. The router cannot score after this."""
-        self._runner.close()
+        for runner in set(self._runners.values()):
+            runner.close()
+        for domain, fn in self._fns.items():
+            close = getattr(fn, "close", None)
+            if self._isolations[domain] == "thread" and callable(close):
+                close()
 
     def __enter__(self) -> RewardRouter:
         return self

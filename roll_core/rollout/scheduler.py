@@ -8,6 +8,8 @@
 * Dynamic sampling: a group whose rewards have zero variance is dropped and another prompt is
   pulled (at most `max_additional_prompts` per step) until `prompts_per_step` groups are kept.
 * Every sample records the policy version of the weights that generated it.
+* This is the synchronous scheduler (``rollout.async_generation_ratio = 0``); the async one,
+  which keeps generating while the trainer trains, is ``rollout/async_scheduler.py``.
 
 The scheduler does not know Ray: it talks to a Cluster of ActorInfer workers through
 `cluster.submit(rank, ...)` futures, which both executors provide.
@@ -48,6 +50,8 @@ class Sample:
     reward: float = 0.0
     reward_info: dict[str, Any] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
+    """Wall-clock stamps (gen_start/end, reward_start/end); async partial rollouts also record
+    ``max_policy_version`` here (``policy_version`` is then the oldest version)."""
 
 
 RewardFn = Callable[[Sample], tuple[float, dict[str, Any]]]
@@ -135,6 +139,8 @@ class _StepRun:
         self.reward_s = 0.0
         self.reward_starts: list[float] = []
         self.gen_ends: list[float] = []
+        self.gen_active_s = 0.0  # time with at least one generation call in flight
+        self.active_since = 0.0
 
     # ---- prompts and requests -------------------------------------------------------------
     def _pull_prompt(self) -> bool:
@@ -163,6 +169,8 @@ class _StepRun:
             rank = min(free, key=lambda r: (self.in_flight[r], r))  # least loaded
             chunk, self.queue = self.queue[: self.s.chunk_size], self.queue[self.s.chunk_size :]
             requests = [c[0] for c in chunk]
+            if not any(self.chunks):
+                self.active_since = time.perf_counter()
             future = self.s.infer.submit(rank, "generate", requests, self.s.params)
             self.futures[future] = ("gen", (rank, chunk, time.time()))
             self.in_flight[rank] += len(chunk)
@@ -173,6 +181,8 @@ class _StepRun:
         completions: list[Completion] = _result(future)
         self.in_flight[rank] -= len(chunk)
         self.chunks[rank] -= 1
+        if not any(self.chunks):
+            self.gen_active_s += time.perf_counter() - self.active_since
         by_id = {c.request_id: c for c in completions}
         ends = [c.timing.get("gen_end", time.time()) for c in completions]
         self.gen_ends.extend(ends)
@@ -252,4 +262,5 @@ class _StepRun:
             "rollout/reward_s": self.reward_s,
             "rollout/rewards_before_last_gen": float(overlap),
             "rollout/gen_wait_slowest_share": self.wait_slowest_s / max(1e-9, self.gen_busy_s),
+            "rollout/gen_active_s": self.gen_active_s,
         }

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from roll_core.backends.train import TRAIN_BACKENDS, TrainBackend
+from roll_core.backends.train import MULTI_RANK_BACKENDS, TrainBackend, get_train_backend
 from roll_core.data import Batch
 from roll_core.engine import Worker
 from roll_core.workers.objectives import get_objective
@@ -26,10 +26,16 @@ class ActorTrain(Worker):
         self.backend_kwargs = backend_kwargs
         self.backend: TrainBackend | None = None
 
+    @classmethod
+    def needs_process_group(cls, world_size: int, kwargs: dict[str, Any]) -> bool:
+        """fsdp2 and deepspeed ranks form a torch.distributed group (even a group of one)."""
+        return world_size > 1 or kwargs.get("backend") in MULTI_RANK_BACKENDS
+
     def setup(self) -> dict[str, Any]:
-        self.backend = TRAIN_BACKENDS[self.backend_name](**self.backend_kwargs)
-        n_params = sum(p.numel() for p in self.backend.model.parameters())
-        trainable = sum(p.numel() for p in self.backend.model.parameters() if p.requires_grad)
+        self.backend = get_train_backend(self.backend_name)(**self.backend_kwargs)
+        params = list(self.backend.model.parameters())
+        n_params = sum(_numel(p) for p in params)
+        trainable = sum(_numel(p) for p in params if p.requires_grad)
         return {"params": n_params, "trainable": trainable, "device": str(self.backend.device)}
 
     def _b(self) -> TrainBackend:
@@ -64,6 +70,8 @@ class ActorTrain(Worker):
         copies. Under LoRA the adapters are merged in (W + scale * B @ A), so the inference
         engine gets ordinary weights."""
         backend = self._b()
+        if hasattr(backend, "full_weights"):  # sharded: gathered on rank 0 (collective)
+            return dict(backend.full_weights())
         if getattr(backend, "lora", None) is not None:
             from roll_core.models.lora import merged_state_dict
 
@@ -72,17 +80,51 @@ class ActorTrain(Worker):
             weights = dict(backend.model.named_parameters())
         return {n: t.detach().to("cpu", copy=True) for n, t in weights.items()}
 
+    def _state_dir(self, path: str) -> Path:
+        """`path/rank-<rank>/`, or `path/` itself for backends whose ranks write one sharded
+        checkpoint together (fsdp2, deepspeed)."""
+        if getattr(self._b(), "checkpoint_layout", "per_rank") == "shared":
+            return Path(path)
+        return Path(path) / f"rank-{self.rank}"
+
     def save(self, path: str) -> None:
-        """Write this rank's state to `path/rank-<rank>/`."""
-        target = Path(path) / f"rank-{self.rank}"
+        """Write this rank's state (see `_state_dir`)."""
+        target = self._state_dir(path)
         target.mkdir(parents=True, exist_ok=True)
         self._b().save(target)
 
     def load(self, path: str) -> None:
-        self._b().load(Path(path) / f"rank-{self.rank}")
+        self._b().load(self._state_dir(path))
 
     def export(self, path: str) -> None:
         self._b().export(Path(path))
 
     def state_digest(self) -> str:
         return self._b().state_digest()
+
+    def offload(self) -> dict[str, float]:
+        """Free this rank's GPU for a colocated role: weights, grads and optimizer state to
+        CPU memory (no-op on CPU). Call `reload` before the next forward."""
+        from roll_core.backends.train.offload import offload
+
+        return offload(self._b())
+
+    def reload(self) -> None:
+        from roll_core.backends.train.offload import reload
+
+        reload(self._b())
+
+
+def _numel(p: torch.Tensor) -> int:
+    """Elements of the full parameter (ZeRO-3 keeps only a shard: `ds_numel`)."""
+    return int(getattr(p, "ds_numel", p.numel()))
+
+
+def backend_options(role: Any) -> dict[str, Any]:
+    """The backend-specific keyword arguments of an ActorTrainConfig (`fsdp2=` /
+    `deepspeed=` options for those backends; nothing for torch), for `backend_kwargs`."""
+    if role.backend == "fsdp2":
+        return {"fsdp2": role.fsdp2}
+    if role.backend == "deepspeed":
+        return {"deepspeed": role.deepspeed}
+    return {}

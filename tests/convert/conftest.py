@@ -8,11 +8,23 @@ import pytest
 import torch
 
 #: Per architecture: the HF config of a tiny model (4 layers for pp=2, 2 kv heads for tp=2,
-#: a vocabulary of 250 so Megatron pads it; Qwen3 with head_dim != hidden / heads).
+#: a vocabulary of 250 so Megatron pads it; Qwen3 with head_dim != hidden / heads; Qwen3-MoE
+#: with 4 experts).
 TINY_CONFIGS: dict[str, dict] = {
     "llama": dict(model_type="llama", tie_word_embeddings=False, head_dim=16, rope_theta=10000.0),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True, rope_theta=1000000.0),
     "qwen3": dict(model_type="qwen3", tie_word_embeddings=False, head_dim=24, rope_theta=1000000.0),
+    # 4 experts (2 per rank at ep=2), top-2, expert size 32 (split by tp=2)
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        tie_word_embeddings=False,
+        head_dim=16,
+        rope_theta=1000000.0,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    ),
 }
 COMMON = dict(
     hidden_size=64,

@@ -73,7 +73,20 @@ ARCHS: dict[str, dict[str, Any]] = {
         "kv_channels": 24,
         "rotary_base": 1000000,
     },
+    # Qwen3-MoE: every layer's MLP is a mixture of EXPERTS experts (top-TOPK routing,
+    # softmax over the top-k logits = HF's norm_topk_prob), each a SwiGLU MLP of size MOE_FFN.
+    "qwen3_moe": {
+        "add_qkv_bias": False,
+        "qk_layernorm": True,
+        "tied": False,
+        "kv_channels": 16,
+        "rotary_base": 1000000,
+        "num_experts": 4,
+    },
 }
+EXPERTS = 4
+TOPK = 2
+MOE_FFN = 32
 
 
 def input_ids() -> torch.Tensor:
@@ -82,10 +95,28 @@ def input_ids() -> torch.Tensor:
     return torch.randint(0, TRUE_VOCAB, (1, SEQ), generator=g)
 
 
-def megatron_args(arch: str, tp: int, pp: int) -> argparse.Namespace:
+def megatron_args(arch: str, tp: int, pp: int, ep: int = 1) -> argparse.Namespace:
     """The Megatron-LM training arguments stored in the checkpoint (``args``)."""
     a = ARCHS[arch]
-    return argparse.Namespace(
+    moe = {}
+    if a.get("num_experts"):
+        moe = dict(
+            num_experts=a["num_experts"],
+            moe_router_topk=TOPK,
+            moe_ffn_hidden_size=MOE_FFN,
+            moe_router_pre_softmax=False,
+            moe_router_score_function="softmax",
+            moe_router_topk_scaling_factor=None,
+            moe_router_enable_expert_bias=False,
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=0.001,
+            moe_shared_expert_intermediate_size=None,
+            moe_layer_freq=1,
+            moe_grouped_gemm=False,
+            moe_token_dispatcher_type="allgather",
+            expert_tensor_parallel_size=tp,
+        )
+    base = dict(
         num_layers=LAYERS,
         hidden_size=HIDDEN,
         ffn_hidden_size=FFN,
@@ -110,17 +141,23 @@ def megatron_args(arch: str, tp: int, pp: int) -> argparse.Namespace:
         make_vocab_size_divisible_by=64,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
-        expert_model_parallel_size=1,
+        expert_model_parallel_size=ep,
         num_experts=None,
         transformer_impl="local",
         params_dtype=torch.float32,
         bf16=False,
         fp16=False,
     )
+    return argparse.Namespace(**{**base, **moe})
 
 
 def _patch_megatron_for_cpu() -> None:
     from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import moe_utils
+
+    # megatron-core 0.16 leaves this name undefined without Transformer Engine; the router's
+    # gating linear tests it for None and then uses torch.mm
+    moe_utils.te_general_gemm = getattr(moe_utils, "te_general_gemm", None)
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
@@ -138,6 +175,20 @@ def build_model(arch: str) -> Any:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     a = ARCHS[arch]
+    moe: dict[str, Any] = {}
+    if a.get("num_experts"):
+        tp = ps.get_tensor_model_parallel_world_size()
+        moe = dict(
+            num_moe_experts=a["num_experts"],
+            moe_router_topk=TOPK,
+            moe_ffn_hidden_size=MOE_FFN,
+            moe_router_pre_softmax=False,
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=0.001,
+            moe_token_dispatcher_type="allgather",
+            expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
+            expert_tensor_parallel_size=tp,
+        )
     torch.manual_seed(0)  # use_cpu_initialization: every TP rank builds the same master weight
     cfg = TransformerConfig(
         num_layers=LAYERS,
@@ -167,8 +218,11 @@ def build_model(arch: str) -> Any:
         params_dtype=torch.float32,
         pipeline_dtype=torch.float32,
         init_method_std=0.05,
+        **moe,
     )
-    spec = get_gpt_layer_local_spec(qk_layernorm=a["qk_layernorm"], normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(
+        num_experts=a.get("num_experts"), qk_layernorm=a["qk_layernorm"], normalization="RMSNorm"
+    )
     model = GPTModel(
         cfg,
         spec,
@@ -209,6 +263,39 @@ def _perturb_norms_and_biases(model: Any) -> None:
             p.add_(0.2 * torch.randn(p.shape, generator=g))
 
 
+def _perturb_experts(model: Any) -> None:
+    """Every EP rank initialises its local experts from the same seed, so expert 0 and expert
+    ``num_local`` would be equal and an expert-numbering mistake would go unseen: add noise
+    drawn for the *global* (layer, expert, tensor), of the global shape, and keep this TP rank's
+    part of it (fc1: the rank's ``[gate_r; up_r]`` rows; fc2: its columns)."""
+    from megatron.core import parallel_state as ps
+
+    offset = model.decoder.layers[0].layer_number - 1 if len(model.decoder.layers) else 0
+    tp, tp_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
+    ep_rank = ps.get_expert_model_parallel_rank()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            parts = name.split(".")
+            if "local_experts" not in parts:
+                continue
+            layer = int(parts[2]) + offset
+            local = int(parts[parts.index("local_experts") + 1])
+            n_local = len(model.decoder.layers[0].mlp.experts.local_experts)
+            expert = ep_rank * n_local + local
+            seed_text = f"{layer}.{expert}.{parts[-2]}"
+            g = torch.Generator().manual_seed(
+                sum(ord(c) * (i + 1) for i, c in enumerate(seed_text))
+            )
+            if parts[-2] == "linear_fc1":  # per rank [gate_r; up_r] of the global [gate; up]
+                full = torch.randn(p.shape[0] * tp, p.shape[1], generator=g)
+                gate, up = full.chunk(2)
+                part = torch.cat([gate.chunk(tp)[tp_rank], up.chunk(tp)[tp_rank]])
+            else:  # linear_fc2: row parallel, columns split
+                full = torch.randn(p.shape[0], p.shape[1] * tp, generator=g)
+                part = full.chunk(tp, dim=1)[tp_rank]
+            p.add_(0.05 * part)
+
+
 def forward_logits(model: Any) -> torch.Tensor | None:
     """Logits [1, SEQ, vocab] on the last stage (None elsewhere); PP by explicit send/recv."""
     from megatron.core import parallel_state as ps
@@ -216,9 +303,13 @@ def forward_logits(model: Any) -> torch.Tensor | None:
     ids = input_ids()
     pos = torch.arange(SEQ)[None]
     mask = torch.triu(torch.ones(SEQ, SEQ), 1).bool()[None, None]
+    # with sequence parallelism the stages pass this rank's part of the sequence
+    seq = (
+        SEQ // ps.get_tensor_model_parallel_world_size() if model.config.sequence_parallel else SEQ
+    )
     with torch.no_grad():
         if not ps.is_pipeline_first_stage():
-            hidden = torch.empty(SEQ, 1, HIDDEN)
+            hidden = torch.empty(seq, 1, HIDDEN)
             dist.recv(hidden, src=ps.get_pipeline_model_parallel_prev_rank())
             model.set_input_tensor(hidden)
         out = model(ids, pos, attention_mask=mask)
@@ -228,20 +319,30 @@ def forward_logits(model: Any) -> torch.Tensor | None:
         return out
 
 
-def _save(model: Any, arch: str, out: Path, tp: int, pp: int) -> None:
+def _rank_dir() -> str:
+    """Megatron-LM's ``get_checkpoint_name``: ``mp_rank_TT[_PPP][_EEE]``."""
+    from megatron.core import parallel_state as ps
+
+    name = f"mp_rank_{ps.get_tensor_model_parallel_rank():02d}"
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        name += f"_{ps.get_pipeline_model_parallel_rank():03d}"
+    if ps.get_expert_model_parallel_world_size() > 1:
+        name += f"_{ps.get_expert_model_parallel_rank():03d}"
+    return name
+
+
+def _save(model: Any, arch: str, out: Path, tp: int, pp: int, ep: int) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as ps
 
-    tp_rank = ps.get_tensor_model_parallel_rank()
-    pp_rank = ps.get_pipeline_model_parallel_rank()
-    args = megatron_args(arch, tp, pp)
+    args = megatron_args(arch, tp, pp, ep)
     common = {"args": args, "checkpoint_version": 3.0, "iteration": 1}
 
     legacy = out / arch / "legacy"
-    rank_dir = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
-    path = legacy / "iter_0000001" / rank_dir / "model_optim_rng.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({**common, "model": model.state_dict_for_save_checkpoint()}, path)
+    path = legacy / "iter_0000001" / _rank_dir() / "model_optim_rng.pt"
+    if ps.get_expert_data_parallel_rank() == 0:  # as Megatron-LM: one copy per (TP, PP, EP)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({**common, "model": model.state_dict_for_save_checkpoint()}, path)
     if dist.get_rank() == 0:
         (legacy / "latest_checkpointed_iteration.txt").write_text("1")
 
@@ -255,19 +356,21 @@ def _save(model: Any, arch: str, out: Path, tp: int, pp: int) -> None:
 
 def _load(model: Any, ckpt: Path) -> None:
     from megatron.core import dist_checkpointing
-    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.validation import StrictHandling
 
     it = (ckpt / "latest_checkpointed_iteration.txt").read_text().strip()
     it_dir = ckpt / ("release" if it == "release" else f"iter_{int(it):07d}")
     if (it_dir / "metadata.json").exists():
-        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(it_dir))
+        # RAISE_ALL: a tensor or object missing from the checkpoint, or one the model does not
+        # have, is an error
+        loaded = dist_checkpointing.load(
+            {"model": model.sharded_state_dict()}, str(it_dir), strict=StrictHandling.RAISE_ALL
+        )
+        if isinstance(loaded, tuple):
+            loaded = loaded[0]
         model.load_state_dict(loaded["model"], strict=True)
         return
-    tp_rank = ps.get_tensor_model_parallel_rank()
-    pp_rank = ps.get_pipeline_model_parallel_rank()
-    pp = ps.get_pipeline_model_parallel_world_size()
-    rank_dir = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
-    sd = torch.load(it_dir / rank_dir / "model_optim_rng.pt", weights_only=False)
+    sd = torch.load(it_dir / _rank_dir() / "model_optim_rng.pt", weights_only=False)
     model.load_state_dict(sd["model"], strict=True)
 
 
@@ -279,7 +382,7 @@ def _worker(rank: int, world: int, port: int, opts: argparse.Namespace) -> None:
     from megatron.core import parallel_state as ps
 
     _patch_megatron_for_cpu()
-    ps.initialize_model_parallel(opts.tp, opts.pp)
+    ps.initialize_model_parallel(opts.tp, opts.pp, expert_model_parallel_size=opts.ep)
     if opts.command == "save":
         jobs = [(arch, "", str(Path(opts.out) / arch / "logits.pt")) for arch in opts.arch]
     else:
@@ -289,12 +392,14 @@ def _worker(rank: int, world: int, port: int, opts: argparse.Namespace) -> None:
             model = build_model(arch)
             if opts.command == "save":
                 _perturb_norms_and_biases(model)
-                _save(model, arch, Path(opts.out), opts.tp, opts.pp)
+                _perturb_experts(model)
+                _save(model, arch, Path(opts.out), opts.tp, opts.pp, opts.ep)
             else:
                 _load(model, Path(ckpt))
             target = Path(out)
             logits = forward_logits(model)
-            if logits is not None and ps.get_tensor_model_parallel_rank() == 0:
+            first_copy = ps.get_tensor_model_parallel_rank() == 0 == ps.get_data_parallel_rank()
+            if logits is not None and first_copy:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(logits.detach().clone(), target)
             dist.barrier()
@@ -320,8 +425,9 @@ def main(argv: list[str] | None = None) -> None:
     for p in (save, load):
         p.add_argument("--tp", type=int, default=2)
         p.add_argument("--pp", type=int, default=2)
+        p.add_argument("--ep", type=int, default=1, help="expert parallel (data parallel) size")
     opts = parser.parse_args(argv)
-    world = opts.tp * opts.pp
+    world = opts.tp * opts.pp * opts.ep
     warnings.filterwarnings("ignore")  # "Transformer Engine and Apex are not installed"
     # Import megatron-core once here; the forked workers share it (saves an import per rank).
     import megatron.core.dist_checkpointing  # noqa: F401

@@ -43,3 +43,17 @@ def test_cli_errors_are_one_paragraph_and_an_exit_code(roll, tmp_path: Path) -> 
     r = roll("convert", "hf2mcore", str(tmp_path / "src"), str(tmp_path / "src"))
     assert r.returncode == 2
     assert "is not empty" in r.stderr and "--overwrite" in r.stderr
+
+
+def test_cli_moe_with_expert_parallelism(roll, hf_models: dict[str, Path], tmp_path: Path) -> None:
+    from roll_core.convert import mcore_to_hf
+
+    src, mcore, hf = hf_models["qwen3_moe"], tmp_path / "mcore", tmp_path / "hf"
+    r = roll("convert", "hf2mcore", str(src), str(mcore), "--tp", "2", "--ep", "2",
+             "--format", "legacy")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "to legacy (tp=2, pp=1, ep=2): qwen3_moe, 4 layers" in r.stdout
+    assert (mcore / "release/mp_rank_01_001/model_optim_rng.pt").is_file()  # tp 1, ep 1
+    assert mcore_to_hf(mcore, hf).ep == 2
+    a, b = load_file(src / "model.safetensors"), load_file(hf / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)

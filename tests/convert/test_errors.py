@@ -66,7 +66,9 @@ def test_missing_distcp_file_is_listed(dist_ckpt: Path, tmp_path: Path) -> None:
 def test_shards_outside_the_parallel_sizes(legacy_ckpt: Path, tmp_path: Path) -> None:
     ckpt = copy(legacy_ckpt, tmp_path)
     shutil.copytree(ckpt / "release/mp_rank_01_000", ckpt / "release/mp_rank_02_000")
-    with pytest.raises(CheckpointError, match=r"ranks \(tp, pp\) \[\(2, 0\)\], outside.*2x2"):
+    with pytest.raises(
+        CheckpointError, match=r"ranks \(tp, pp, ep\) \[\(2, 0, 0\)\], outside.*2x2x1"
+    ):
         mcore_to_hf(ckpt, tmp_path / "out")
 
 
@@ -76,7 +78,7 @@ def test_shards_with_different_parallel_sizes(legacy_ckpt: Path, tmp_path: Path)
     sd = torch.load(f, weights_only=False)
     sd["args"].tensor_model_parallel_size = 4
     torch.save(sd, f)
-    with pytest.raises(CheckpointError, match=r"mp_rank_01_001.*sizes \(4, 2\).*\(2, 2\)"):
+    with pytest.raises(CheckpointError, match=r"mp_rank_01_001.*sizes \(4, 2, 1\).*\(2, 2, 1\)"):
         mcore_to_hf(ckpt, tmp_path / "out")
 
 
@@ -92,8 +94,26 @@ def test_unsupported_features_in_args_are_named() -> None:
         "add_bias_linear": False,
         "num_experts": 8,
     }
-    with pytest.raises(CheckpointError, match=r"num_experts=8 \(supported: None\).*llama"):
-        dims_from_args(moe, vocab_size=None)
+    dims = dims_from_args(moe, vocab_size=None)  # Qwen3-MoE routing with Megatron's defaults
+    assert (dims.moe, dims.num_experts, dims.moe_topk, dims.moe_norm_topk) == (True, 8, 2, True)
+    assert dims.moe_ffn_hidden_size == 32  # moe_ffn_hidden_size defaults to ffn_hidden_size
+    # Qwen2-MoE's shared experts, DeepSeek's sigmoid routing, a dense first layer: named
+    bad = {
+        **moe,
+        "moe_shared_expert_intermediate_size": 64,
+        "moe_router_score_function": "sigmoid",
+        "moe_layer_freq": [0, 1],
+        "moe_router_load_balancing_type": "sinkhorn",
+    }
+    with pytest.raises(
+        CheckpointError,
+        match=r"moe_router_score_function='sigmoid' \(supported: 'softmax'\); "
+        r"moe_shared_expert_intermediate_size=64 \(supported: None\); "
+        r"moe_layer_freq=\[0, 1\] \(supported: 1\); "
+        r"moe_router_load_balancing_type='sinkhorn' \(supported: 'aux_loss', 'seq_aux_loss', ",
+    ):
+        dims_from_args(bad, vocab_size=None)
+    assert dims_from_args({**moe, "moe_layer_freq": [1, 1]}, vocab_size=None).moe
 
 
 def test_unsupported_hf_architecture_lists_supported(tmp_path: Path) -> None:
@@ -203,3 +223,102 @@ def test_safe_loader_keeps_unknown_classes_as_records(tmp_path: Path) -> None:
     assert isinstance(loaded["args"].backend, Opaque)
     assert loaded["args"].backend.args == (5,)
     assert repr(loaded["args"].backend) == "Opaque(fake_megatron_enums.AttnBackend, 5)"
+
+
+# -- mixture of experts ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe_legacy_ckpt(hf_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("moe") / "ckpt"
+    hf_to_mcore(hf_models["qwen3_moe"], out, tp=2, pp=1, ep=2, fmt="legacy")
+    return out
+
+
+def test_ep_for_a_dense_model_or_experts_that_do_not_split(
+    hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    with pytest.raises(UsageError, match=r"--ep 2: expert parallelism needs a mixture-of-experts"):
+        hf_to_mcore(hf_models["qwen3"], tmp_path / "out", ep=2)
+    # 4 experts over 3 ranks; expert size 32 over tp 4 is fine but 2 kv heads are not
+    with pytest.raises(UsageError, match=r"num_key_value_heads 2 is not divisible by --tp 4; "
+                       r"num_experts 4 is not divisible by --ep 3"):  # fmt: skip
+        hf_to_mcore(hf_models["qwen3_moe"], tmp_path / "out", tp=4, ep=3)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_expert_shard_is_listed(moe_legacy_ckpt: Path, tmp_path: Path) -> None:
+    ckpt = copy(moe_legacy_ckpt, tmp_path)
+    shutil.rmtree(ckpt / "release/mp_rank_01_001")  # tp rank 1, ep rank 1 (pp=1: no stage)
+    with pytest.raises(
+        CheckpointError, match=r"1 shard file\(s\) missing for tp=2 pp=1 ep=2: .*mp_rank_01_001/"
+    ):
+        mcore_to_hf(ckpt, tmp_path / "out")
+
+
+def test_rank_dirs_that_do_not_fit_the_expert_parallel_size(
+    moe_legacy_ckpt: Path, tmp_path: Path
+) -> None:
+    ckpt = copy(moe_legacy_ckpt, tmp_path)
+    shutil.copytree(ckpt / "release/mp_rank_01_001", ckpt / "release/mp_rank_01_000_001")
+    with pytest.raises(CheckpointError, match=r"mp_rank_01_000_001 does not fit .* 2x1x2 "
+                       r"\(expected names like mp_rank_00_000\)"):  # fmt: skip
+        mcore_to_hf(ckpt, tmp_path / "out")
+
+
+def test_legacy_experts_split_differently_from_attention(
+    moe_legacy_ckpt: Path, tmp_path: Path
+) -> None:
+    ckpt = copy(moe_legacy_ckpt, tmp_path)
+    for f in (ckpt / "release").glob("*/model_optim_rng.pt"):
+        sd = torch.load(f, weights_only=False)
+        sd["args"].expert_tensor_parallel_size = 1
+        torch.save(sd, f)
+    with pytest.raises(CheckpointError, match=r"expert-tensor-parallel size 1.*tensor-parallel "
+                       r"size 2; the legacy layout of such a run is not supported"):  # fmt: skip
+        mcore_to_hf(ckpt, tmp_path / "out")
+
+
+def test_moe_checkpoint_with_fewer_experts_than_args_say(
+    moe_legacy_ckpt: Path, tmp_path: Path
+) -> None:
+    ckpt = copy(moe_legacy_ckpt, tmp_path)
+    for f in (ckpt / "release").glob("*/model_optim_rng.pt"):
+        sd = torch.load(f, weights_only=False)
+        sd["args"].num_experts = 6  # 3 per ep rank; each file holds 2
+        torch.save(sd, f)
+    with pytest.raises(CheckpointError, match=r"layer 0 mlp\.router\.weight has shape \(4, 64\); "
+                       r"the checkpoint's args describe \(6, 64\)"):  # fmt: skip
+        mcore_to_hf(ckpt, tmp_path / "out")
+
+
+def test_hf_moe_with_dense_layers_is_refused(hf_models: dict[str, Path], tmp_path: Path) -> None:
+    src = copy(hf_models["qwen3_moe"], tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    config["mlp_only_layers"] = [0]
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match=r"mlp_only_layers=\[0\]; a qwen3_moe model the "
+                       r"converter supports has mlp_only_layers=\[\]"):  # fmt: skip
+        hf_to_mcore(src, tmp_path / "out")
+
+
+def test_arch_flag_moe_vs_dense(moe_legacy_ckpt: Path, legacy_ckpt: Path, tmp_path: Path) -> None:
+    with pytest.raises(
+        UsageError, match=r"a qwen3 model has .*moe=False; this checkpoint has moe=True"
+    ):
+        mcore_to_hf(moe_legacy_ckpt, tmp_path / "a", arch="qwen3")
+    with pytest.raises(
+        UsageError, match=r"a qwen3_moe model has .*moe=True; this checkpoint has moe=False"
+    ):
+        mcore_to_hf(legacy_ckpt, tmp_path / "b", arch="qwen3_moe")
+
+
+def test_top1_with_renormalised_weights_has_no_megatron_form(
+    hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    src = copy(hf_models["qwen3_moe"], tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    config["num_experts_per_tok"] = 1
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match=r"top-1 routing with renormalised weights"):
+        hf_to_mcore(src, tmp_path / "out")

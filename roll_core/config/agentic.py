@@ -1,0 +1,209 @@
+"""Recipe schema of `roll train agentic` (multi-turn RL in text environments)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from roll_core.config.algorithm import AlgorithmConfig
+from roll_core.config.rlvr import ActorInferConfig, RLTrainerConfig
+from roll_core.config.schema import (
+    ActorTrainConfig,
+    CheckpointConfig,
+    ExecutorConfig,
+    ModelConfig,
+    Strict,
+    TrackingConfig,
+)
+
+
+class EnvEntry(Strict):
+    """One environment of the run (several may be mixed; metrics are reported per tag)."""
+
+    env: str = Field(
+        description="Registered env name (sokoban, frozen_lake, tool_use) or a user env as "
+        "package.module:Class."
+    )
+    tag: str | None = Field(default=None, description="Name in metrics (default: `env`).")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Env options (see `roll debug-env ENV --help-env`)."
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        description="Replace the env's instructions (None: the env's own system prompt). A "
+        "short prompt matters for small-context models.",
+    )
+    groups_per_step: int = Field(default=4, ge=1, description="Env groups of this env per step.")
+    eval_episodes: int = Field(
+        default=32, ge=0, description="Validation episodes (one per held-out seed)."
+    )
+
+    @property
+    def name(self) -> str:
+        return self.tag or self.env.rsplit(":", 1)[-1].lower()
+
+
+class AgenticRolloutConfig(Strict):
+    """Env-level async rollout: groups, redundancy, timeouts, routing, paradigm."""
+
+    mode: Literal["trajectory", "step"] = Field(
+        default="trajectory",
+        description="`trajectory`: one sample per episode (StarPO); `step`: one sample per turn "
+        "with a bounded history window and GiGPO advantages.",
+    )
+    group_size: int = Field(
+        default=4, ge=1, description="Episodes per env group (same seed): the group of GRPO."
+    )
+    group_size_redundancy: int = Field(
+        default=0,
+        ge=0,
+        description="Extra episodes launched per group; the first group_size to finish are "
+        "kept and the rest cancelled.",
+    )
+    history_window: int = Field(
+        default=2, ge=0, description="Step mode: earlier (observation, action) turns in a prompt."
+    )
+    max_new_tokens: int = Field(default=32, ge=1, description="Longest response per turn.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(default=0, ge=0, description="Top-k sampling (0: off).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (eos always stops).")
+    max_context: int | None = Field(
+        default=None,
+        ge=16,
+        description="Tokens a prompt + response may take; an episode that would exceed it ends "
+        "(status `context`). None: the model's max_position_embeddings.",
+    )
+    step_timeout_s: float = Field(
+        default=30.0, gt=0, description="An env reset/step slower than this ends the episode."
+    )
+    episode_timeout_s: float = Field(
+        default=600.0, gt=0, description="An episode longer than this (wall clock) ends."
+    )
+    max_replacements: int = Field(
+        default=2,
+        ge=0,
+        description="Per group: episodes that raised or timed out are replaced by a fresh env "
+        "instance on the same seed at most this many times.",
+    )
+    max_concurrent_episodes: int = Field(
+        default=64, ge=1, description="Episode threads running at once."
+    )
+    chunk_size: int = Field(
+        default=8,
+        ge=1,
+        description="Most generation requests per inference call (1: reproducible sampling "
+        "whatever the timing).",
+    )
+    max_chunks_in_flight: int = Field(
+        default=1, ge=1, description="Chunks queued on one inference rank at a time."
+    )
+    turn_barrier: bool = Field(
+        default=False,
+        description="Lockstep baseline for comparisons: every episode waits for all others at "
+        "each turn (batch rollout). Off: env-level async.",
+    )
+    async_generation_ratio: int = Field(
+        default=0,
+        ge=0,
+        description="0: synchronous. k > 0: episodes keep running while training; a group is "
+        "used only if its oldest turn is at most k policy versions old.",
+    )
+
+
+class GiGPOConfig(Strict):
+    """Step-mode advantages (GiGPO, arXiv 2505.10978): A = A_episode + omega * A_step."""
+
+    omega: float = Field(default=1.0, ge=0, description="Weight of the step-level advantage.")
+    gamma: float = Field(
+        default=0.95, ge=0, le=1, description="Discount of the step returns of anchor groups."
+    )
+    norm: Literal["group", "none"] = Field(
+        default="group", description="Divide by the group's standard deviation, or not."
+    )
+
+
+class WarmStartConfig(Strict):
+    """Optional format warm-up before RL: SFT on random *valid* actions of the envs.
+
+    It teaches the action format only (the actions are uniformly random), so what RL adds on
+    top is the policy. Runs once at the start of a new run (its weights are in checkpoints).
+    """
+
+    steps: int = Field(default=0, ge=0, description="SFT optimizer steps (0: no warm start).")
+    episodes_per_step: int = Field(
+        default=16, ge=1, description="Random episodes per SFT step (every turn is trained)."
+    )
+    eval_before: bool = Field(
+        default=False,
+        description="Also validate before the warm-up (logged as eval_before_warm_start/*).",
+    )
+
+
+class AgenticEvalConfig(Strict):
+    """Validation on held-out env seeds."""
+
+    every_steps: int | None = Field(
+        default=None, ge=1, description="Validate every N steps, before training and at the end."
+    )
+    seed_start: int = Field(
+        default=1_000_000_000,
+        ge=0,
+        description="Validation seeds are seed_start, seed_start+1, ...; training seeds stay "
+        "below it.",
+    )
+    temperature: float = Field(default=0.0, ge=0, description="0: greedy decoding.")
+
+
+class AgenticConfig(Strict):
+    """`roll train agentic`: multi-turn RL in text environments (StarPO / GiGPO)."""
+
+    pipeline: Literal["agentic"] = Field(
+        default="agentic", description="Which pipeline this recipe is for."
+    )
+    name: str = Field(default="agentic", description="Human name of the experiment.")
+    seed: int = Field(default=0, description="Seed for env seeds, sampling and shuffling.")
+    runs_dir: str = Field(default="runs", description="Parent directory of run directories.")
+    model: ModelConfig = Field(description="The initial policy (and the reference).")
+    envs: list[EnvEntry] = Field(min_length=1, description="Environments (mixed if several).")
+    rollout: AgenticRolloutConfig = Field(
+        default_factory=AgenticRolloutConfig, description="Rollout."
+    )
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
+    gigpo: GiGPOConfig = Field(default_factory=GiGPOConfig, description="Step-mode advantages.")
+    warm_start: WarmStartConfig = Field(
+        default_factory=WarmStartConfig, description="Format warm-up."
+    )
+    trainer: RLTrainerConfig = Field(description="Driver loop.")
+    actor_train: ActorTrainConfig = Field(
+        default_factory=ActorTrainConfig, description="Training role."
+    )
+    actor_infer: ActorInferConfig = Field(
+        default_factory=ActorInferConfig, description="Inference role."
+    )
+    eval: AgenticEvalConfig = Field(default_factory=AgenticEvalConfig, description="Validation.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints."
+    )
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Executor.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
+
+    @model_validator(mode="after")
+    def _checks(self) -> AgenticConfig:
+        tags = [e.name for e in self.envs]
+        if len(set(tags)) != len(tags):
+            raise ValueError(f"envs: tags must be distinct, got {tags}; set `tag:` per env")
+        if self.rollout.turn_barrier and self.rollout.async_generation_ratio:
+            raise ValueError(
+                "rollout.turn_barrier (the lockstep baseline) cannot run with "
+                "rollout.async_generation_ratio > 0; use one or the other"
+            )
+        if self.rollout.mode == "trajectory":
+            rows = self.rollout.group_size * sum(e.groups_per_step for e in self.envs)
+            if rows % self.trainer.mini_batches:
+                raise ValueError(
+                    f"trainer.mini_batches={self.trainer.mini_batches} must divide the episodes "
+                    f"per step (rollout.group_size x sum of groups_per_step = {rows})"
+                )
+        return self

@@ -1,0 +1,266 @@
+"""Placement of roles on GPUs and a per-GPU memory estimate (pure: no Ray, no devices).
+
+A role asks for `world_size` ranks of `gpus_per_worker` GPUs each, on the GPU ids of its
+`device_mapping` (global ids: node k holds ids k*gpus_per_node .. (k+1)*gpus_per_node-1).
+Rank r takes mapping[r*G:(r+1)*G]; a rank's GPUs must share a node. Roles whose mappings
+overlap are *colocated* (they take turns on those GPUs: offload between phases), disjoint
+ones are *disaggregated*. `place` rejects impossible plans with a ConfigError that names the
+role and what to change.
+
+The memory estimate (`train_memory`, `infer_memory`, `gpu_memory`) counts parameters,
+gradients, optimizer state and KV cache per GPU; activations are not counted (they depend
+on micro-batch size, sequence length and gradient checkpointing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from roll_core.engine.model_sizes import ModelShape
+from roll_core.errors import ConfigError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class RoleRequest:
+    """What one role asks for."""
+
+    name: str
+    world_size: int
+    gpus_per_worker: int = 1
+    device_mapping: tuple[int, ...] | None = None
+    """None: GPUs 0 .. world_size*gpus_per_worker-1 (colocated with the other roles)."""
+
+
+@dataclass(frozen=True)
+class RolePlacement:
+    name: str
+    ranks: tuple[tuple[int, ...], ...]
+    """GPU ids of each rank."""
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(sorted({g for rank in self.ranks for g in rank}))
+
+
+@dataclass(frozen=True)
+class Placement:
+    roles: dict[str, RolePlacement]
+    num_gpus: int
+    gpus_per_node: int
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.num_gpus // self.gpus_per_node)
+
+    def roles_on(self, gpu: int) -> list[str]:
+        return [name for name, role in self.roles.items() if gpu in role.gpus]
+
+    def colocated(self) -> list[tuple[str, str]]:
+        """Pairs of roles that share at least one GPU."""
+        names = list(self.roles)
+        return [
+            (a, b)
+            for i, a in enumerate(names)
+            for b in names[i + 1 :]
+            if set(self.roles[a].gpus) & set(self.roles[b].gpus)
+        ]
+
+    def node_lines(self) -> list[str]:
+        """One line per node: which ranks of which roles sit on its GPUs."""
+        lines = []
+        for node in range(self.num_nodes):
+            ids = range(
+                node * self.gpus_per_node, min((node + 1) * self.gpus_per_node, self.num_gpus)
+            )
+            parts = []
+            for name, role in self.roles.items():
+                ranks = [r for r, gpus in enumerate(role.ranks) if gpus[0] in ids]
+                if ranks:
+                    gpus = sorted({g for r in ranks for g in role.ranks[r]})
+                    parts.append(f"{name} ranks {span(ranks)} on GPUs {span(gpus)}")
+            idle = [g for g in ids if not self.roles_on(g)]
+            if idle:
+                parts.append(f"idle GPUs {span(idle)}")
+            lines.append(f"node {node} (GPUs {span(list(ids))}): " + "; ".join(parts))
+        return lines
+
+
+def span(ids: Sequence[int]) -> str:
+    """`0-3,6` for [0, 1, 2, 3, 6]."""
+    out: list[str] = []
+    ids = sorted(ids)
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def place(
+    requests: Sequence[RoleRequest], *, num_gpus: int | None = None, gpus_per_node: int = 8
+) -> Placement:
+    """GPU ids of every rank of every role; ConfigError for a plan that cannot run."""
+    roles: dict[str, RolePlacement] = {}
+    defaulted: dict[str, bool] = {}
+    used_max = -1
+    for req in requests:
+        need = req.world_size * req.gpus_per_worker
+        if req.gpus_per_worker > gpus_per_node:
+            raise ConfigError(
+                f"{req.name}: num_gpus_per_worker={req.gpus_per_worker} is more than a node "
+                f"has (executor.gpus_per_node={gpus_per_node}); one rank cannot span nodes.",
+                hint="Lower num_gpus_per_worker (tensor parallel size) or raise gpus_per_node.",
+            )
+        mapping = tuple(range(need)) if req.device_mapping is None else tuple(req.device_mapping)
+        if any(g < 0 for g in mapping) or len(set(mapping)) != len(mapping):
+            raise ConfigError(
+                f"{req.name}.device_mapping {list(mapping)} has negative or repeated GPU ids.",
+                hint="List each GPU id once, e.g. [0, 1, 2, 3].",
+            )
+        if len(mapping) % req.gpus_per_worker:
+            raise ConfigError(
+                f"{req.name}: num_gpus_per_worker={req.gpus_per_worker} (tensor parallel size) "
+                f"does not divide its device_mapping of {len(mapping)} GPUs.",
+                hint=f"Use a mapping whose length is a multiple of {req.gpus_per_worker}.",
+            )
+        if need > len(mapping):
+            raise ConfigError(
+                f"{req.name} needs world_size {req.world_size} x num_gpus_per_worker "
+                f"{req.gpus_per_worker} = {need} GPUs but its device_mapping lists "
+                f"{len(mapping)}.",
+                hint=f"Set {req.name}.world_size to {len(mapping) // req.gpus_per_worker} or "
+                "list more GPUs in device_mapping.",
+            )
+        if need < len(mapping):
+            raise ConfigError(
+                f"{req.name}: world_size {req.world_size} x num_gpus_per_worker "
+                f"{req.gpus_per_worker} uses {need} of the {len(mapping)} GPUs of its "
+                "device_mapping.",
+                hint=f"Set {req.name}.world_size to {len(mapping) // req.gpus_per_worker}, or "
+                "shorten device_mapping.",
+            )
+        g = req.gpus_per_worker
+        ranks = tuple(mapping[r * g : (r + 1) * g] for r in range(req.world_size))
+        for r, gpus in enumerate(ranks):
+            if len({x // gpus_per_node for x in gpus}) > 1:
+                raise ConfigError(
+                    f"{req.name} rank {r} spans nodes (GPUs {list(gpus)}, {gpus_per_node} per "
+                    "node); the GPUs of one rank must share a node.",
+                    hint="Order device_mapping so every group of num_gpus_per_worker ids is "
+                    "on one node.",
+                )
+        roles[req.name] = RolePlacement(req.name, ranks)
+        defaulted[req.name] = req.device_mapping is None
+        used_max = max(used_max, *mapping)
+    total = used_max + 1 if num_gpus is None else num_gpus
+    for role in roles.values():
+        over = [x for x in role.gpus if x >= total]
+        if over:
+            what = (
+                f"{role.name} (no device_mapping: {len(role.gpus)} GPUs from GPU 0)"
+                if defaulted[role.name]
+                else f"{role.name}.device_mapping"
+            )
+            raise ConfigError(
+                f"{what} uses GPU {over[-1]} but the cluster has {total} "
+                f"GPUs (ids 0-{total - 1}, executor.num_gpus).",
+                hint="Use GPU ids below executor.num_gpus, or raise executor.num_gpus if the "
+                "cluster is bigger.",
+            )
+    return Placement(roles, total, gpus_per_node)
+
+
+# ---- memory -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainMemorySpec:
+    backend: str  # torch | fsdp2 | deepspeed
+    world_size: int
+    param_bytes: int = 4  # model.dtype: 4 float32, 2 bfloat16
+    zero_stage: int = 0  # deepspeed only
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    cpu_offload: bool = False  # fsdp2: params, grads and optimizer state on the CPU
+    lora: bool = False
+
+
+def train_memory(shape: ModelShape, spec: TrainMemorySpec) -> dict[str, float]:
+    """Bytes per GPU of one train rank: params, grads, optimizer (AdamW: two fp32 moments,
+    plus an fp32 master copy when the parameters are lower precision).
+
+    Sharding over world_size N: fsdp2 shards all three; ZeRO-1 the optimizer, ZeRO-2 also
+    grads, ZeRO-3 also params; torch shards nothing. LoRA trains ~no parameters (gradient and
+    optimizer state of the adapters is neglected)."""
+    n = shape.params
+    params = float(n * spec.param_bytes)
+    grads = 0.0 if spec.lora else float(n * spec.param_bytes)
+    optim = 0.0 if spec.lora else float(n * (8 + (4 if spec.param_bytes < 4 else 0)))
+    w = spec.world_size
+    if spec.backend == "fsdp2":
+        params, grads, optim = params / w, grads / w, optim / w
+        if spec.cpu_offload:
+            params = grads = optim = 0.0
+    elif spec.backend == "deepspeed":
+        if spec.zero_stage >= 1:
+            optim /= w
+        if spec.zero_stage >= 2:
+            grads /= w
+        if spec.zero_stage >= 3:
+            params /= w
+        if spec.offload_optimizer:
+            optim = 0.0
+        if spec.offload_param:
+            params = 0.0
+    return {"params": params, "grads": grads, "optimizer": optim}
+
+
+def infer_memory(
+    shape: ModelShape, *, tensor_parallel: int, dtype_bytes: int, kv_tokens: int
+) -> dict[str, float]:
+    """Bytes per GPU of one inference engine over `tensor_parallel` GPUs: its weights and the
+    KV cache of `kv_tokens` tokens in flight (both split over the TP group)."""
+    return {
+        "params": float(shape.params * dtype_bytes) / tensor_parallel,
+        "kv_cache": float(shape.kv_bytes_per_token(dtype_bytes) * kv_tokens) / tensor_parallel,
+    }
+
+
+@dataclass
+class GpuMemory:
+    """Estimated memory of one GPU: per role, per component (bytes)."""
+
+    gpu: int
+    roles: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def resident(self) -> float:
+        """Every role on this GPU loaded at once."""
+        return sum(sum(parts.values()) for parts in self.roles.values())
+
+    @property
+    def peak_taking_turns(self) -> float:
+        """Colocated roles offloaded between phases: the largest role alone."""
+        return max((sum(parts.values()) for parts in self.roles.values()), default=0.0)
+
+
+def gpu_memory(placement: Placement, per_role: dict[str, dict[str, float]]) -> list[GpuMemory]:
+    """Per-GPU estimate from each role's per-rank estimate (roles without one are skipped)."""
+    out = []
+    for gpu in range(placement.num_gpus):
+        mem = GpuMemory(gpu)
+        for name in placement.roles_on(gpu):
+            if name in per_role:
+                mem.roles[name] = per_role[name]
+        out.append(mem)
+    return out
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"

@@ -1,0 +1,128 @@
+"""Workers in their own process under the `local` executor (no Ray).
+
+Ranks that form a torch.distributed group cannot share the driver's process, so the local
+executor starts each in a spawned subprocess and talks to it over a pipe: requests and
+results travel as cloudpickle bytes (so worker classes defined anywhere, tests included,
+cross over). Calls to one rank run in order; every call returns a `concurrent.futures.Future`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import sys
+import threading
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import cloudpickle
+
+from roll_core.errors import RollError
+
+_STOP = "__stop__"
+
+
+class WorkerProcessError(RuntimeError):
+    """A worker subprocess raised an error that is not a RollError, or died."""
+
+
+def _serve(conn: Any, payload: bytes) -> None:  # runs in the child
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    worker = None
+    try:
+        worker_cls, kwargs = cloudpickle.loads(payload)
+        worker = worker_cls(**kwargs)
+        conn.send_bytes(cloudpickle.dumps(("ok", None)))
+    except BaseException as err:  # noqa: BLE001 - reported to the driver
+        conn.send_bytes(_error(err))
+        return
+    while True:
+        try:
+            method, args, kwargs = cloudpickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if method == _STOP:
+            conn.send_bytes(cloudpickle.dumps(("ok", None)))
+            return
+        try:
+            result = worker.call(method, *args, **kwargs)
+            conn.send_bytes(cloudpickle.dumps(("ok", result)))
+        except BaseException as err:  # noqa: BLE001 - reported to the driver
+            conn.send_bytes(_error(err))
+
+
+def _error(err: BaseException) -> bytes:
+    """The error as the driver should see it: a RollError as itself (the user's mistake),
+    anything else as a WorkerProcessError carrying the child's traceback."""
+    if isinstance(err, RollError):
+        try:
+            cloudpickle.loads(cloudpickle.dumps(err))
+            return cloudpickle.dumps(("err", err))
+        except Exception:  # noqa: BLE001 - fall back to text
+            pass
+    text = "".join(traceback.format_exception(err))
+    return cloudpickle.dumps(("err", WorkerProcessError(f"worker process failed:\n{text}")))
+
+
+class ProcessHandle:
+    """One rank in a spawned subprocess."""
+
+    def __init__(self, worker_cls: type, kwargs: dict[str, Any], *, env: dict[str, str]) -> None:
+        module = sys.modules.get(worker_cls.__module__)
+        if module is not None and not worker_cls.__module__.startswith("roll_core"):
+            # e.g. a test module that a fresh interpreter cannot import by name: send the
+            # class by value
+            cloudpickle.register_pickle_by_value(module)
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # inherited by the child at start
+        try:
+            self._proc = ctx.Process(
+                target=_serve, args=(child, cloudpickle.dumps((worker_cls, kwargs))), daemon=True
+            )
+            self._proc.start()
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        child.close()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="roll-proc")
+        self._started = self._pool.submit(self._receive)
+
+    def _receive(self) -> Any:
+        try:
+            status, value = cloudpickle.loads(self._conn.recv_bytes())
+        except (EOFError, ConnectionResetError, OSError):
+            raise WorkerProcessError(
+                f"worker process {self._proc.pid} exited (code {self._proc.exitcode})."
+            ) from None
+        if status == "err":
+            raise value
+        return value
+
+    def _roundtrip(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        self._started.result()
+        self._conn.send_bytes(cloudpickle.dumps((method, args, kwargs)))
+        return self._receive()
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> Future:
+        return self._pool.submit(self._roundtrip, method, args, kwargs)
+
+    submit_async = submit
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self._proc.is_alive():
+            with contextlib.suppress(Exception):  # the process is ended below either way
+                self.submit(_STOP).result(timeout=timeout)
+            self._proc.join(timeout)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(5)
+        self._pool.shutdown(wait=False)
+        self._conn.close()

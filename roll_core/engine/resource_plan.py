@@ -1,0 +1,184 @@
+"""The GPU side of `--dry-run`: placement per node and the memory estimate per GPU, from a
+validated recipe (no model is loaded, nothing is downloaded).
+
+A recipe has a GPU plan when a role asks for CUDA, a role has a device_mapping, or
+`executor.num_gpus` is set; CPU recipes have none (and print nothing extra).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from roll_core.engine.model_sizes import model_shape
+from roll_core.engine.placement import (
+    GpuMemory,
+    Placement,
+    RoleRequest,
+    TrainMemorySpec,
+    gib,
+    gpu_memory,
+    infer_memory,
+    place,
+    span,
+    train_memory,
+)
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_SHORT = {"params": "params", "grads": "grads", "optimizer": "optim", "kv_cache": "kv"}
+
+
+@dataclass
+class GpuPlan:
+    placement: Placement
+    memory: list[GpuMemory]
+    model_note: str
+    gpu_memory_gib: float
+
+    def colocation(self) -> str:
+        pairs = self.placement.colocated()
+        if pairs:
+            return "colocated (take turns on shared GPUs, offloaded between phases): " + ", ".join(
+                f"{a} + {b}" for a, b in pairs
+            )
+        return "disaggregated: no GPU is shared between roles"
+
+    def memory_groups(self) -> list[tuple[list[int], str]]:
+        """(GPU ids, estimate text); GPUs with the same estimate are grouped."""
+        groups: dict[str, list[int]] = {}
+        limit = self.gpu_memory_gib
+        for mem in self.memory:
+            if not mem.roles:
+                continue
+            parts = []
+            for role, comps in mem.roles.items():
+                inner = ", ".join(f"{_SHORT.get(k, k)} {v / 1024**3:.1f}" for k, v in comps.items())
+                parts.append(f"{role} {gib(sum(comps.values()))} ({inner})")
+            text = " + ".join(parts)
+            if len(mem.roles) > 1:
+                text += (
+                    f" = {gib(mem.resident)} resident, {gib(mem.peak_taking_turns)} taking turns"
+                )
+            if mem.resident / 1024**3 > limit:
+                if mem.peak_taking_turns / 1024**3 <= limit:
+                    text += f"; fits {limit:g} GiB only with offload between phases"
+                else:
+                    text += f"; EXCEEDS {limit:g} GiB: shard more, offload, or lower the KV need"
+            groups.setdefault(text, []).append(mem.gpu)
+        return [(gpus, text) for text, gpus in groups.items()]
+
+    def lines(self) -> list[str]:
+        """The plan as text: one line per node, the colocation, the memory per GPU."""
+        p = self.placement
+        out = [f"placement: {p.num_gpus} GPUs on {p.num_nodes} node(s)"]
+        out += ["  " + line for line in p.node_lines()]
+        out.append("  " + self.colocation())
+        out.append(f"memory per GPU ({self.model_note}; activations not included):")
+        out += [f"  GPUs {span(gpus)}: {text}" for gpus, text in self.memory_groups()]
+        return out
+
+
+def _uses_gpus(cfg: Any) -> bool:
+    roles = [getattr(cfg, n, None) for n in ("actor_train", "actor_infer")]
+    return (
+        getattr(cfg.executor, "num_gpus", None) is not None
+        or any(getattr(r, "device_mapping", None) is not None for r in roles if r is not None)
+        or any(getattr(r, "device", None) == "cuda" for r in roles if r is not None)
+    )
+
+
+def gpu_plan(cfg: Any) -> GpuPlan | None:
+    """Placement and memory of a recipe's GPU roles; None for a CPU recipe. Raises
+    ConfigError for an impossible plan."""
+    if not _uses_gpus(cfg):
+        return None
+    train = cfg.actor_train
+    requests = [
+        RoleRequest(
+            "actor_train",
+            train.world_size,
+            train.num_gpus_per_worker,
+            tuple(train.device_mapping) if train.device_mapping is not None else None,
+        )
+    ]
+    infer = getattr(cfg, "actor_infer", None)
+    tp = 1
+    if infer is not None:
+        vllm = getattr(infer, "vllm", None)
+        tp = int(
+            getattr(infer, "num_gpus_per_worker", None)
+            or getattr(vllm, "tensor_parallel_size", None)
+            or 1
+        )
+        mapping = getattr(infer, "device_mapping", None)
+        requests.append(
+            RoleRequest(
+                "actor_infer",
+                infer.world_size,
+                tp,
+                tuple(mapping) if mapping is not None else None,
+            )
+        )
+    placement = place(
+        requests, num_gpus=cfg.executor.num_gpus, gpus_per_node=cfg.executor.gpus_per_node
+    )
+    shape = model_shape(cfg.model.path)
+    per_role: dict[str, dict[str, float]] = {}
+    if shape is None:
+        note = f"model {cfg.model.path}: size unknown offline, no estimate"
+    else:
+        note = f"{cfg.model.path}: {shape.params / 1e9:.2f}B params"
+        if shape.num_experts:
+            note += f", {shape.active_params / 1e9:.2f}B active (MoE)"
+        ds = getattr(train, "deepspeed", None)
+        fsdp = getattr(train, "fsdp2", None)
+        per_role["actor_train"] = train_memory(
+            shape,
+            TrainMemorySpec(
+                backend=train.backend,
+                world_size=train.world_size,
+                param_bytes=_BYTES[cfg.model.dtype],
+                zero_stage=(ds.zero_stage if ds else 2) if train.backend == "deepspeed" else 0,
+                offload_optimizer=bool(ds and ds.offload_optimizer),
+                offload_param=bool(ds and ds.offload_param),
+                cpu_offload=bool(fsdp and fsdp.cpu_offload),
+                lora=train.lora is not None,
+            ),
+        )
+        if infer is not None:
+            rollout = getattr(cfg, "rollout", None)
+            data = getattr(cfg, "data", None)
+            if rollout is not None:
+                seqs = min(
+                    rollout.n * rollout.prompts_per_step // max(1, infer.world_size),
+                    rollout.chunk_size * rollout.max_chunks_in_flight,
+                )
+                seq_len = getattr(data, "max_prompt_length", 0) + rollout.max_new_tokens
+                kv_tokens = max(1, seqs) * seq_len
+            else:
+                kv_tokens = 0
+            infer_bytes = 2 if infer.backend == "vllm" else _BYTES[cfg.model.dtype]
+            if vllm is not None and vllm.dtype in _BYTES:
+                infer_bytes = _BYTES[vllm.dtype]
+            mem = infer_memory(
+                shape, tensor_parallel=tp, dtype_bytes=infer_bytes, kv_tokens=kv_tokens
+            )
+            if infer.backend == "vllm":  # vLLM takes its share of the GPU, whatever the need
+                util = vllm.gpu_memory_utilization if vllm is not None else 0.5
+                budget = util * cfg.executor.gpu_memory_gib * 1024**3
+                mem["kv_cache"] = max(0.0, budget - mem["params"])
+                note += f"; vllm reserves {util:g} x GPU"
+            per_role["actor_infer"] = mem
+    return GpuPlan(placement, gpu_memory(placement, per_role), note, cfg.executor.gpu_memory_gib)
+
+
+def cluster_placement(cfg: Any, role: str) -> dict[str, Any]:
+    """`Cluster(...)` keyword arguments that pin `role`'s ranks to their GPUs (`gpu_ids`,
+    `gpus_per_node`); {} for a CPU recipe."""
+    gp = gpu_plan(cfg)
+    if gp is None or role not in gp.placement.roles:
+        return {}
+    return {
+        "gpu_ids": list(gp.placement.roles[role].ranks),
+        "gpus_per_node": cfg.executor.gpus_per_node,
+    }

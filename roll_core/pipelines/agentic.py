@@ -1,0 +1,435 @@
+"""`roll train agentic`: multi-turn RL in text environments.
+
+The driver loop::
+
+    warm_start()                                   # optional: SFT on random valid actions
+    for step in run.steps(max_steps):
+        groups  = rollout.next_batch(step)         # env-level async episodes, G per group
+        batch   = trajectory_batch(groups)         # StarPO: one row per episode
+                  or step_batch(groups)            # GiGPO: one row per turn
+        batch  += reference.log_probs(batch)       # only if KL is used
+        batch  += actor_train.log_probs(batch)     # old log-probs (and train/infer diff)
+        batch  += advantages                       # GRPO-family on episode returns, or GiGPO
+        metrics = actor_train.train_step(batch, "rl")
+        suspend rollout -> sync_weights -> resume  # policy version = step
+        if validation due: metrics |= validate()   # held-out env seeds, greedy
+
+Roles, weight sync, the update and the RL maths are those of `roll train rlvr`
+(pipelines/rlvr.py, pipelines/rl_math.py); only the rollout and the batch layout differ.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from roll_core.algorithms import clip_advantages
+from roll_core.algorithms.gigpo import gigpo_advantages
+from roll_core.backends.infer import Completion, SamplingParams
+from roll_core.config.agentic import AgenticConfig, EnvEntry
+from roll_core.data import Batch
+from roll_core.engine import Cluster, make_executor
+from roll_core.envs import get_env_class, make_env
+from roll_core.errors import ConfigError
+from roll_core.models import load_tokenizer, resolve_model_path
+from roll_core.pipelines import rlvr
+from roll_core.pipelines.common import DriverLoop, RolePlan
+from roll_core.pipelines.rl_math import RLState, advantages_and_kl, rl_batch_metrics
+from roll_core.rollout.agentic import (
+    EnvRolloutManager,
+    EnvSpec,
+    RolloutSettings,
+    Trajectory,
+    play_episode,
+)
+from roll_core.rollout.agentic_batch import episode_metrics, step_batch, trajectory_batch
+from roll_core.rollout.agentic_chat import ChatFormat
+
+DEMO_SEED_START = 2_000_000_000  # warm-start demonstrations: neither training nor eval seeds
+
+
+def plan(cfg: AgenticConfig) -> list[RolePlan]:
+    check_algorithm(cfg)
+    ex = cfg.executor.type
+    r = cfg.rollout
+    episodes = r.group_size * sum(e.groups_per_step for e in cfg.envs)
+    roles = [
+        RolePlan(
+            "actor_train",
+            "ActorTrain",
+            cfg.actor_train.backend,
+            cfg.actor_train.world_size,
+            cfg.actor_train.device,
+            ex,
+            f"{r.mode}-wise samples from {episodes} episodes/step",
+        ),
+        RolePlan(
+            "actor_infer",
+            "ActorInfer",
+            cfg.actor_infer.backend,
+            cfg.actor_infer.world_size,
+            cfg.actor_infer.device,
+            ex,
+            f"chunks of <= {r.chunk_size} turns, async ratio {r.async_generation_ratio}",
+        ),
+    ]
+    if rlvr.uses_reference(cfg):  # type: ignore[arg-type]
+        roles.append(
+            RolePlan("reference", "Reference", "torch", 1, cfg.actor_train.device, ex, "KL")
+        )
+    envs = ", ".join(f"{e.name} x{e.groups_per_step} groups" for e in cfg.envs)
+    roles.append(
+        RolePlan(
+            "envs",
+            "EnvRolloutManager",
+            "threads",
+            min(r.max_concurrent_episodes, episodes + r.group_size_redundancy * episodes),
+            "cpu",
+            "driver",
+            f"{envs}; group {r.group_size}+{r.group_size_redundancy} redundant",
+        )
+    )
+    return roles
+
+
+def check_algorithm(cfg: AgenticConfig) -> None:
+    """Algorithm choices this pipeline cannot run, as recipe errors (no model is loaded)."""
+    algo = cfg.algorithm
+    if algo.uses_critic:
+        raise ConfigError(
+            "algorithm.adv_estimator=gae needs a critic, and `roll train agentic` does not "
+            "build a critic role.",
+            hint="Use grpo, dr_grpo, rloo or reinforce_plus_plus (rollout.mode: trajectory), "
+            "or rollout.mode: step (GiGPO).",
+        )
+    if algo.needs_groups and cfg.rollout.group_size < 2:
+        raise ConfigError(
+            f"algorithm.adv_estimator={algo.adv_estimator} compares the episodes of a group, "
+            f"but rollout.group_size is {cfg.rollout.group_size}.",
+            hint="Set rollout.group_size to 2 or more (4-8 is common).",
+        )
+    if cfg.rollout.mode == "step":
+        if cfg.rollout.group_size < 2:
+            raise ConfigError(
+                "rollout.mode=step (GiGPO) compares the episodes of a group, but "
+                f"rollout.group_size is {cfg.rollout.group_size}.",
+                hint="Set rollout.group_size to 2 or more.",
+            )
+        if algo.kl.coef > 0 and algo.kl.use_as == "reward":
+            raise ConfigError(
+                "rollout.mode=step computes GiGPO advantages from env rewards; a KL penalty "
+                "in the reward (algorithm.kl.use_as: reward) is not supported there.",
+                hint="Use algorithm.kl.use_as: loss, or algorithm.kl.coef: 0.",
+            )
+
+
+@dataclass
+class AgenticSetup:
+    model_path: str
+    tokenizer: Any
+    max_context: int
+
+
+def _check_env(entry: EnvEntry) -> None:
+    """Build and reset each env once, so a bad name or option fails before a run exists."""
+    get_env_class(entry.env)
+    env = make_env(entry.env, **entry.options)
+    env.reset(0)
+
+
+def prepare(cfg: AgenticConfig) -> AgenticSetup:
+    check_algorithm(cfg)
+    for entry in cfg.envs:
+        _check_env(entry)
+    model_path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(
+        resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
+    )
+    ChatFormat(tokenizer)  # a template that cannot render turns incrementally fails here
+    max_context = cfg.rollout.max_context or _model_context(model_path)
+    return AgenticSetup(model_path, tokenizer, max_context)
+
+
+def _model_context(model_path: str) -> int:
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 2048))
+
+
+def env_specs(cfg: AgenticConfig) -> list[EnvSpec]:
+    specs = []
+    for entry in cfg.envs:
+
+        def factory(entry: EnvEntry = entry) -> Any:
+            return make_env(entry.env, **entry.options)
+
+        specs.append(EnvSpec(entry.name, factory, entry.system_prompt, entry.groups_per_step))
+    return specs
+
+
+def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
+    r = cfg.rollout
+    return RolloutSettings(
+        params=SamplingParams(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            stop=tuple(r.stop),
+        ),
+        group_size=r.group_size,
+        group_size_redundancy=r.group_size_redundancy,
+        mode=r.mode,
+        history_window=r.history_window,
+        max_context=setup.max_context,
+        step_timeout_s=r.step_timeout_s,
+        episode_timeout_s=r.episode_timeout_s,
+        max_replacements=r.max_replacements,
+        max_concurrent_episodes=r.max_concurrent_episodes,
+        chunk_size=r.chunk_size,
+        max_chunks_in_flight=r.max_chunks_in_flight,
+        async_generation_ratio=r.async_generation_ratio,
+        turn_barrier=r.turn_barrier,
+        seed=cfg.seed,
+    )
+
+
+# ---- validation -------------------------------------------------------------------------------
+def validate(
+    cfg: AgenticConfig, manager: EnvRolloutManager, specs: list[EnvSpec]
+) -> dict[str, float]:
+    params = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        stop=tuple(cfg.rollout.stop),
+    )
+    trajs: list[Trajectory] = []
+    for entry, spec in zip(cfg.envs, specs, strict=True):
+        seeds = [cfg.eval.seed_start + i for i in range(entry.eval_episodes)]
+        trajs += manager.run_episodes(spec, seeds, params)
+    return episode_metrics(trajs, prefix="eval")
+
+
+# ---- warm start -------------------------------------------------------------------------------
+def demonstrations(
+    cfg: AgenticConfig, setup: AgenticSetup, specs: list[EnvSpec], *, count: int, offset: int
+) -> list[Trajectory]:
+    """`count` episodes per env played by a uniformly random *valid* action policy, in the
+    rollout's prompt format; each response is the action text + eos."""
+    chat = ChatFormat(setup.tokenizer)
+    s = settings(cfg, setup)
+    out = []
+    for spec in specs:
+        for k in range(count):
+            actor = _RandomActor(spec, chat, DEMO_SEED_START + offset + k)
+            traj = Trajectory(tag=spec.tag, group=k, seed=actor.seed, index=0)
+            out.append(
+                play_episode(
+                    traj,
+                    spec,
+                    chat=chat,
+                    settings=s,
+                    max_new_tokens=cfg.rollout.max_new_tokens,
+                    generate=actor.generate,
+                    env_call=actor.env_call,
+                )
+            )
+    return out
+
+
+class _RandomActor:
+    """Plays a uniformly random valid action each turn (the response is its text + eos)."""
+
+    def __init__(self, spec: EnvSpec, chat: ChatFormat, seed: int) -> None:
+        self.spec, self.chat, self.seed = spec, chat, seed
+        self.rng = np.random.default_rng(seed)
+        self.env: Any = None
+
+    def env_call(self, fn: Any, *args: Any) -> Any:
+        result = fn(*args)
+        if fn is self.spec.factory:
+            self.env = result
+        return result
+
+    def generate(self, prompt: list[int], turn: int) -> Completion:
+        eos = [self.chat.eos_id] if self.chat.eos_id is not None else []
+        ids = self.chat.encode(self.env.random_action(self.rng)) + eos
+        return Completion(0, ids, [0.0] * len(ids), "stop", -1)
+
+
+def warm_start(
+    cfg: AgenticConfig, setup: AgenticSetup, clusters: dict[str, Cluster], specs: list[EnvSpec]
+) -> dict[str, float]:
+    """SFT on random valid actions (the action format, not the task); returns its metrics."""
+    w = cfg.warm_start
+    actor = clusters["actor_train"]
+    losses = []
+    per_env = max(1, w.episodes_per_step // len(specs))
+    for k in range(w.steps):
+        demos = demonstrations(cfg, setup, specs, count=per_env, offset=k * per_env)
+        build = step_batch if cfg.rollout.mode == "step" else trajectory_batch
+        batch = build([[t] for t in demos], pad_id=setup.tokenizer.pad_token_id)
+        resp = batch.tensors["response_mask"]
+        batch = Batch(
+            tensors={
+                "input_ids": batch.tensors["input_ids"],
+                "attention_mask": batch.tensors["attention_mask"],
+                "loss_mask": torch.cat([torch.zeros_like(resp[:, :1]), resp], dim=1).long(),
+            },
+            non_tensors={},
+            meta={"loss_tokens": int(resp.sum())},
+        )
+        out = actor.run_dp("train_step", batch)
+        losses.append(sum(o["train/loss_sum"] for o in out) / max(1, int(resp.sum())))
+    return {"warm_start/steps": float(w.steps), "warm_start/loss_last": losses[-1]}
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, float]:
+    specs = env_specs(cfg)
+    executor = make_executor(
+        cfg.executor.type, address=cfg.executor.ray_address, num_cpus=cfg.executor.num_cpus
+    )
+    manager: EnvRolloutManager | None = None
+    try:
+        clusters = rlvr._make_clusters(cfg, setup, executor)  # type: ignore[arg-type]
+        manager = EnvRolloutManager(
+            infer=clusters["actor_infer"],
+            tokenizer=setup.tokenizer,
+            specs=specs,
+            settings=settings(cfg, setup),
+        )
+        rl_state = RLState(cfg.algorithm)
+        mgr = manager
+
+        def save_state(ckpt: Path) -> dict[str, Any]:
+            clusters["actor_train"].run("save", str(ckpt / "actor_train"))
+            torch.save(clusters["actor_infer"].run("get_rng_state"), ckpt / "infer_rng.pt")
+            return {"rollout": mgr.state_dict(), "rl": rl_state.state_dict()}
+
+        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
+            clusters["actor_train"].run("load", str(ckpt / "actor_train"))
+            for rank, rng in enumerate(torch.load(ckpt / "infer_rng.pt", weights_only=False)):
+                clusters["actor_infer"].handles[rank].submit("set_rng_state", rng)
+            mgr.load_state_dict(state["rollout"])
+            rl_state.load_state_dict(state["rl"])
+
+        start = loop.begin(save_state=save_state, load_state=load_state)
+        evaluate = cfg.eval.every_steps and any(e.eval_episodes for e in cfg.envs)
+        if start == 0 and cfg.warm_start.steps:
+            if evaluate and cfg.warm_start.eval_before:
+                before = validate(cfg, manager, specs)
+                loop.log_extra(
+                    0, {k.replace("eval/", "eval_before_warm_start/"): v for k, v in before.items()}
+                )
+            t = time.perf_counter()
+            metrics = warm_start(cfg, setup, clusters, specs)
+            metrics["warm_start/seconds"] = time.perf_counter() - t
+            loop.console_note(
+                f"warm start: {cfg.warm_start.steps} SFT steps on random valid actions, "
+                f"loss {metrics['warm_start/loss_last']:.3f}"
+            )
+            loop.log_extra(0, metrics)
+        _sync(clusters, manager, start)
+        if evaluate and start == 0:
+            loop.log_extra(0, validate(cfg, manager, specs))
+        for step in loop.steps(start, cfg.trainer.max_steps):
+            metrics = _train_step(cfg, setup, clusters, manager, rl_state)
+            metrics |= _sync(clusters, manager, step)
+            loop.end_step(
+                step,
+                metrics,
+                evaluate=(lambda s: validate(cfg, mgr, specs)) if evaluate else None,
+            )
+        return loop.finish(export=lambda p: clusters["actor_train"].run_rank0("export", str(p)))
+    finally:
+        if manager is not None:
+            manager.close()
+        executor.shutdown()
+
+
+def _sync(
+    clusters: dict[str, Cluster], manager: EnvRolloutManager, version: int
+) -> dict[str, float]:
+    """Suspend generation, actor_train -> actor_infer, resume with the new policy version."""
+    t = time.perf_counter()
+    manager.suspend()
+    metrics = rlvr.sync_weights(clusters, version=version)
+    manager.resume(version)
+    metrics["sync/suspended_s"] = time.perf_counter() - t
+    return metrics
+
+
+def _train_step(
+    cfg: AgenticConfig,
+    setup: AgenticSetup,
+    clusters: dict[str, Cluster],
+    manager: EnvRolloutManager,
+    rl_state: RLState,
+) -> dict[str, float]:
+    timers: dict[str, float] = {}
+    t = step_start = time.perf_counter()
+    rollout = manager.next_batch(0)
+    timers["time/rollout"] = time.perf_counter() - t
+    trajs = [tr for g in rollout.groups for tr in g]
+    pad = setup.tokenizer.pad_token_id
+    if cfg.rollout.mode == "step":
+        batch = step_batch(rollout.groups, pad_id=pad, gamma=cfg.gigpo.gamma)
+    else:
+        batch = trajectory_batch(rollout.groups, pad_id=pad)
+    temp = cfg.rollout.temperature or 1.0
+    if "reference" in clusters:
+        t = time.perf_counter()
+        batch.tensors["ref_log_probs"] = torch.cat(
+            clusters["reference"].run_dp("log_probs", batch, temperature=temp)
+        )
+        timers["time/reference"] = time.perf_counter() - t
+    t = time.perf_counter()
+    batch.tensors["old_log_probs"] = torch.cat(
+        clusters["actor_train"].run_dp("log_probs", batch, temperature=temp)
+    )
+    timers["time/old_log_prob"] = time.perf_counter() - t
+    per_turn = cfg.rollout.max_new_tokens
+    if cfg.rollout.mode == "step":
+        metrics = _gigpo(cfg, batch)
+    else:
+        metrics = advantages_and_kl(batch, cfg.algorithm, rl_state, max_new_tokens=per_turn)
+    t = time.perf_counter()
+    metrics |= rlvr._update(cfg, clusters, batch, temp)  # type: ignore[arg-type]
+    timers["time/train"] = time.perf_counter() - t
+    wall = time.perf_counter() - step_start
+    timers["perf/step_s"] = wall
+    timers["perf/samples"] = float(len(batch))
+    return {
+        **rollout.metrics,
+        **episode_metrics(trajs, prefix="rollout"),
+        **rl_batch_metrics(batch, per_turn),
+        **metrics,
+        **timers,
+    }
+
+
+def _gigpo(cfg: AgenticConfig, batch: Batch) -> dict[str, float]:
+    t = batch.tensors
+    mask = t["response_mask"]
+    adv, metrics = gigpo_advantages(
+        episode_returns=torch.tensor(batch.meta["episode_returns"], dtype=torch.float32),
+        episode_group_ids=torch.tensor(batch.meta["episode_groups"], dtype=torch.long),
+        step_episode=t["step_episode"],
+        step_returns=t["step_returns"],
+        step_group_ids=t["anchor_ids"],
+        omega=cfg.gigpo.omega,
+        norm=cfg.gigpo.norm,
+        eps=cfg.algorithm.adv_eps,
+    )
+    advantages = clip_advantages(adv.unsqueeze(-1) * mask, cfg.algorithm.advantage.clip)
+    t["advantages"] = advantages * mask
+    t["returns"] = t["step_returns"].unsqueeze(-1) * mask
+    metrics["actor/advantage_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
+    metrics["actor/advantage_abs_max"] = float((advantages.abs() * mask).max())
+    return metrics

@@ -1,0 +1,385 @@
+"""Running untrusted programs against test cases: limits, isolation, a bounded pool.
+
+One call of :meth:`Sandbox.run` is one *execution*: a program and its test cases go to a
+fresh supervisor process (:mod:`roll_core.rewards._sandbox_supervisor`) that runs each case
+in a fresh interpreter and reports one verdict per case. The host side here:
+
+* creates a private temporary directory (the work directory, the spec, the results file) and
+  removes it afterwards, whatever happened;
+* starts the supervisor in its own session (process group) with an empty environment (only
+  ``PATH``, ``HOME``/``TMPDIR`` = the work directory, ``LANG`` and single-thread settings
+  for BLAS/OpenMP), as an unprivileged user when roll runs as root (``run_as_uid``);
+* bounds the whole execution by the sum of the case timeouts plus ``startup_s``, then kills
+  the process group;
+* limits how many executions run at once (``max_concurrent``; callers block for a slot).
+
+Isolation modes (``mode``):
+
+``namespaces``
+    User, mount, network, PID, IPC and UTS namespaces, created by the supervisor itself
+    (``unshare(2)``, available to unprivileged users on most Linux distributions; no
+    ``bwrap`` install needed). Guarantees, given a kernel without exploitable bugs: no
+    network at all (a new network namespace has only a down loopback, so even the host's
+    ``localhost`` services are unreachable); the whole file system is read-only except a
+    size-limited tmpfs work directory (the program cannot create, change or delete a host
+    file, even one its uid could write, e.g. in ``/tmp``); only the sandbox's own processes
+    are visible and signalable (it cannot kill its parent, the trainer, or read another
+    process's environment through ``/proc``); every process of the sandbox dies when the
+    case ends (PID 1 of the namespace is the supervisor); the program holds no capability.
+``rlimits``
+    The fallback when namespaces are unavailable (e.g. inside a Docker container with the
+    default seccomp profile). Resource limits, a new session, an empty environment and a
+    temporary work directory only. It does **not** stop network access, writes to files the
+    uid can write (``/tmp``), reading ``/proc/<pid>/environ`` of processes of the same uid,
+    signalling them, or a process that leaves its process group (``setsid``) surviving the
+    case (it is bounded by its CPU-time limit). When roll runs as root the program runs as
+    ``run_as_uid`` (``nobody``), which keeps it away from root's files and processes.
+``auto`` (default)
+    ``namespaces`` when a probe execution shows they work, else ``rlimits`` with a warning.
+
+Both modes set, per case and per process: address space (``memory_mb``), CPU seconds
+(timeout + 2), file size (``max_file_mb``), open files (64), no core dumps, and processes
+(``max_processes``; counted per user namespace in ``namespaces`` mode on Linux >= 5.14, per
+uid otherwise). Output beyond ``max_output_bytes`` kills the program (``output_limit``).
+Limits no mode gives: a cap on the *sum* of memory of a program's processes (up to
+``max_processes x memory_mb``; that needs cgroups), and protection from kernel bugs or
+side channels: run hostile code from unknown sources in a VM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+__all__ = [
+    "CaseResult",
+    "ExecutionResult",
+    "Sandbox",
+    "SandboxLimits",
+    "TestCase",
+    "namespaces_available",
+]
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["auto", "namespaces", "rlimits"]
+Status = Literal[
+    "pass", "fail", "error", "timeout", "output_limit", "file_limit", "not_run", "sandbox_error"
+]
+_SUPERVISOR = (Path(__file__).with_name("_sandbox_supervisor.py")).read_text(encoding="utf-8")
+_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONHASHSEED": "0",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+@dataclass(frozen=True)
+class TestCase:
+    """One test: ``kind="stdio"`` feeds ``stdin`` and compares stdout with ``stdout``;
+    ``kind="assert"`` runs ``test`` (Python statements) after the program, in its namespace."""
+
+    __test__: ClassVar[bool] = False  # not a pytest class
+
+    kind: Literal["stdio", "assert"]
+    stdin: str = ""
+    stdout: str = ""
+    test: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-process limits of a sandboxed program (see the module docstring)."""
+
+    memory_mb: int = 512
+    max_processes: int = 8
+    max_file_mb: int = 16
+    max_output_bytes: int = 1 << 20
+    work_dir_mb: int = 64
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """The verdict on one test case.
+
+    ``status``: ``pass``, ``fail`` (wrong output), ``error`` (non-zero exit, exception,
+    killed by a signal, or an assert test that did not run to its end), ``timeout`` (wall
+    clock or CPU time), ``output_limit``, ``file_limit``, ``not_run`` (an earlier case
+    failed and ``stop_on_fail`` is set), ``sandbox_error`` (the sandbox itself failed).
+    """
+
+    status: Status
+    seconds: float = 0.0
+    exit_code: int | None = None
+    stderr: str = ""
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """What one execution (a program and its cases) produced."""
+
+    cases: tuple[CaseResult, ...]
+    mode: str
+    seconds: float
+    sandbox_error: str | None = None
+
+    @property
+    def passed(self) -> int:
+        """Cases that passed."""
+        return sum(c.status == "pass" for c in self.cases)
+
+    @property
+    def all_passed(self) -> bool:
+        """Every case passed (False for no cases)."""
+        return bool(self.cases) and self.passed == len(self.cases)
+
+    @property
+    def timeouts(self) -> int:
+        """Cases that ran out of time."""
+        return sum(c.status == "timeout" for c in self.cases)
+
+
+@functools.cache
+def namespaces_available(python: str = sys.executable) -> tuple[bool, str]:
+    """Whether ``namespaces`` mode works here (a real probe execution), and why not."""
+    probe = Sandbox(mode="namespaces", python=python, max_concurrent=1)
+    result = probe.run("print(6 * 7)", [TestCase("stdio", stdout="42\n")], [10.0])
+    if result.sandbox_error is None and result.all_passed:
+        return True, ""
+    reason = result.sandbox_error or f"probe program did not pass: {result.cases}"
+    return False, reason
+
+
+class Sandbox:
+    """Runs programs against test cases under limits; thread-safe; see the module docstring.
+
+    Args:
+        mode: ``auto``, ``namespaces`` or ``rlimits``.
+        limits: per-process limits.
+        max_concurrent: executions running at once (the bounded pool; more callers wait).
+        python: the interpreter that runs programs (default: this one).
+        site_packages: let programs import installed packages (numpy, ...); default: the
+            standard library only (``python -S``), which also starts faster.
+        compare: stdout comparison for ``stdio`` cases: ``lines`` (trailing whitespace of
+            each line and trailing blank lines ignored), ``tokens`` (whitespace-separated
+            tokens), ``exact``.
+        run_as_uid: the uid (and gid) programs run as when roll runs as root.
+        startup_s: allowance for starting the supervisor, on top of the case timeouts.
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: Mode = "auto",
+        limits: SandboxLimits | None = None,
+        max_concurrent: int = 2,
+        python: str | None = None,
+        site_packages: bool = False,
+        compare: Literal["lines", "tokens", "exact"] = "lines",
+        run_as_uid: int = 65534,
+        startup_s: float = 10.0,
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        self.python = python or sys.executable
+        self.requested_mode = mode
+        self.limits = limits or SandboxLimits()
+        self.max_concurrent = max_concurrent
+        self.site_packages = site_packages
+        self.compare = compare
+        self.run_as_uid = run_as_uid
+        self.startup_s = startup_s
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._mode: str | None = None if mode == "auto" else mode
+        self._mode_lock = threading.Lock()
+
+    @property
+    def mode(self) -> str:
+        """The mode in use (``auto`` is resolved by a probe on first use)."""
+        with self._mode_lock:
+            if self._mode is None:
+                ok, reason = namespaces_available(self.python)
+                self._mode = "namespaces" if ok else "rlimits"
+                if not ok:
+                    log.warning(
+                        "sandbox: namespaces unavailable (%s); code runs in the weaker "
+                        "'rlimits' mode: no network or file-system isolation (see "
+                        "docs/rewards.md)",
+                        reason,
+                    )
+            return self._mode
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_slots")
+        state.pop("_mode_lock")
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._slots = threading.BoundedSemaphore(self.max_concurrent)
+        self._mode_lock = threading.Lock()
+
+    def run(
+        self,
+        code: str,
+        cases: Sequence[TestCase],
+        timeouts: Sequence[float],
+        *,
+        stop_on_fail: bool = False,
+    ) -> ExecutionResult:
+        """Run ``code`` on each case (``timeouts[i]`` wall seconds for case i). Never raises
+        for anything the program does; a failure of the sandbox itself is reported in
+        ``sandbox_error`` with every case ``sandbox_error``."""
+        if len(cases) != len(timeouts):
+            raise ValueError(f"{len(cases)} cases but {len(timeouts)} timeouts")
+        mode = self.mode
+        with self._slots:
+            start = time.perf_counter()
+            try:
+                results, error = self._execute(mode, code, cases, timeouts, stop_on_fail)
+            except Exception as err:  # the host side failed (disk full, fork failed)
+                results, error = [], f"{type(err).__name__}: {err}"
+            seconds = time.perf_counter() - start
+        if error is not None and not results:
+            results = [CaseResult("sandbox_error") for _ in cases]
+        results += [CaseResult("sandbox_error") for _ in range(len(cases) - len(results))]
+        return ExecutionResult(tuple(results), mode, seconds, error)
+
+    def _execute(
+        self,
+        mode: str,
+        code: str,
+        cases: Sequence[TestCase],
+        timeouts: Sequence[float],
+        stop_on_fail: bool,
+    ) -> tuple[list[CaseResult], str | None]:
+        as_root = os.geteuid() == 0
+        tmp = Path(tempfile.mkdtemp(prefix="roll-sandbox-"))
+        try:
+            work = tmp / "work"
+            work.mkdir()
+            if as_root:  # the unprivileged program user must reach (rlimits: own) work/
+                tmp.chmod(0o711)
+                if mode == "rlimits" and not _usable_by(self.python, self.run_as_uid):
+                    return [], (
+                        f"the interpreter {self.python} is not readable by uid "
+                        f"{self.run_as_uid} (a parent directory is private), so 'rlimits' "
+                        "mode cannot run it as that user; set the code reward's `python` to "
+                        "an interpreter outside private directories (e.g. /usr/bin/python3)"
+                    )
+                if mode == "rlimits":
+                    os.chown(work, self.run_as_uid, self.run_as_uid)
+            spec = {
+                "mode": mode,
+                "work_dir": str(work),
+                "code": code,
+                "cases": [
+                    {"kind": c.kind, "stdin": c.stdin, "stdout": c.stdout, "test": c.test}
+                    for c in cases
+                ],
+                "timeouts": [float(t) for t in timeouts],
+                "stop_on_fail": stop_on_fail,
+                "memory_mb": self.limits.memory_mb,
+                "max_processes": self.limits.max_processes,
+                "max_file_mb": self.limits.max_file_mb,
+                "max_output_bytes": self.limits.max_output_bytes,
+                "work_dir_mb": self.limits.work_dir_mb,
+                "python": self.python,
+                "site_packages": self.site_packages,
+                "compare": self.compare,
+                "env": {**_ENV, "HOME": str(work), "TMPDIR": str(work)},
+                "map_uid": self.run_as_uid if as_root else None,
+                "reveal": _prefixes(self.python, self.site_packages),
+            }
+            return self._supervise(tmp, spec, as_root, sum(timeouts) + self.startup_s)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _supervise(
+        self, tmp: Path, spec: dict[str, Any], as_root: bool, bound: float
+    ) -> tuple[list[CaseResult], str | None]:
+        (tmp / "spec.json").write_text("", encoding="utf-8")
+        results_path = tmp / "results.jsonl"
+        log_path = tmp / "supervisor.log"
+        with (
+            open(results_path, "wb") as results,
+            open(log_path, "wb") as log_file,
+            open(tmp / "spec.json", "w+b") as spec_file,
+        ):
+            spec["results_fd"] = results.fileno()
+            spec_file.write(json.dumps(spec).encode("utf-8"))
+            spec_file.seek(0)
+            user = {"user": self.run_as_uid, "group": self.run_as_uid, "extra_groups": []}
+            proc = subprocess.Popen(
+                [self.python, "-I", "-S", "-c", _SUPERVISOR],
+                stdin=spec_file,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                pass_fds=(results.fileno(),),
+                env=dict(_ENV),
+                cwd="/",
+                start_new_session=True,
+                **(user if as_root and spec["mode"] == "rlimits" else {}),
+            )
+            error = None
+            try:
+                code = proc.wait(timeout=bound)
+            except subprocess.TimeoutExpired:
+                code = None
+                error = f"the execution overran its bound of {bound:g} s and was killed"
+            finally:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the process group
+                proc.wait()
+        parsed = [_parse_case(line) for line in results_path.read_bytes().splitlines()]
+        if error is None and code != 0:
+            detail = log_path.read_bytes()[-2000:].decode("utf-8", "replace").strip()
+            error = f"the sandbox supervisor failed (exit code {code}): {detail or 'no output'}"
+        return parsed[: len(spec["cases"])], error
+
+
+@functools.cache
+def _prefixes(python: str, site_packages: bool) -> list[str]:
+    """Real paths of the interpreter's installation (and venv, with site-packages)."""
+    code = "import sys; print(sys.base_prefix); print(sys.prefix)"
+    out = subprocess.run(
+        [python, "-I", "-S", "-c", code], capture_output=True, text=True, check=True, env=_ENV
+    ).stdout.split()
+    paths = [os.path.realpath(out[0])] + ([os.path.realpath(out[1])] if site_packages else [])
+    return list(dict.fromkeys(paths))
+
+
+def _usable_by(python: str, uid: int) -> bool:
+    """Whether every directory above ``python`` (resolved) lets others through."""
+    path = Path(os.path.realpath(python))
+    return all(p.stat().st_mode & 0o001 or p.stat().st_uid == uid for p in path.parents)
+
+
+def _parse_case(line: bytes) -> CaseResult:
+    data = json.loads(line)
+    return CaseResult(
+        data["status"],
+        float(data.get("seconds", 0.0)),
+        data.get("exit_code"),
+        data.get("stderr", ""),
+    )

@@ -1,0 +1,141 @@
+"""Trajectories -> the training Batch, in the two paradigms, plus episode metrics.
+
+* trajectory-wise (StarPO, Wang et al. 2025, arXiv 2504.20073): one row per episode, the whole
+  token trace (first prompt, every generated response, every env reply). ``response_mask`` is
+  1 only on generated tokens; ``scores`` is the episode return.
+* step-wise (GiGPO, arXiv 2505.10978): one row per turn, the prompt the model saw (system,
+  a bounded window of earlier turns, the observation) and the response it generated.
+  Per-row ``step_returns`` (discounted return from that turn), ``step_episode`` (row of its
+  episode in ``episode_returns``) and ``anchor_ids`` (same env group and same env state) feed
+  :func:`roll_core.algorithms.gigpo.gigpo_advantages`.
+
+Layout as in rollout/batch.py: ``input_ids`` [B, T] right-padded; per-token fields in target
+space [B, T-1] (position t scores token t+1).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from roll_core.algorithms.gigpo import discounted_step_returns
+from roll_core.data import Batch
+from roll_core.rollout.agentic import Trajectory
+
+
+def _rows(
+    sequences: list[tuple[list[int], list[int], list[float]]], pad_id: int
+) -> dict[str, torch.Tensor]:
+    """(ids, token mask, token log-probs) per row -> padded tensors in target space."""
+    width = max(len(ids) for ids, _, _ in sequences)
+    b = len(sequences)
+    ids_t = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    resp = torch.zeros((b, width - 1), dtype=torch.float32)
+    behaviour = torch.zeros((b, width - 1), dtype=torch.float32)
+    for i, (ids, mask, logps) in enumerate(sequences):
+        n = len(ids)
+        ids_t[i, :n] = torch.tensor(ids)
+        attn[i, :n] = 1
+        if n > 1:
+            resp[i, : n - 1] = torch.tensor(mask[1:], dtype=torch.float32)
+            behaviour[i, : n - 1] = torch.tensor(logps[1:], dtype=torch.float32)
+    return {
+        "input_ids": ids_t,
+        "attention_mask": attn,
+        "response_mask": resp,
+        "behaviour_log_probs": behaviour,
+    }
+
+
+def trajectory_batch(groups: list[list[Trajectory]], *, pad_id: int) -> Batch:
+    """One row per episode (StarPO)."""
+    trajs = [t for g in groups for t in g]
+    rows = [(t.trace.ids, t.trace.mask, t.trace.log_probs) for t in trajs]
+    tensors = _rows(rows, pad_id)
+    group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
+    tensors |= {
+        "scores": torch.tensor([t.episode_return for t in trajs], dtype=torch.float32),
+        "group_ids": torch.tensor([group_index[t.group] for t in trajs], dtype=torch.long),
+        "response_lengths": torch.tensor([sum(t.trace.mask) for t in trajs], dtype=torch.long),
+        "policy_versions": torch.tensor([t.min_version for t in trajs], dtype=torch.long),
+    }
+    return Batch(
+        tensors=tensors,
+        non_tensors={"env_tag": [t.tag for t in trajs]},
+        meta={},
+    )
+
+
+def step_batch(groups: list[list[Trajectory]], *, pad_id: int, gamma: float = 1.0) -> Batch:
+    """One row per turn (GiGPO), with the inputs of the GiGPO advantages."""
+    trajs = [t for g in groups for t in g]
+    rows, returns, episode_of, anchors, versions, rewards, tags = [], [], [], [], [], [], []
+    group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
+    anchor_index: dict[tuple[int, str], int] = {}
+    for e, traj in enumerate(trajs):
+        step_returns = discounted_step_returns([turn.reward for turn in traj.turns], gamma)
+        for turn, ret in zip(traj.turns, step_returns, strict=True):
+            ids = turn.prompt_ids + turn.response_ids
+            mask = [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids)
+            logps = [0.0] * len(turn.prompt_ids) + list(turn.log_probs)
+            rows.append((ids, mask, logps))
+            returns.append(ret)
+            episode_of.append(e)
+            key = (traj.group, turn.state_key)
+            anchors.append(anchor_index.setdefault(key, len(anchor_index)))
+            versions.append(turn.policy_version)
+            rewards.append(turn.reward)
+            tags.append(traj.tag)
+    tensors = _rows(rows, pad_id)
+    tensors |= {
+        "scores": torch.tensor(returns, dtype=torch.float32),
+        "step_rewards": torch.tensor(rewards, dtype=torch.float32),
+        "step_returns": torch.tensor(returns, dtype=torch.float32),
+        "step_episode": torch.tensor(episode_of, dtype=torch.long),
+        "anchor_ids": torch.tensor(anchors, dtype=torch.long),
+        "group_ids": torch.tensor(
+            [group_index[trajs[e].group] for e in episode_of], dtype=torch.long
+        ),
+        "response_lengths": torch.tensor([sum(m) for _, m, _ in rows], dtype=torch.long),
+        "policy_versions": torch.tensor(versions, dtype=torch.long),
+    }
+    meta = {
+        "episode_returns": [t.episode_return for t in trajs],
+        "episode_groups": [group_index[t.group] for t in trajs],
+    }
+    return Batch(tensors=tensors, non_tensors={"env_tag": tags}, meta=meta)
+
+
+def episode_metrics(trajs: list[Trajectory], *, prefix: str) -> dict[str, float]:
+    """Success, return, length, invalid actions, tokens and time split; overall and per tag."""
+    out: dict[str, float] = {}
+    by_tag: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_tag[t.tag].append(t)
+    parts = [("", trajs)]
+    if len(by_tag) > 1:
+        parts += [(f"{tag}/", ts) for tag, ts in sorted(by_tag.items())]
+    for sub, ts in parts:
+        if not ts:
+            continue
+        n = len(ts)
+        turns = [turn for t in ts for turn in t.turns]
+        gen = sum(turn.gen_s for turn in turns)
+        env = sum(turn.env_s for turn in turns)
+        p = f"{prefix}/{sub}"
+        out[f"{p}success_rate"] = sum(t.success for t in ts) / n
+        out[f"{p}episode_return"] = sum(t.episode_return for t in ts) / n
+        out[f"{p}episode_length"] = sum(len(t.turns) for t in ts) / n
+        out[f"{p}invalid_action_rate"] = sum(not turn.action_is_valid for turn in turns) / max(
+            1, len(turns)
+        )
+        out[f"{p}tokens_per_trajectory"] = sum(len(t.trace.ids) for t in ts) / n
+        out[f"{p}generated_tokens_per_trajectory"] = sum(sum(t.trace.mask) for t in ts) / n
+        out[f"{p}turn_generate_s"] = gen / max(1, len(turns))
+        out[f"{p}turn_env_s"] = env / max(1, len(turns))
+        out[f"{p}env_time_share"] = env / max(1e-9, gen + env)
+        out[f"{p}context_truncated_rate"] = sum(t.status == "context" for t in ts) / n
+        out[f"{p}failed_rate"] = sum(not t.ok for t in ts) / n
+    return out

@@ -1,0 +1,118 @@
+"""Placement of roles on GPUs, the memory estimate and the recipe dry-run (pure, no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from roll_core.engine.model_sizes import KNOWN_CONFIGS, ModelShape, model_shape
+from roll_core.engine.placement import (
+    GIB,
+    RoleRequest,
+    TrainMemorySpec,
+    gpu_memory,
+    infer_memory,
+    place,
+    span,
+    train_memory,
+)
+from roll_core.errors import ConfigError
+
+
+def test_colocated_and_disaggregated_roles() -> None:
+    p = place(
+        [
+            RoleRequest("actor_train", world_size=8),
+            RoleRequest("actor_infer", world_size=4, gpus_per_worker=2),
+        ]
+    )
+    assert p.num_gpus == 8 and p.num_nodes == 1
+    assert p.roles["actor_infer"].ranks[1] == (2, 3)  # TP 2: rank r on GPUs 2r, 2r+1
+    assert p.colocated() == [("actor_train", "actor_infer")]
+    split = place(
+        [
+            RoleRequest("actor_train", world_size=8, device_mapping=tuple(range(8))),
+            RoleRequest("actor_infer", world_size=8, device_mapping=tuple(range(8, 16))),
+        ],
+        num_gpus=16,
+    )
+    assert split.colocated() == [] and split.num_nodes == 2
+    assert split.node_lines() == [
+        "node 0 (GPUs 0-7): actor_train ranks 0-7 on GPUs 0-7",
+        "node 1 (GPUs 8-15): actor_infer ranks 0-7 on GPUs 8-15",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("requests", "num_gpus", "message"),
+    [
+        (
+            [RoleRequest("actor_train", 4, 1, (0, 1, 2, 9))],
+            8,
+            "device_mapping uses GPU 9 but the cluster has 8",
+        ),
+        (
+            [RoleRequest("actor_train", 8)],
+            4,
+            r"8 GPUs from GPU 0\) uses GPU 7 but the cluster has 4",
+        ),
+        ([RoleRequest("actor_infer", 1, 2, (0, 1, 2))], None, "does not divide"),
+        ([RoleRequest("actor_train", 4, 1, (0, 1))], None, "needs world_size 4 x"),
+        ([RoleRequest("actor_train", 1, 1, (0, 1))], None, "uses 1 of the 2 GPUs"),
+        ([RoleRequest("actor_infer", 1, 2, (7, 8))], 16, "rank 0 spans nodes"),
+        ([RoleRequest("actor_infer", 1, 16)], 16, "more than a node has"),
+    ],
+)
+def test_impossible_plans_are_rejected(requests, num_gpus, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        place(requests, num_gpus=num_gpus, gpus_per_node=8)
+
+
+def test_span() -> None:
+    assert span([3, 0, 1, 2, 6, 8, 9]) == "0-3,6,8-9"
+
+
+def test_model_shapes_match_published_sizes() -> None:
+    # Qwen3-8B: 8.19B; Qwen2.5-7B: 7.62B; Qwen3-30B-A3B: 30.5B total, 3.3B active
+    assert model_shape("Qwen/Qwen3-8B").params == 8_190_735_360
+    assert round(model_shape("Qwen/Qwen2.5-7B-Instruct").params / 1e9, 2) == 7.62
+    moe = model_shape("Qwen/Qwen3-30B-A3B-Base")
+    assert round(moe.params / 1e9, 1) == 30.5 and round(moe.active_params / 1e9, 1) == 3.4
+    # the built-in tiny model: the count the torch backend reports
+    assert model_shape("builtin:tiny-qwen3").params == 434_944
+    assert model_shape("someone/unknown-model") is None
+    assert "Qwen/Qwen3-8B" in KNOWN_CONFIGS
+
+
+def test_memory_estimate_by_backend() -> None:
+    # 1e9 params in bf16 over 8 ranks: params 2 GB, grads 2 GB, optimizer 12 B/param
+    # (fp32 master + 2 moments) = 12 GB
+    n = 1_000_000_000
+
+    class Fixed(ModelShape):
+        @property
+        def params(self) -> int:
+            return n
+
+    s = Fixed(1, 1, 1, 1, 1, 1, 1, True)
+    torch_ = train_memory(s, TrainMemorySpec("torch", 8, param_bytes=2))
+    assert torch_ == {"params": 2e9, "grads": 2e9, "optimizer": 12e9}
+    z2 = train_memory(s, TrainMemorySpec("deepspeed", 8, param_bytes=2, zero_stage=2))
+    assert z2 == {"params": 2e9, "grads": 2e9 / 8, "optimizer": 12e9 / 8}
+    z3 = train_memory(
+        s, TrainMemorySpec("deepspeed", 8, param_bytes=2, zero_stage=3, offload_optimizer=True)
+    )
+    assert z3 == {"params": 2e9 / 8, "grads": 2e9 / 8, "optimizer": 0.0}
+    fsdp = train_memory(s, TrainMemorySpec("fsdp2", 4, param_bytes=4))
+    assert fsdp == {"params": 1e9, "grads": 1e9, "optimizer": 2e9}  # fp32: 8 B/param optim
+
+
+def test_kv_cache_and_per_gpu_sum() -> None:
+    shape = model_shape("Qwen/Qwen3-8B")
+    # K and V x 36 layers x 8 kv heads x 128 dims x 2 bytes = 147456 bytes per token
+    assert shape.kv_bytes_per_token(2) == 147_456
+    inf = infer_memory(shape, tensor_parallel=2, dtype_bytes=2, kv_tokens=10_000)
+    assert inf["kv_cache"] == 147_456 * 10_000 / 2
+    assert inf["params"] == shape.params * 2 / 2
+    p = place([RoleRequest("actor_train", 2), RoleRequest("actor_infer", 1, 2)])
+    mem = gpu_memory(p, {"actor_train": {"params": 1 * GIB}, "actor_infer": {"kv": 3 * GIB}})
+    assert mem[1].resident == 4 * GIB and mem[1].peak_taking_turns == 3 * GIB

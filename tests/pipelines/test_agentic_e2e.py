@@ -1,0 +1,137 @@
+"""End-to-end `roll train agentic` through the real CLI on the tiny model (2 steps + resume)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recipe(tmp_path: Path, **sections: object) -> Path:
+    data: dict = {
+        "pipeline": "agentic",
+        "name": "tiny-agentic-test",
+        "runs_dir": str(tmp_path / "runs"),
+        "model": {"path": "builtin:tiny-qwen3"},
+        "envs": [
+            {
+                "env": "frozen_lake",
+                "options": {"size": 3, "max_steps": 3},
+                "system_prompt": "Lake. Answer Up, Down, Left or Right.",
+                "groups_per_step": 2,
+                "eval_episodes": 2,
+            },
+            {
+                "env": "sokoban",
+                "options": {"width": 5, "height": 5, "max_steps": 2},
+                "system_prompt": "Sokoban.",
+                "groups_per_step": 1,
+                "eval_episodes": 1,
+            },
+        ],
+        "rollout": {"group_size": 2, "max_new_tokens": 6, "chunk_size": 8},
+        "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
+        "warm_start": {"steps": 1, "episodes_per_step": 2},
+        "trainer": {"max_steps": 2, "micro_batch_size": 8},
+        "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},
+        "actor_infer": {"num_threads": 1},
+        "eval": {"every_steps": 2},
+        "checkpoint": {"every_steps": 1, "keep_last": 2},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    data.update(sections)
+    path = tmp_path / "agentic.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+
+
+def test_train_agentic_two_steps_mixed_envs(roll, tmp_path: Path) -> None:
+    res = roll("train", "agentic", str(recipe(tmp_path)), "--run-id", "ag", timeout=240)
+    assert res.returncode == 0, res.stderr + res.stdout
+    run = tmp_path / "runs" / "ag"
+    logged = rows(run)
+    steps = [r for r in logged if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    first = steps[0]
+    for key in (
+        "rollout/success_rate",
+        "rollout/episode_return",
+        "rollout/episode_length",
+        "rollout/invalid_action_rate",
+        "rollout/env_errors",
+        "rollout/env_timeouts",
+        "rollout/tokens_per_trajectory",
+        "rollout/turn_generate_s",
+        "rollout/turn_env_s",
+        "rollout/frozen_lake/success_rate",  # per env tag when envs are mixed
+        "rollout/sokoban/invalid_action_rate",
+        "actor/pg_loss",
+        "train_infer/logprob_diff",
+    ):
+        assert key in first, key
+    assert first["perf/samples"] == 2 * 2 + 1 * 2  # trajectory-wise: one row per episode
+    assert first["train_infer/logprob_diff"] < 1e-3
+    assert "eval/frozen_lake/success_rate" in steps[1]
+    assert any("warm_start/loss_last" in r for r in logged)
+    assert (run / "checkpoints" / "step-000002").is_dir()
+    state = json.loads((run / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    assert state["rollout"]["next_group_seed"] == {"frozen_lake": 4, "sokoban": 2}
+
+
+@pytest.mark.slow
+def test_resume_continues_with_the_next_env_seeds(roll, tmp_path: Path) -> None:
+    path = recipe(
+        tmp_path,
+        envs=[
+            {
+                "env": "frozen_lake",
+                "options": {"size": 3, "max_steps": 2},
+                "system_prompt": "Lake.",
+                "groups_per_step": 1,
+                "eval_episodes": 1,
+            }
+        ],
+        warm_start={"steps": 0},
+    )
+    res = roll("train", "agentic", str(path), "--run-id", "ag", timeout=240)
+    assert res.returncode == 0, res.stderr + res.stdout
+    res = roll("resume", "ag", "--runs-dir", str(tmp_path / "runs"), "trainer.max_steps=3")
+    assert res.returncode == 0, res.stderr + res.stdout
+    run = tmp_path / "runs" / "ag"
+    assert [r["step"] for r in rows(run) if r["step"] > 0] == [1, 2, 3]
+    state = json.loads((run / "checkpoints" / "step-000003" / "trainer_state.json").read_text())
+    assert state["rollout"]["next_group_seed"] == {"frozen_lake": 3}
+
+
+def test_dry_run_of_every_agentic_recipe(roll) -> None:
+    for name in (
+        "tiny-frozenlake",
+        "tiny-sokoban",
+        "qwen2.5-0.5b-sokoban",
+        "qwen3-4b-sokoban-gigpo",
+    ):
+        res = roll("train", "agentic", str(ROOT / "recipes" / f"{name}.yaml"), "--dry-run")
+        assert res.returncode == 0, name + res.stderr
+        assert "recipe is valid" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"envs": [{"env": "sokobn"}]}, "Did you mean 'sokoban'"),
+        ({"envs": [{"env": "sokoban", "options": {"widht": 6}}]}, "unknown option 'widht'"),
+    ],
+)
+def test_bad_env_is_a_clear_error(roll, tmp_path: Path, sections: dict, message: str) -> None:
+    res = roll("train", "agentic", str(recipe(tmp_path, **sections)))
+    assert res.returncode != 0
+    assert message in res.stderr + res.stdout
+    assert "Traceback" not in res.stderr

@@ -1,0 +1,351 @@
+"""Hostile programs through the real sandbox: each one is contained, scores 0, and is counted.
+
+``namespaces`` mode is what roll uses wherever unprivileged user namespaces work (here and on
+most Linux hosts); the attacks it alone stops (network, host files, other processes) are
+skipped with the reason when it is unavailable. The ``rlimits`` tests check what the
+fallback mode does contain.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from roll_core.config.reward_options import CodeRewardConfig
+from roll_core.rewards.base import RewardSample
+from roll_core.rewards.code import CodeReward
+from roll_core.rewards.sandbox import Sandbox, SandboxLimits, TestCase, namespaces_available
+
+NS_OK, NS_WHY = namespaces_available()
+needs_ns = pytest.mark.skipif(not NS_OK, reason=f"namespaces mode unavailable here: {NS_WHY}")
+MARKERS = (b"def _main():\n    kind = sys.argv[1]", b"CLONE_NEWNS = 0x00020000")
+
+
+def sandbox_processes() -> set[int]:
+    """Pids of sandbox supervisors and programs on this machine (by their -c source)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if any(m in cmdline for m in MARKERS):
+            found.add(int(entry))
+    return found
+
+
+def _python_for_rlimits() -> str:
+    """As root, programs run as nobody: the interpreter must be outside private dirs."""
+    if os.geteuid() != 0:
+        return sys.executable
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        real = Path(os.path.realpath(candidate))
+        if real.exists() and all(p.stat().st_mode & 0o001 for p in real.parents):
+            return candidate
+    pytest.skip("no interpreter usable by uid 65534 for rlimits mode")
+
+
+@pytest.fixture(scope="module")
+def ns() -> Sandbox:
+    if not NS_OK:
+        pytest.skip(f"namespaces mode unavailable here: {NS_WHY}")
+    return Sandbox(mode="namespaces", limits=SandboxLimits(memory_mb=256, max_processes=8))
+
+
+@pytest.fixture(scope="module")
+def rl() -> Sandbox:
+    return Sandbox(
+        mode="rlimits",
+        python=_python_for_rlimits(),
+        limits=SandboxLimits(memory_mb=256, max_processes=8),
+    )
+
+
+@pytest.fixture(params=["namespaces", "rlimits"])
+def any_sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    return request.getfixturevalue("ns" if request.param == "namespaces" else "rl")
+
+
+@pytest.fixture(autouse=True)
+def no_strays():
+    """Every test: no sandbox process may outlive the execution."""
+    before = sandbox_processes()
+    yield
+    deadline = time.monotonic() + 2.0
+    while (left := sandbox_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"stray sandbox processes remain: {sorted(left)}"
+
+
+def run_one(sandbox: Sandbox, code: str, *, stdin: str = "", stdout: str = "", timeout=10.0):
+    start = time.monotonic()
+    result = sandbox.run(code, [TestCase("stdio", stdin=stdin, stdout=stdout)], [timeout])
+    return result, time.monotonic() - start
+
+
+def test_a_normal_program_passes_and_a_wrong_one_fails(any_sandbox: Sandbox) -> None:
+    code = "a, b = map(int, input().split())\nprint(a + b)\n"
+    cases = [TestCase("stdio", "1 2\n", "3\n"), TestCase("stdio", "2 2\n", "5\n")]
+    result = any_sandbox.run(code, cases, [5.0, 5.0])
+    assert result.sandbox_error is None
+    assert [c.status for c in result.cases] == ["pass", "fail"]
+    asserts = [
+        TestCase("assert", test="assert add(1, 2) == 3"),
+        TestCase("assert", test="assert add(1, 1) == 3"),
+    ]
+    result = any_sandbox.run("def add(x, y):\n    return x + y\n", asserts, [5.0, 5.0])
+    assert [c.status for c in result.cases] == ["pass", "error"]
+
+
+def test_infinite_loop_times_out_in_bounded_time(any_sandbox: Sandbox) -> None:
+    result, seconds = run_one(any_sandbox, "while True:\n    pass\n", timeout=1.0)
+    assert result.cases[0].status == "timeout"
+    assert 1.0 <= result.cases[0].seconds < 3.0
+    assert seconds < 8.0
+
+
+def test_sleeping_forever_times_out(any_sandbox: Sandbox) -> None:
+    result, seconds = run_one(any_sandbox, "import time\ntime.sleep(3600)\n", timeout=1.0)
+    assert result.cases[0].status == "timeout" and seconds < 8.0
+
+
+def test_fork_bomb_is_bounded_and_leaves_no_process(any_sandbox: Sandbox) -> None:
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(10000):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(3600)\n"
+        "        n += 1\n"
+        "    except OSError:\n"
+        "        break\n"
+        "print('forks', n, flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    result, seconds = run_one(any_sandbox, code, timeout=2.0)
+    assert result.cases[0].status == "timeout"
+    assert seconds < 10.0
+    # the autouse fixture checks that none of the forked children survived
+
+
+@needs_ns
+def test_fork_bomb_hits_the_process_limit(ns: Sandbox) -> None:
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(10000):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(3600)\n"
+        "        n += 1\n"
+        "    except OSError:\n"
+        "        break\n"
+        "print('limited' if n < 8 else n)\n"
+    )
+    result, _ = run_one(ns, code, stdout="limited\n", timeout=3.0)
+    assert result.cases[0].status == "pass"  # fewer than max_processes=8 forks succeeded
+
+
+def test_setsid_escapee_does_not_survive_in_namespaces(ns: Sandbox) -> None:
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(3600)\n"
+        "    os._exit(0)\n"
+        "print('done')\n"
+    )
+    result, _ = run_one(ns, code, stdout="done\n")
+    assert result.cases[0].status == "pass"
+
+
+def test_unbounded_memory_hits_the_limit(any_sandbox: Sandbox) -> None:
+    code = (
+        "blocks = []\n"
+        "try:\n"
+        "    while True:\n"
+        "        blocks.append(bytearray(16 << 20))\n"
+        "except MemoryError:\n"
+        "    print('limited at', len(blocks) * 16 < 256)\n"
+    )
+    result, seconds = run_one(any_sandbox, code, stdout="limited at True\n", timeout=5.0)
+    assert result.cases[0].status == "pass"  # the program saw MemoryError below 256 MiB
+    assert seconds < 10.0
+    result, _ = run_one(any_sandbox, "x = bytearray(10**10)\n", timeout=5.0)
+    assert result.cases[0].status == "error"
+
+
+@needs_ns
+def test_writes_outside_the_work_dir_do_not_reach_the_host(ns: Sandbox, tmp_path: Path) -> None:
+    tmp_path.chmod(0o777)  # even a world-writable host directory
+    targets = [
+        f"/tmp/roll-attack-{uuid.uuid4().hex}",
+        str(tmp_path / "planted.txt"),
+        f"/dev/shm/roll-attack-{uuid.uuid4().hex}",
+        os.path.join(os.path.dirname(__file__), f"planted-{uuid.uuid4().hex}.py"),
+    ]
+    code = (
+        "import sys\n"
+        "blocked = 0\n"
+        f"for path in {targets!r}:\n"
+        "    try:\n"
+        "        with open(path, 'w') as f:\n"
+        "            f.write('pwned')\n"
+        "    except OSError:\n"
+        "        blocked += 1\n"
+        "open('inside.txt', 'w').write('ok')\n"
+        "print(blocked, open('inside.txt').read())\n"
+    )
+    result, _ = run_one(ns, code, stdout=f"{len(targets) - 1} ok\n")
+    # /dev/shm is the sandbox's own empty tmpfs: writable inside, gone afterwards
+    assert result.cases[0].status == "pass", result.cases[0]
+    for target in targets:
+        assert not os.path.exists(target), target
+
+
+def test_the_work_dir_is_removed(any_sandbox: Sandbox) -> None:
+    code = "import os\nopen('left-behind.txt', 'w').write('x')\nprint(os.getcwd())\n"
+    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("roll-sandbox-*"))
+    result, _ = run_one(any_sandbox, code)
+    after = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("roll-sandbox-*"))
+    assert result.sandbox_error is None
+    assert not (after - before)
+
+
+@needs_ns
+def test_network_connections_fail(ns: Sandbox) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+
+    def accept() -> None:
+        for _ in range(40):
+            try:
+                accepted.append(server.accept())
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    code = (
+        "import socket\n"
+        "failed = 0\n"
+        f"for host in [('127.0.0.1', {port}), ('1.1.1.1', 80), ('pypi.org', 443)]:\n"
+        "    try:\n"
+        "        socket.create_connection(host, timeout=1).close()\n"
+        "    except OSError:\n"
+        "        failed += 1\n"
+        "print(failed)\n"
+    )
+    result, _ = run_one(ns, code, stdout="3\n", timeout=5.0)
+    server.close()
+    thread.join(5)
+    assert result.cases[0].status == "pass", result.cases[0]
+    assert accepted == []  # the host's localhost server never saw a connection
+
+
+def test_environment_secrets_are_absent(any_sandbox: Sandbox, monkeypatch) -> None:
+    secret = f"hunter2-{uuid.uuid4().hex}"
+    monkeypatch.setenv("ROLL_FAKE_API_KEY", secret)
+    code = "import os\nprint(os.environ.get('ROLL_FAKE_API_KEY'), 'HOME' in os.environ)\n"
+    result, _ = run_one(any_sandbox, code, stdout="None True\n")
+    assert result.cases[0].status == "pass"
+
+
+@needs_ns
+def test_other_processes_environments_are_unreadable(ns: Sandbox, monkeypatch) -> None:
+    secret = f"hunter2-{uuid.uuid4().hex}"
+    monkeypatch.setenv("ROLL_FAKE_API_KEY", secret)
+    code = (
+        "import os\n"
+        "found = 0\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    try:\n"
+        f"        found += {secret!r}.encode() in open(f'/proc/{{pid}}/environ', 'rb').read()\n"
+        "    except (OSError, ValueError):\n"
+        "        pass\n"
+        f"print(found, {str(os.getpid())!r} in os.listdir('/proc'))\n"
+    )
+    result, _ = run_one(ns, code, stdout="0 False\n")
+    assert result.cases[0].status == "pass", result.cases[0]
+
+
+def test_printing_gigabytes_is_cut_off(any_sandbox: Sandbox) -> None:
+    code = "import sys\nline = 'x' * 65535 + '\\n'\nwhile True:\n    sys.stdout.write(line)\n"
+    result, seconds = run_one(any_sandbox, code, timeout=10.0)
+    assert result.cases[0].status == "output_limit"
+    assert seconds < 8.0  # killed at 1 MiB, long before the 10 s timeout
+    assert len(result.cases[0].stderr) <= 1000
+
+
+def test_huge_files_hit_the_file_size_limit(any_sandbox: Sandbox) -> None:
+    code = "with open('big.bin', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n"
+    result, _ = run_one(any_sandbox, code, timeout=10.0)
+    assert result.cases[0].status in ("file_limit", "error")
+
+
+@needs_ns
+def test_killing_the_parent_is_contained(ns: Sandbox) -> None:
+    code = (
+        "import os, signal\n"
+        "targets = [os.getppid(), 1, int(input())]\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit() and int(pid) != os.getpid():\n"
+        "        targets.append(int(pid))\n"
+        "for pid in targets:\n"
+        "    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('still here')\n"
+    )
+    result, _ = run_one(ns, code, stdin=f"{os.getpid()}\n", stdout="still here\n")
+    assert result.sandbox_error is None  # the supervisor (its parent) survived
+    assert result.cases[0].status == "pass"
+    assert os.getppid() > 0  # and so did we (this line runs)
+
+
+def test_exiting_before_the_asserts_does_not_pass(any_sandbox: Sandbox) -> None:
+    cases = [TestCase("assert", test="assert f() == 2")]
+    for cheat in ("import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n"):
+        result = any_sandbox.run("def f():\n    return 1\n" + cheat, cases, [5.0])
+        assert result.cases[0].status == "error", cheat
+
+
+def test_hostile_responses_score_zero_through_the_code_reward() -> None:
+    reward = CodeReward(
+        CodeRewardConfig.model_validate(
+            {"timeout": {"max_s": 1.0, "min_s": 0.5}, "sandbox": {"memory_mb": 256}}
+        )
+    )
+    row = {"tests": [{"input": "2\n", "output": "4\n"}], "domain": "code"}
+    attacks = [
+        "while True: pass",
+        "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
+        "x = bytearray(10**10)",
+        "while True: print('x' * 65536)",
+    ]
+    for attack in attacks:
+        result = reward(RewardSample("p", f"```python\n{attack}\n```", row))
+        assert result.score == 0.0 and not result.info["correct"], attack
+    good = reward(RewardSample("p", "```python\nprint(int(input()) * 2)\n```", row))
+    assert good.score == 1.0
+    metrics = reward.metrics()
+    assert metrics["code/executions"] == 5 and metrics["code/pass_rate"] == 1 / 5
+    assert metrics["code/timeouts"] >= 2 and metrics["code/limit_kills"] == 1

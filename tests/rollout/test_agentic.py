@@ -1,0 +1,315 @@
+"""The env-level async rollout manager: groups, redundancy, failing and hanging envs, async.
+
+These tests use a scripted inference cluster (answers every prompt with a fixed move after a
+short, optional delay) so they exercise the threads, routing and bookkeeping in milliseconds;
+test_agentic_tito.py runs the real hf backend.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from roll_core.backends.infer import Completion, Request, SamplingParams
+from roll_core.envs import FrozenLakeEnv, TextEnv, Transition, parse_choice
+from roll_core.errors import RollError
+from roll_core.models import load_tokenizer, materialize_builtin
+from roll_core.rollout.agentic import (
+    EnvRolloutManager,
+    EnvSpec,
+    EnvTimeout,
+    RolloutSettings,
+    call_with_timeout,
+)
+from roll_core.rollout.agentic_batch import episode_metrics, step_batch, trajectory_batch
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return load_tokenizer(str(materialize_builtin("tiny-qwen3", tmp_path_factory.mktemp("c"))))
+
+
+class ScriptedInfer:
+    """A stand-in actor_infer cluster: every request is answered with `answer` + eos."""
+
+    def __init__(self, tokenizer: Any, answer: str = "Right", *, delay: float = 0.0) -> None:
+        self.world_size = 1
+        self.tok = tokenizer
+        self.answer = answer
+        self.delay = delay
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.version = 0
+        self.batches: list[int] = []
+
+    def submit(self, rank: int, method: str, requests: list[Request], params: SamplingParams):
+        assert method == "generate"
+        return self.pool.submit(self._generate, requests)
+
+    def _generate(self, requests: list[Request]) -> list[Completion]:
+        time.sleep(self.delay)
+        self.batches.append(len(requests))
+        ids = self.tok.encode(self.answer, add_special_tokens=False) + [self.tok.eos_token_id]
+        return [
+            Completion(r.request_id, ids, [-0.5] * len(ids), "stop", self.version) for r in requests
+        ]
+
+
+class Corridor(TextEnv):
+    """Walk right `length` cells. Per-seed faults: raise, hang or be slow, for given episodes."""
+
+    name = ""
+    instructions = "Go right."
+    faults: dict[int, str] = {}  # noqa: RUF012 - set per test
+    calls: dict[int, int] = {}  # noqa: RUF012 - resets per seed, to fault only the first ones
+    lock = threading.Lock()
+
+    def on_reset(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
+        self.pos = 0
+        with self.lock:
+            seed = int(rng.integers(1 << 30))
+            self.key = seed
+            n = self.calls.get(seed, 0)
+            self.calls[seed] = n + 1
+        self.fault = self.faults.get(n, "")
+        return "at 0", {}
+
+    def parse_action(self, text: str) -> str:
+        return parse_choice(text, {"right": "Right", "left": "Left"})
+
+    def on_step(self, action: str) -> Transition:
+        if self.fault == "raise":
+            raise RuntimeError("env crashed")
+        if self.fault == "hang":
+            time.sleep(30)
+        if self.fault == "slow" or self.fault == f"slow{self.pos}":
+            time.sleep(0.3)
+        self.pos += 1 if action == "Right" else -1
+        done = self.pos >= 3
+        return Transition(f"at {self.pos}", 1.0 if done else 0.0, done, {"success": done})
+
+    def render(self) -> str:
+        return f"pos {self.pos}"
+
+
+def settings(**kw: Any) -> RolloutSettings:
+    base: dict[str, Any] = dict(
+        params=SamplingParams(max_new_tokens=8),
+        group_size=2,
+        max_context=512,
+        step_timeout_s=0.5,
+        episode_timeout_s=20,
+        chunk_size=8,
+    )
+    base.update(kw)
+    return RolloutSettings(**base)
+
+
+def manager(tok: Any, infer: Any, specs: list[EnvSpec], **kw: Any) -> EnvRolloutManager:
+    return EnvRolloutManager(infer=infer, tokenizer=tok, specs=specs, settings=settings(**kw))
+
+
+def corridor_spec(faults: dict[int, str], groups: int = 2) -> EnvSpec:
+    class Env(Corridor):
+        pass
+
+    Env.faults, Env.calls = faults, {}
+    return EnvSpec("corridor", Env, None, groups)
+
+
+def test_groups_complete_with_the_same_seed_and_token_traces(tokenizer: Any) -> None:
+    infer = ScriptedInfer(tokenizer)
+    mgr = manager(tokenizer, infer, [corridor_spec({}, groups=3)])
+    try:
+        result = mgr.next_batch(1)
+    finally:
+        mgr.close()
+    assert len(result.groups) == 3
+    for group in result.groups:
+        assert len(group) == 2
+        assert len({t.seed for t in group}) == 1  # a group shares its seed
+        for t in group:
+            assert t.status == "done" and t.success and len(t.turns) == 3
+            # generated tokens are masked in, and only they: 3 turns x ("Right" + eos)
+            assert sum(t.trace.mask) == 3 * 6
+            assert len(t.trace.ids) == len(t.trace.mask) == len(t.trace.log_probs)
+    assert len({g[0].seed for g in result.groups}) == 3
+    assert result.metrics["rollout/env_errors"] == 0
+    # requests of different episodes were batched into shared inference calls
+    assert max(infer.batches) > 1
+
+
+def test_failing_and_hanging_envs_are_counted_and_replaced(tokenizer: Any) -> None:
+    # the first episode played on each seed raises, the second hangs; replacements succeed
+    spec = corridor_spec({0: "raise", 1: "hang"}, groups=2)
+    mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec], group_size=1, max_replacements=2)
+    try:
+        start = time.perf_counter()
+        result = mgr.next_batch(1)
+        wall = time.perf_counter() - start
+    finally:
+        mgr.close()
+    m = result.metrics
+    assert len(result.groups) == 2 and all(g[0].status == "done" for g in result.groups)
+    assert m["rollout/corridor/env_errors"] == 2
+    assert m["rollout/corridor/env_timeouts"] == 2
+    assert m["rollout/env_errors"] == 2 and m["rollout/env_timeouts"] == 2
+    assert m["rollout/corridor/env_replaced"] == 4
+    assert wall < 5  # a hang costs step_timeout_s (0.5 s), not the env's 30 s
+
+
+def test_too_many_failed_groups_is_an_error(tokenizer: Any) -> None:
+    spec = corridor_spec({k: "raise" for k in range(100)}, groups=1)
+    mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec], group_size=1, max_replacements=1)
+    try:
+        with pytest.raises(RollError, match="too many env groups failed"):
+            mgr.next_batch(1)
+    finally:
+        mgr.close()
+
+
+def test_redundancy_keeps_the_first_g_and_cancels_the_rest(tokenizer: Any) -> None:
+    # the first two plays of each seed are slow (0.3 s per step); with redundancy 2, the two
+    # fast ones finish first and are kept, the slow ones are cancelled
+    spec = corridor_spec({0: "slow", 1: "slow"}, groups=2)
+    mgr = manager(
+        tokenizer, ScriptedInfer(tokenizer), [spec], group_size=2, group_size_redundancy=2
+    )
+    try:
+        start = time.perf_counter()
+        result = mgr.next_batch(1)
+        wall = time.perf_counter() - start
+        time.sleep(0.5)  # let the cancelled episodes notice
+        cancelled = mgr._counters_metrics().get("rollout/corridor/episodes_cancelled", 0)
+    finally:
+        mgr.close()
+    for group in result.groups:
+        assert len(group) == 2
+        assert all(t.wall_s < 0.85 for t in group)  # a slow episode takes >= 3 x 0.3 s
+    assert wall < 0.9
+    assert cancelled + result.metrics.get("rollout/corridor/episodes_cancelled", 0) == 4
+
+
+def test_turn_barrier_is_the_lockstep_baseline(tokenizer: Any) -> None:
+    # one episode is slow at its first step, the other at its second: without a barrier each
+    # episode waits 0.3 s once (wall ~0.3 s); in lockstep every turn waits for the slowest
+    # episode (wall ~0.6 s)
+    walls = {}
+    for barrier in (False, True):
+        spec = corridor_spec({0: "slow0", 1: "slow1"}, groups=1)
+        mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec], turn_barrier=barrier)
+        try:
+            start = time.perf_counter()
+            result = mgr.next_batch(1)
+            walls[barrier] = time.perf_counter() - start
+        finally:
+            mgr.close()
+        assert all(t.status == "done" for t in result.groups[0])
+    assert walls[True] > 0.55
+    assert walls[False] < walls[True] - 0.15
+
+
+def test_env_timeout_helper() -> None:
+    assert call_with_timeout(lambda x: x + 1, 1, timeout=1) == 2
+    with pytest.raises(EnvTimeout):
+        call_with_timeout(time.sleep, 5, timeout=0.05)
+    with pytest.raises(ValueError):
+        call_with_timeout(int, "x", timeout=1)
+
+
+def test_step_mode_rows_and_state_keys(tokenizer: Any) -> None:
+    spec = EnvSpec("lake", lambda: FrozenLakeEnv(map="SFF/FFF/FFG", max_steps=4), "Go.", 1)
+    mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec], mode="step", history_window=1)
+    try:
+        result = mgr.next_batch(1)
+    finally:
+        mgr.close()
+    group = result.groups[0]
+    # always Right on SFF/FFF/FFG: 2 moves to the right edge, then stuck, truncated at 4 steps
+    assert [t.status for t in group] == ["truncated", "truncated"]
+    batch = step_batch(result.groups, pad_id=tokenizer.pad_token_id, gamma=1.0)
+    assert len(batch) == 8  # 2 episodes x 4 steps
+    for row, turn in enumerate(t for traj in group for t in traj.turns):
+        ids = batch.tensors["input_ids"][row].tolist()
+        n = len(turn.prompt_ids) + len(turn.response_ids)
+        assert ids[:n] == turn.prompt_ids + turn.response_ids
+        assert batch.tensors["response_mask"][row].sum() == len(turn.response_ids)
+    # both episodes visit the same states in the same order: 4 anchor groups of 2 steps; the
+    # last two steps act from the same state (stuck at the edge) but are distinct turns
+    anchors = batch.tensors["anchor_ids"].tolist()
+    assert anchors[:4] == anchors[4:]
+    assert len(set(anchors)) == 3  # start, middle, right edge (twice)
+    m = episode_metrics([t for g in result.groups for t in g], prefix="rollout")
+    assert m["rollout/success_rate"] == 0 and m["rollout/episode_length"] == 4
+
+
+def test_trajectory_batch_masks_only_generated_tokens(tokenizer: Any) -> None:
+    spec = corridor_spec({}, groups=1)
+    mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec])
+    try:
+        result = mgr.next_batch(1)
+    finally:
+        mgr.close()
+    batch = trajectory_batch(result.groups, pad_id=tokenizer.pad_token_id)
+    mask = batch.tensors["response_mask"]
+    ids = batch.tensors["input_ids"]
+    right = tokenizer.encode("Right", add_special_tokens=False) + [tokenizer.eos_token_id]
+    for row in range(len(batch)):
+        trained = ids[row, 1:][mask[row] > 0].tolist()  # target space: position t -> t+1
+        assert trained == right * 3
+        assert batch.tensors["behaviour_log_probs"][row][mask[row] > 0].tolist() == [-0.5] * 18
+    assert batch.tensors["scores"].tolist() == [1.0, 1.0]
+
+
+def test_async_ratio_keeps_generating_and_drops_stale_groups(tokenizer: Any) -> None:
+    infer = ScriptedInfer(tokenizer, delay=0.01)
+    spec = corridor_spec({}, groups=2)
+    mgr = manager(tokenizer, infer, [spec], async_generation_ratio=1)
+    try:
+        first = mgr.next_batch(1)
+        assert first.metrics["rollout/staleness_max"] == 0
+        time.sleep(0.3)  # "training": groups keep being generated meanwhile
+        with mgr.lock:
+            ahead = len(mgr.completed) + len(mgr.active)
+        assert ahead >= 2  # ratio 1: one step's worth of groups ahead
+        # three weight syncs while those groups waited: they are now 3 versions old > ratio 1
+        for version in (1, 2, 3):
+            mgr.suspend()
+            infer.version = version
+            mgr.resume(version)
+        later = mgr.next_batch(4)
+    finally:
+        mgr.close()
+    assert later.metrics["rollout/groups_dropped_stale"] >= 2
+    assert all(t.min_version >= 2 for g in later.groups for t in g)
+
+
+def test_validation_episodes_are_not_counted_as_training(tokenizer: Any) -> None:
+    spec = corridor_spec({}, groups=1)
+    mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec])
+    try:
+        trajs = mgr.run_episodes(spec, [100, 101, 102], SamplingParams(max_new_tokens=8))
+        assert [t.seed for t in trajs] == [100, 101, 102]
+        assert all(t.success for t in trajs)
+        assert "rollout/corridor/episodes_completed" not in mgr._counters_metrics()
+    finally:
+        mgr.close()
+
+
+def test_generation_failure_is_fatal(tokenizer: Any) -> None:
+    class Broken(ScriptedInfer):
+        def submit(self, rank: int, method: str, requests: list, params: Any) -> Future:
+            future: Future = Future()
+            future.set_exception(RollError("model exploded"))
+            return future
+
+    mgr = manager(tokenizer, Broken(tokenizer), [corridor_spec({})])
+    try:
+        with pytest.raises(RollError, match="model exploded"):
+            mgr.next_batch(1)
+    finally:
+        mgr.close()
