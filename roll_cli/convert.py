@@ -128,7 +128,8 @@ def mcore2hf(
     arch: Annotated[
         str | None,
         typer.Option(
-            "--arch", help="Architecture (llama, qwen2, qwen3, qwen3_moe); default: detected."
+            "--arch",
+            help="Architecture (llama, qwen2, qwen3, qwen3_moe, qwen2_moe); default: detected.",
         ),
     ] = None,
     hf_config: Annotated[

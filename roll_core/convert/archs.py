@@ -1,9 +1,9 @@
 """Architectures the converter knows, as data: how each is recognised, its Hugging Face config
 and its parameter names on both sides.
 
-Everything that differs between Llama, Qwen2/2.5, Qwen3 and Qwen3-MoE is in :data:`ARCHS` and
-the key tables; the code that uses them (:mod:`roll_core.convert.convert`) has no
-per-architecture branch.
+Everything that differs between Llama, Qwen2/2.5, Qwen3, Qwen3-MoE and Qwen2-MoE is in
+:data:`ARCHS` and the key tables; the code that uses them (:mod:`roll_core.convert.convert`)
+has no per-architecture branch.
 
 Three vocabularies meet here:
 
@@ -68,6 +68,9 @@ class ModelDims:
     """Routing weights are the softmax over the top-k logits (renormalised), not over all."""
     moe_aux_loss_coeff: float = 0.0
     """Load-balancing loss weight (used in training only)."""
+    shared_experts: bool = False
+    """An MoE layer also has a shared expert, gated by ``sigmoid(x @ gate)`` (Qwen2-MoE)."""
+    moe_shared_ffn_hidden_size: int = 0
 
 
 #: Megatron-LM argument -> ModelDims field (the plain renames; derived ones are in code below).
@@ -92,6 +95,9 @@ MOE_ARG_TO_DIMS: Mapping[str, str] = {
     "moe_aux_loss_coeff": "moe_aux_loss_coeff",
 }
 
+#: Megatron-LM arguments a model with shared experts needs (Qwen2-MoE's gated shared expert).
+SHARED_EXPERT_REQUIRED_ARGS: Mapping[str, Any] = {"moe_shared_expert_gate": True}
+
 #: Megatron-LM arguments every supported architecture needs, with the value it must have.
 REQUIRED_ARGS: Mapping[str, Any] = {
     "normalization": "RMSNorm",
@@ -103,15 +109,14 @@ REQUIRED_ARGS: Mapping[str, Any] = {
     "virtual_pipeline_model_parallel_size": None,
 }
 
-#: Megatron-LM arguments a mixture-of-experts model needs (Qwen3-MoE routing: softmax, top-k,
-#: no shared experts, no expert bias, every layer MoE), with the value it must have (a tuple:
-#: one of these). Sinkhorn balancing routes differently at inference, so it is refused.
+#: Megatron-LM arguments a mixture-of-experts model needs (Qwen-MoE routing: softmax, top-k,
+#: no expert bias, every layer MoE), with the value it must have (a tuple: one of these).
+#: Sinkhorn balancing routes differently at inference, so it is refused.
 MOE_REQUIRED_ARGS: Mapping[str, Any] = {
     "moe_router_score_function": "softmax",
     "moe_router_topk_scaling_factor": None,
     "moe_router_enable_expert_bias": False,
     "moe_router_num_groups": None,
-    "moe_shared_expert_intermediate_size": None,
     "moe_layer_freq": 1,
     "moe_router_load_balancing_type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "none"),
 }
@@ -142,6 +147,7 @@ ARG_DEFAULTS: Mapping[str, Any] = {
     "moe_shared_expert_intermediate_size": None,
     "moe_layer_freq": 1,
     "moe_router_load_balancing_type": "aux_loss",
+    "moe_shared_expert_gate": False,
     "expert_model_parallel_size": 1,
     "make_vocab_size_divisible_by": 128,
     "transformer_impl": "transformer_engine",
@@ -223,6 +229,23 @@ LAYER_KEYS: tuple[KeyMap, ...] = (
         when="moe",
         per_expert=True,
     ),
+    # the shared expert of Qwen2-MoE and its sigmoid gate
+    KeyMap(
+        "mlp.shared_experts.linear_fc1.weight",
+        ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"),
+        "gate_up",
+        "gated_column",
+        when="shared_experts",
+    ),
+    KeyMap(
+        "mlp.shared_experts.linear_fc2.weight",
+        ("mlp.shared_expert.down_proj.weight",),
+        tp="row",
+        when="shared_experts",
+    ),
+    KeyMap(
+        "mlp.shared_experts.gate_weight", ("mlp.shared_expert_gate.weight",), when="shared_experts"
+    ),
 )
 
 HF_LAYER_PREFIX = "model.layers.{i}."
@@ -279,6 +302,8 @@ EXTRA_STATES: tuple[ExtraState, ...] = (
     ExtraState("mlp.linear_fc2", when="!moe"),
     ExtraState("mlp.experts.experts.linear_fc1", when="moe", per_expert=True),
     ExtraState("mlp.experts.experts.linear_fc2", when="moe", per_expert=True),
+    ExtraState("mlp.shared_experts.linear_fc1", when="shared_experts"),
+    ExtraState("mlp.shared_experts.linear_fc2", when="shared_experts"),
 )
 TRANSFORMER_IMPLS = ("transformer_engine", "local")
 
@@ -359,7 +384,7 @@ ARCHS: Mapping[str, ArchSpec] = {
             "qwen3_moe",
             "qwen3_moe",
             "Qwen3MoeForCausalLM",
-            {"qkv_bias": False, "qk_norm": True, "moe": True},
+            {"qkv_bias": False, "qk_norm": True, "moe": True, "shared_experts": False},
             {**_COMMON_HF_CONFIG, **_MOE_HF_CONFIG},
             {
                 "hidden_act": "silu",
@@ -370,6 +395,25 @@ ARCHS: Mapping[str, ArchSpec] = {
             },
             "Qwen3-MoE (Qwen3 attention, every MLP a top-k mixture of experts)",
             {"num_experts": "num_local_experts"},
+        ),
+        ArchSpec(
+            "qwen2_moe",
+            "qwen2_moe",
+            "Qwen2MoeForCausalLM",
+            {"qkv_bias": True, "qk_norm": False, "moe": True, "shared_experts": True},
+            {
+                **{k: v for k, v in _COMMON_HF_CONFIG.items() if k != "head_dim"},
+                **_MOE_HF_CONFIG,
+                "shared_expert_intermediate_size": "moe_shared_ffn_hidden_size",
+            },
+            {
+                "hidden_act": "silu",
+                "use_sliding_window": False,
+                "qkv_bias": True,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            },
+            "Qwen1.5-MoE / Qwen2-MoE (Qwen2 attention, experts plus a gated shared expert)",
         ),
     )
 }
@@ -396,7 +440,9 @@ def detect_arch(dims: ModelDims) -> ArchSpec:
     for spec in ARCHS.values():
         if all(getattr(dims, k) == v for k, v in spec.flags.items()):
             return spec
-    found = ", ".join(f"{k}={getattr(dims, k)}" for k in ("qkv_bias", "qk_norm", "moe"))
+    found = ", ".join(
+        f"{k}={getattr(dims, k)}" for k in ("qkv_bias", "qk_norm", "moe", "shared_experts")
+    )
     raise CheckpointError(
         f"no supported architecture has {found}. Supported: {supported()}.",
         hint="Pass --arch or --hf-config to say which architecture this is.",
@@ -419,11 +465,16 @@ def dims_from_args(args: Mapping[str, Any], *, vocab_size: int | None) -> ModelD
     moe = a.get("num_experts") is not None
     if moe and _all_moe_layers(a.get("moe_layer_freq")):
         a["moe_layer_freq"] = 1
-    required = {**REQUIRED_ARGS, **(MOE_REQUIRED_ARGS if moe else {})}
+    shared = moe and a.get("moe_shared_expert_intermediate_size") is not None
+    required = {
+        **REQUIRED_ARGS,
+        **(MOE_REQUIRED_ARGS if moe else {}),
+        **(SHARED_EXPERT_REQUIRED_ARGS if shared else {}),
+    }
     unsupported = [
-        f"{k}={a.get(k)!r} (supported: {', '.join(map(repr, v)) if isinstance(v, tuple) else v!r})"
+        f"{k}={a.get(k)!r} (supported: {', '.join(map(repr, _allowed(v)))})"
         for k, v in required.items()
-        if a.get(k, ARG_DEFAULTS.get(k)) not in (v if isinstance(v, tuple) else (v,))
+        if a.get(k, ARG_DEFAULTS.get(k)) not in _allowed(v)
     ]
     if unsupported:
         raise CheckpointError(
@@ -431,8 +482,8 @@ def dims_from_args(args: Mapping[str, Any], *, vocab_size: int | None) -> ModelD
             + "; ".join(unsupported)
             + f". Supported architectures: {supported()}.",
             hint="LayerNorm, learned positions, linear biases, rope scaling, virtual pipeline "
-            "stages, shared experts, expert bias, grouped or sigmoid routing and models that mix "
-            "dense and MoE layers are not converted (docs/convert.md lists what is).",
+            "stages, ungated shared experts, expert bias, grouped or sigmoid routing and models "
+            "that mix dense and MoE layers are not converted (docs/convert.md lists what is).",
         )
     values: dict[str, Any] = {dst: a.get(src) for src, dst in ARG_TO_DIMS.items()}
     heads = int(a["num_attention_heads"])
@@ -460,7 +511,16 @@ def dims_from_args(args: Mapping[str, Any], *, vocab_size: int | None) -> ModelD
         values["moe_norm_topk"] = not a["moe_router_pre_softmax"]
         coeff = a.get("moe_aux_loss_coeff") or 0.0
         values["moe_aux_loss_coeff"] = float(coeff[0] if isinstance(coeff, list) else coeff)
+        values["shared_experts"] = shared
+        values["moe_shared_ffn_hidden_size"] = int(
+            a.get("moe_shared_expert_intermediate_size") or 0
+        )
     return ModelDims(**values)
+
+
+def _allowed(value: Any) -> tuple[Any, ...]:
+    """The values a REQUIRED_ARGS entry allows (a tuple lists several)."""
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _all_moe_layers(freq: Any) -> bool:
@@ -492,6 +552,8 @@ def args_from_dims(
             moe_router_load_balancing_type="aux_loss",
             moe_grouped_gemm=False,
             expert_tensor_parallel_size=tp,
+            moe_shared_expert_intermediate_size=dims.moe_shared_ffn_hidden_size or None,
+            moe_shared_expert_gate=dims.shared_experts,
         )
     args.update(
         num_query_groups=dims.num_kv_heads,
@@ -633,6 +695,9 @@ def mcore_shape(name: str, dims: ModelDims) -> tuple[int, ...]:
         "mlp.router.weight": (dims.num_experts, h),
         "mlp.experts.experts.linear_fc1.weight": (2 * f, h),  # one expert
         "mlp.experts.experts.linear_fc2.weight": (h, f),
+        "mlp.shared_experts.linear_fc1.weight": (2 * dims.moe_shared_ffn_hidden_size, h),
+        "mlp.shared_experts.linear_fc2.weight": (h, dims.moe_shared_ffn_hidden_size),
+        "mlp.shared_experts.gate_weight": (1, h),
     }
     return shapes[name]
 
@@ -654,6 +719,8 @@ SHAPE_FIELDS = (
     "moe_ffn_hidden_size",
     "moe_topk",
     "moe_norm_topk",
+    "shared_experts",
+    "moe_shared_ffn_hidden_size",
 )
 
 

@@ -478,6 +478,10 @@ def _check_parallel(dims: ModelDims, tp: int, pp: int, ep: int) -> None:
             ("num_experts", dims.num_experts, "--ep", ep),
             ("moe_intermediate_size", dims.moe_ffn_hidden_size, "--tp", tp),
         ]
+    if dims.shared_experts:
+        sizes.append(
+            ("shared_expert_intermediate_size", dims.moe_shared_ffn_hidden_size, "--tp", tp)
+        )
     problems = [
         f"{what} {n} is not divisible by {flag} {size}" for what, n, flag, size in sizes if n % size
     ]

@@ -24,7 +24,7 @@ import io
 import json
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -699,18 +699,3 @@ def write_torch_dist(
         "common_backend_version": 1,
     }
     (it_dir / "metadata.json").write_text(json.dumps(meta))
-
-
-def iter_params(
-    num_layers: int, names: list[str], global_names: list[str]
-) -> Iterator[tuple[str, int | None]]:
-    """(name, layer) in Megatron's order: embedding, layers, final norm, output layer."""
-    for name in global_names:
-        if name.startswith("embedding."):
-            yield name, None
-    for layer in range(num_layers):
-        for name in names:
-            yield name, layer
-    for name in global_names:
-        if not name.startswith("embedding."):
-            yield name, None

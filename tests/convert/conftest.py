@@ -8,8 +8,8 @@ import pytest
 import torch
 
 #: Per architecture: the HF config of a tiny model (4 layers for pp=2, 2 kv heads for tp=2,
-#: a vocabulary of 250 so Megatron pads it; Qwen3 with head_dim != hidden / heads; Qwen3-MoE
-#: with 4 experts).
+#: a vocabulary of 250 so Megatron pads it; Qwen3 with head_dim != hidden / heads; Qwen3-MoE and
+#: Qwen2-MoE with 4 experts).
 TINY_CONFIGS: dict[str, dict] = {
     "llama": dict(model_type="llama", tie_word_embeddings=False, head_dim=16, rope_theta=10000.0),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True, rope_theta=1000000.0),
@@ -24,6 +24,18 @@ TINY_CONFIGS: dict[str, dict] = {
         num_experts_per_tok=2,
         moe_intermediate_size=32,
         norm_topk_prob=True,
+    ),
+    # Qwen2-MoE: q/k/v bias, tied, softmax over all experts (no renormalisation), and a
+    # shared expert of size 48 behind a sigmoid gate
+    "qwen2_moe": dict(
+        model_type="qwen2_moe",
+        tie_word_embeddings=True,
+        rope_theta=1000000.0,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        norm_topk_prob=False,
     ),
 }
 COMMON = dict(

@@ -1,28 +1,38 @@
 """Build tiny Megatron-core GPT models on CPU, save them, run their forward pass.
 
 Test-only helper for tests/convert (needs the `megatron-core` package from the `dev` extra).
-It starts ``tp * pp`` processes on the gloo backend (no GPU), and for every architecture
+It starts ``tp * pp * ep`` processes on the gloo backend (no GPU), and for every architecture
 asked for:
 
 * ``save``: builds a tiny ``GPTModel`` (local, non-Transformer-Engine layer spec) with
   megatron-core's own initialisation, gives every norm weight and bias random values (they
-  start as ones and zeros, which would hide a mapping mistake), saves the model in the legacy
-  layout (``iter_0000001/mp_rank_TT_PPP/model_optim_rng.pt``, as Megatron-LM writes it) and in
+  start as ones and zeros, which would hide a mapping mistake) and every expert values of its
+  own (each expert-parallel rank starts its local experts from the same seed), saves the model
+  in the legacy layout (``iter_0000001/mp_rank_TT_PPP[_EEE]/model_optim_rng.pt``, as
+  Megatron-LM writes it: one file per TP rank, stage and EP rank) and in
   the ``torch_dist`` layout (``megatron.core.dist_checkpointing.save``), and writes the logits
   of megatron-core's forward pass on a fixed input to ``logits.pt``;
 * ``load``: builds the same model, loads a checkpoint (either layout) with megatron-core's own
   loaders, strictly, and writes the logits of its forward pass to ``logits.pt``.
 
-Megatron-core runs on CPU with five small patches, all in :func:`_patch_megatron_for_cpu`:
+``qwen3_moe`` is a mixture-of-experts GPTModel (``SequentialMLP`` experts, the ``allgather``
+token dispatcher, no sequence parallelism: the local norms refuse it); run it with ``--ep 2``
+(the data-parallel size then equals the expert-parallel size).
+
+Megatron-core runs on CPU with six small patches, five in :func:`_patch_megatron_for_cpu`:
 ``torch.cuda.current_device`` returns ``"cpu"`` (rotary embeddings move their frequencies to
 it), ``torch.cuda.synchronize`` does nothing (the checkpoint writer calls it), ``Tensor.cuda()``
-leaves a tensor on the CPU (tied embeddings are all-reduced from "cuda"), the CUDA RNG tracker's ``fork`` is a no-op (dropout is 0 and the models are in eval mode),
-and the attention mask is passed explicitly (the default causal mask is built on ``cuda``).
+leaves a tensor on the CPU (tied embeddings are all-reduced from "cuda"), the CUDA RNG
+tracker's ``fork`` is a no-op (dropout is 0 and the models are in eval mode), the MoE router's
+``te_general_gemm`` (undefined without Transformer Engine in megatron-core 0.16) is ``None`` so
+it uses ``torch.mm``; and the attention mask is passed explicitly (the default causal mask is
+built on ``cuda``).
 
 Usage::
 
     python tests/convert/megatron_fixture.py save OUT --tp 2 --pp 2 --arch llama --arch qwen3
     python tests/convert/megatron_fixture.py load qwen2:CKPT_DIR:OUT_LOGITS ... --tp 2 --pp 2
+    python tests/convert/megatron_fixture.py save OUT --tp 2 --pp 2 --ep 2 --arch qwen3_moe
 """
 
 from __future__ import annotations
@@ -83,6 +93,18 @@ ARCHS: dict[str, dict[str, Any]] = {
         "rotary_base": 1000000,
         "num_experts": 4,
     },
+    # Qwen2-MoE: q/k/v bias, tied, softmax over all experts before the top-k (no
+    # renormalisation), and a shared expert of size 48 behind a sigmoid gate
+    "qwen2_moe": {
+        "add_qkv_bias": True,
+        "qk_layernorm": False,
+        "tied": True,
+        "kv_channels": 16,
+        "rotary_base": 1000000,
+        "num_experts": 4,
+        "pre_softmax": True,
+        "shared_ffn": 48,
+    },
 }
 EXPERTS = 4
 TOPK = 2
@@ -104,13 +126,14 @@ def megatron_args(arch: str, tp: int, pp: int, ep: int = 1) -> argparse.Namespac
             num_experts=a["num_experts"],
             moe_router_topk=TOPK,
             moe_ffn_hidden_size=MOE_FFN,
-            moe_router_pre_softmax=False,
+            moe_router_pre_softmax=a.get("pre_softmax", False),
             moe_router_score_function="softmax",
             moe_router_topk_scaling_factor=None,
             moe_router_enable_expert_bias=False,
             moe_router_load_balancing_type="aux_loss",
             moe_aux_loss_coeff=0.001,
-            moe_shared_expert_intermediate_size=None,
+            moe_shared_expert_intermediate_size=a.get("shared_ffn"),
+            moe_shared_expert_gate=a.get("shared_ffn") is not None,
             moe_layer_freq=1,
             moe_grouped_gemm=False,
             moe_token_dispatcher_type="allgather",
@@ -182,7 +205,9 @@ def build_model(arch: str) -> Any:
             num_moe_experts=a["num_experts"],
             moe_router_topk=TOPK,
             moe_ffn_hidden_size=MOE_FFN,
-            moe_router_pre_softmax=False,
+            moe_router_pre_softmax=a.get("pre_softmax", False),
+            moe_shared_expert_intermediate_size=a.get("shared_ffn"),
+            moe_shared_expert_gate=a.get("shared_ffn") is not None,
             moe_router_load_balancing_type="aux_loss",
             moe_aux_loss_coeff=0.001,
             moe_token_dispatcher_type="allgather",

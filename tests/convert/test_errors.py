@@ -97,7 +97,7 @@ def test_unsupported_features_in_args_are_named() -> None:
     dims = dims_from_args(moe, vocab_size=None)  # Qwen3-MoE routing with Megatron's defaults
     assert (dims.moe, dims.num_experts, dims.moe_topk, dims.moe_norm_topk) == (True, 8, 2, True)
     assert dims.moe_ffn_hidden_size == 32  # moe_ffn_hidden_size defaults to ffn_hidden_size
-    # Qwen2-MoE's shared experts, DeepSeek's sigmoid routing, a dense first layer: named
+    # an ungated shared expert, DeepSeek's sigmoid routing, a dense first layer: named
     bad = {
         **moe,
         "moe_shared_expert_intermediate_size": 64,
@@ -108,9 +108,9 @@ def test_unsupported_features_in_args_are_named() -> None:
     with pytest.raises(
         CheckpointError,
         match=r"moe_router_score_function='sigmoid' \(supported: 'softmax'\); "
-        r"moe_shared_expert_intermediate_size=64 \(supported: None\); "
         r"moe_layer_freq=\[0, 1\] \(supported: 1\); "
-        r"moe_router_load_balancing_type='sinkhorn' \(supported: 'aux_loss', 'seq_aux_loss', ",
+        r"moe_router_load_balancing_type='sinkhorn' \(supported: 'aux_loss', 'seq_aux_loss', "
+        r".*moe_shared_expert_gate=False \(supported: True\)",
     ):
         dims_from_args(bad, vocab_size=None)
     assert dims_from_args({**moe, "moe_layer_freq": [1, 1]}, vocab_size=None).moe
@@ -308,7 +308,8 @@ def test_arch_flag_moe_vs_dense(moe_legacy_ckpt: Path, legacy_ckpt: Path, tmp_pa
     ):
         mcore_to_hf(moe_legacy_ckpt, tmp_path / "a", arch="qwen3")
     with pytest.raises(
-        UsageError, match=r"a qwen3_moe model has .*moe=True; this checkpoint has moe=False"
+        UsageError,
+        match=r"a qwen3_moe model has .*moe=True, shared_experts=False; this checkpoint has moe=False\.",
     ):
         mcore_to_hf(legacy_ckpt, tmp_path / "b", arch="qwen3_moe")
 

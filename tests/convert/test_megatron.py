@@ -1,7 +1,7 @@
 """Checkpoints written by megatron-core itself (tests/convert/megatron_fixture.py) convert to
 Hugging Face models whose logits match megatron-core's forward pass, and megatron-core loads
-what hf2mcore writes (both layouts, tp=2, pp=2; Qwen3-MoE also ep=2) and computes the same
-logits.
+what hf2mcore writes (both layouts, tp=2, pp=2; Qwen3-MoE and Qwen2-MoE also ep=2) and
+computes the same logits.
 
 Needs the test-only dependency ``megatron-core`` (``dev`` extra); runs it on CPU in 4 gloo
 processes (8 for the MoE model).
@@ -98,20 +98,28 @@ def test_megatron_loads_what_hf2mcore_writes(
             assert torch.equal(logits[..., TRUE_VOCAB:], torch.zeros(1, 12, 6)), (arch, fmt)
 
 
-# -- Qwen3-MoE: tp=2 x pp=2 x ep=2 (8 gloo processes) ----------------------------------------
+# -- Qwen3-MoE and Qwen2-MoE: tp=2 x pp=2 x ep=2 (8 gloo processes) --------------------------
+
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe")
 
 
 @pytest.fixture(scope="module")
 def moe_ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("megatron-moe")
-    run_fixture("save", str(out), "--tp", "2", "--pp", "2", "--ep", "2", "--arch=qwen3_moe")
+    run_fixture(
+        "save", str(out), "--tp", "2", "--pp", "2", "--ep", "2", *(f"--arch={a}" for a in MOE_ARCHS)
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def moe_converted(moe_ckpts: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("converted-moe")
-    return {lay: mcore_to_hf(moe_ckpts / "qwen3_moe" / lay, root / lay) for lay in LAYOUTS}
+    return {
+        (a, lay): mcore_to_hf(moe_ckpts / a / lay, root / f"{a}-{lay}")
+        for a in MOE_ARCHS
+        for lay in LAYOUTS
+    }
 
 
 def test_megatron_moe_files_are_what_megatron_lm_writes(moe_ckpts: Path) -> None:
@@ -122,16 +130,17 @@ def test_megatron_moe_files_are_what_megatron_lm_writes(moe_ckpts: Path) -> None
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_megatron_moe_checkpoint_gives_the_same_logits_in_hf(
-    moe_ckpts: Path, moe_converted: dict, layout: str
+    moe_ckpts: Path, moe_converted: dict, arch: str, layout: str
 ) -> None:
     from transformers import AutoModelForCausalLM
 
     from tests.convert.megatron_fixture import input_ids
 
-    result = moe_converted[layout]
-    assert (result.arch, result.tp, result.pp, result.ep) == ("qwen3_moe", 2, 2, 2)
-    reference = torch.load(moe_ckpts / "qwen3_moe/logits.pt")[..., :TRUE_VOCAB]
+    result = moe_converted[(arch, layout)]
+    assert (result.arch, result.tp, result.pp, result.ep) == (arch, 2, 2, 2)
+    reference = torch.load(moe_ckpts / arch / "logits.pt")[..., :TRUE_VOCAB]
     model = AutoModelForCausalLM.from_pretrained(result.dst, dtype=torch.float32)
     assert (model.config.num_experts, model.config.num_experts_per_tok) == (4, 2)
     with torch.no_grad():
@@ -149,16 +158,18 @@ def test_megatron_loads_the_moe_checkpoints_hf2mcore_writes(
     moe_ckpts: Path, moe_converted: dict, tmp_path: Path
 ) -> None:
     jobs = []
-    for fmt in LAYOUTS:
-        ckpt = tmp_path / fmt
-        hf_to_mcore(
-            moe_converted["torch_dist"].dst, ckpt, tp=2, pp=2, ep=2, fmt=fmt,
-            transformer_impl="local", make_vocab_size_divisible_by=64,
-        )  # fmt: skip
-        jobs.append(f"qwen3_moe:{ckpt}:{tmp_path / f'{fmt}.pt'}")
+    for arch in MOE_ARCHS:
+        for fmt in LAYOUTS:
+            ckpt = tmp_path / f"{arch}-{fmt}"
+            hf_to_mcore(
+                moe_converted[(arch, "torch_dist")].dst, ckpt, tp=2, pp=2, ep=2, fmt=fmt,
+                transformer_impl="local", make_vocab_size_divisible_by=64,
+            )  # fmt: skip
+            jobs.append(f"{arch}:{ckpt}:{tmp_path / f'{arch}-{fmt}.pt'}")
     run_fixture("load", *jobs, "--tp", "2", "--pp", "2", "--ep", "2")
-    reference = torch.load(moe_ckpts / "qwen3_moe/logits.pt")
-    for fmt in LAYOUTS:
-        logits = torch.load(tmp_path / f"{fmt}.pt")
-        assert (logits - reference)[..., :TRUE_VOCAB].abs().max().item() < 1e-6, fmt
-        assert torch.equal(logits[..., TRUE_VOCAB:], torch.zeros(1, 12, 6)), fmt
+    for arch in MOE_ARCHS:
+        reference = torch.load(moe_ckpts / arch / "logits.pt")
+        for fmt in LAYOUTS:
+            logits = torch.load(tmp_path / f"{arch}-{fmt}.pt")
+            assert (logits - reference)[..., :TRUE_VOCAB].abs().max().item() < 1e-6, (arch, fmt)
+            assert torch.equal(logits[..., TRUE_VOCAB:], torch.zeros(1, 12, 6)), (arch, fmt)

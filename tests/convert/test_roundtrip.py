@@ -154,36 +154,43 @@ def test_shards_and_index(hf_models: dict[str, Path], tmp_path: Path) -> None:
     assert_bitwise_equal(hf_models["qwen3"], tmp_path / "back")
 
 
-# -- Qwen3-MoE -------------------------------------------------------------------------------
+# -- mixture of experts: Qwen3-MoE, Qwen2-MoE ------------------------------------------------
+
+#: (Megatron, HF) tensors per layer and outside the layers. Qwen3-MoE per layer: input norm,
+#: qkv, q/k norms, proj, pre-MLP norm, router, 4 experts x (fc1, fc2) = 15 (HF: 2 norms, q k v
+#: o, q/k norms, router, 4 x (gate, up, down) = 21); untied: embedding, final norm, output.
+#: Qwen2-MoE: no q/k norms, q/k/v bias (1 fused, 3 in HF), shared expert fc1, fc2 and gate
+#: (HF gate, up, down, gate) = 17 (HF 26); tied: no output layer.
+MOE_COUNTS = {"qwen3_moe": ((15, 3), (21, 3)), "qwen2_moe": ((17, 2), (26, 2))}
 
 
 @pytest.mark.parametrize("impl", ["transformer_engine", "local"])
 @pytest.mark.parametrize("fmt", ["legacy", "torch_dist"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
 def test_moe_roundtrip_tp2_pp2_ep2_is_bitwise_identical(
-    hf_models: dict[str, Path], tmp_path: Path, fmt: str, impl: str
+    hf_models: dict[str, Path], tmp_path: Path, arch: str, fmt: str, impl: str
 ) -> None:
-    src = hf_models["qwen3_moe"]
+    src = hf_models[arch]
     mcore, back = tmp_path / "mcore", tmp_path / "back"
     r = hf_to_mcore(src, mcore, tp=2, pp=2, ep=2, fmt=fmt, transformer_impl=impl)
-    assert (r.arch, r.layout, r.tp, r.pp, r.ep, r.num_layers) == ("qwen3_moe", fmt, 2, 2, 2, 4)
-    # per layer: norm, qkv, q/k norm, proj, pre-MLP norm, router + 4 experts x (fc1, fc2) = 15;
-    # plus embedding, final norm, output layer
-    assert r.num_tensors == 4 * 15 + 3
+    assert (r.arch, r.layout, r.tp, r.pp, r.ep, r.num_layers) == (arch, fmt, 2, 2, 2, 4)
+    (m_layer, m_global), (h_layer, h_global) = MOE_COUNTS[arch]
+    assert r.num_tensors == 4 * m_layer + m_global
     back_r = mcore_to_hf(mcore, back)
-    assert (back_r.arch, back_r.layout, back_r.tp, back_r.pp, back_r.ep) == (
-        "qwen3_moe", fmt, 2, 2, 2,
-    )  # fmt: skip
-    # HF: 11 per layer (norms 4, q k v o, router) + 4 experts x (gate, up, down); + 3
-    assert back_r.num_tensors == 4 * (9 + 12) + 3
+    assert (back_r.arch, back_r.layout, back_r.tp, back_r.pp, back_r.ep) == (arch, fmt, 2, 2, 2)
+    assert back_r.num_tensors == 4 * h_layer + h_global
     assert_bitwise_equal(src, back)
     c_src = json.loads((src / "config.json").read_text())
     c_back = json.loads((back / "config.json").read_text())
-    moe_keys = ("moe_intermediate_size", "num_experts_per_tok", "norm_topk_prob", "head_dim")
+    moe_keys = ("moe_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
+                "shared_expert_intermediate_size", "head_dim", "qkv_bias")  # fmt: skip
     assert {k: c_back.get(k) for k in SHAPE_KEYS + moe_keys} == {
         k: c_src.get(k) for k in SHAPE_KEYS + moe_keys
     }
-    # transformers 5 writes num_local_experts; transformers 4 and vLLM read num_experts
-    assert c_back["num_local_experts"] == c_src["num_local_experts"] == c_back["num_experts"] == 4
+    # transformers 5 writes num_local_experts for Qwen3-MoE; transformers 4 and vLLM read
+    # num_experts
+    assert c_back["num_experts"] == 4
+    assert c_back.get("num_local_experts") == c_src.get("num_local_experts")
 
 
 def test_moe_legacy_files_split_experts_over_ep_ranks(
@@ -288,3 +295,24 @@ def test_moe_hub_style_config(hf_models: dict[str, Path], tmp_path: Path) -> Non
         4, False, 0.001,
     )  # fmt: skip
     assert_bitwise_equal(src, tmp_path / "back")
+
+
+def test_qwen2_moe_shared_expert_files(hf_models: dict[str, Path], tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    hf_to_mcore(hf_models["qwen2_moe"], tmp_path / "m", tp=2, ep=2, fmt="legacy")
+    f = load_torch_file(tmp_path / "m/release/mp_rank_01_001/model_optim_rng.pt")
+    sd, args = f["model"], f["args"]
+    assert (args.moe_shared_expert_intermediate_size, args.moe_shared_expert_gate) == (48, True)
+    assert args.moe_router_pre_softmax is True  # norm_topk_prob=False
+    with safe_open(hf_models["qwen2_moe"] / "model.safetensors", "pt") as hf:
+        gate = hf.get_tensor("model.layers.2.mlp.shared_expert.gate_proj.weight")
+        up = hf.get_tensor("model.layers.2.mlp.shared_expert.up_proj.weight")
+        down = hf.get_tensor("model.layers.2.mlp.shared_expert.down_proj.weight")
+        score = hf.get_tensor("model.layers.2.mlp.shared_expert_gate.weight")
+    # the shared expert is split over TP like a dense MLP (and held by every EP rank)
+    fc1 = sd["decoder.layers.2.mlp.shared_experts.linear_fc1.weight"]
+    assert torch.equal(fc1, torch.cat([gate[24:], up[24:]]))
+    assert torch.equal(sd["decoder.layers.2.mlp.shared_experts.linear_fc2.weight"], down[:, 24:])
+    assert torch.equal(sd["decoder.layers.2.mlp.shared_experts.gate_weight"], score)  # [1, h]
+    assert sd["decoder.layers.2.mlp.shared_experts.linear_fc1._extra_state"] is None
