@@ -5,13 +5,18 @@
   weighted sums (``registry``).
 * :class:`RewardRouter`: domain routing, timeouts, failure counters, metrics (``router``),
   with the bounded runners in ``execution``.
+* ``code`` (programs against test cases in the :class:`Sandbox`, adaptive timeouts),
+  ``judge`` (LLM-as-judge over an OpenAI-compatible endpoint or a local hf model), and the
+  rule rewards ``instructions``, ``choice``, ``repetition`` (``rules``).
 
 Nothing here imports the engine, pipelines, workers or Ray. See docs/rewards.md.
 """
 
 from roll_core.rewards.base import RewardFn, RewardResult, RewardSample, as_result
+from roll_core.rewards.code import AdaptiveTimeout, CodeReward, extract_code, parse_tests
 from roll_core.rewards.execution import Outcome, ProcessRunner, ThreadRunner
 from roll_core.rewards.format_reward import DEFAULT_FORMAT_PATTERN, FormatReward
+from roll_core.rewards.judge import JudgeReward
 from roll_core.rewards.math_reward import (
     MathReward,
     answers_match,
@@ -28,9 +33,22 @@ from roll_core.rewards.registry import (
     load_user_function,
 )
 from roll_core.rewards.router import DomainStats, RewardRouter, domain_metrics
+from roll_core.rewards.rules import ChoiceReward, InstructionsReward, RepetitionPenalty
+from roll_core.rewards.sandbox import Sandbox, SandboxLimits, TestCase
 
 __all__ = [
     "DEFAULT_FORMAT_PATTERN",
+    "AdaptiveTimeout",
+    "ChoiceReward",
+    "CodeReward",
+    "InstructionsReward",
+    "JudgeReward",
+    "RepetitionPenalty",
+    "Sandbox",
+    "SandboxLimits",
+    "TestCase",
+    "extract_code",
+    "parse_tests",
     "REWARDS",
     "DomainStats",
     "FormatReward",

@@ -255,8 +255,8 @@ class CodeReward:
             with lock:
                 self._window().samples += 1
                 self._window().no_code += 1
-            info = {"correct": False, "format_ok": False, "passed": 0, "cases": len(cases)}
-            return RewardResult(0.0, {**info, "timeouts": 0, "sandbox_error": None})
+            empty = {"correct": False, "format_ok": False, "passed": 0, "cases": len(cases)}
+            return RewardResult(0.0, {**empty, "timeouts": 0, "sandbox_error": None})
         problem = _problem_key(tests_value)
         per_case = timeouts.timeout(problem)
         budget = cfg.max_sample_s
@@ -271,7 +271,7 @@ class CodeReward:
         self._record(result, per_case)
         passed = result.passed
         score = float(result.all_passed) if cfg.score == "all_pass" else passed / len(result.cases)
-        info = {
+        info: dict[str, Any] = {
             "correct": result.all_passed,
             "format_ok": True,
             "passed": passed,

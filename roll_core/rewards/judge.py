@@ -137,7 +137,7 @@ class _Hf:
 
         self.cfg = cfg
         self.tokenizer = load_tokenizer(cfg.model)
-        self.model = load_causal_lm(cfg.model)
+        self.model: Any = load_causal_lm(cfg.model)
         self.model.eval()
         self.lock = threading.Lock()  # one generate at a time
 

@@ -329,7 +329,8 @@ class Sandbox:
             spec["results_fd"] = results.fileno()
             spec_file.write(json.dumps(spec).encode("utf-8"))
             spec_file.seek(0)
-            user = {"user": self.run_as_uid, "group": self.run_as_uid, "extra_groups": []}
+            switch = as_root and spec["mode"] == "rlimits"  # namespaces: the helper maps it
+            uid = self.run_as_uid if switch else None
             proc = subprocess.Popen(
                 [self.python, "-I", "-S", "-c", _SUPERVISOR],
                 stdin=spec_file,
@@ -339,7 +340,9 @@ class Sandbox:
                 env=dict(_ENV),
                 cwd="/",
                 start_new_session=True,
-                **(user if as_root and spec["mode"] == "rlimits" else {}),
+                user=uid,
+                group=uid,
+                extra_groups=[] if switch else None,
             )
             error = None
             try:
@@ -360,13 +363,13 @@ class Sandbox:
 
 @functools.cache
 def _prefixes(python: str, site_packages: bool) -> list[str]:
-    """Real paths of the interpreter's installation (and venv, with site-packages)."""
+    """Real paths of the interpreter's installation and of its venv, if any."""
     code = "import sys; print(sys.base_prefix); print(sys.prefix)"
     out = subprocess.run(
         [python, "-I", "-S", "-c", code], capture_output=True, text=True, check=True, env=_ENV
     ).stdout.split()
-    paths = [os.path.realpath(out[0])] + ([os.path.realpath(out[1])] if site_packages else [])
-    return list(dict.fromkeys(paths))
+    # the venv too, even without site-packages: its bin/python is the path that is executed
+    return list(dict.fromkeys([os.path.realpath(out[0]), os.path.realpath(out[1])]))
 
 
 def _usable_by(python: str, uid: int) -> bool:
