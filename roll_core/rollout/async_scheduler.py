@@ -9,8 +9,12 @@ trainer's :meth:`AsyncRolloutScheduler.next_batch` takes ``prompts_per_step`` gr
 buffer, which only hands out groups generated at most ``async_generation_ratio`` policy
 versions before the one being trained (see ``buffer.py`` for the exact bound).
 
-* Throttle: the producer never holds more than ``(ratio + 1) * prompts_per_step`` groups that
-  the trainer has not taken yet (open + buffered), so it cannot run arbitrarily far ahead.
+* Admission control (as AReaL's): while the trainer waits for the batch of version ``v`` the
+  producer may hold ``(ratio + 1) * prompts_per_step`` groups it has not handed out (open +
+  buffered); once that batch is taken and until the next weight sync, ``ratio *
+  prompts_per_step``. A group started under version ``v`` is then normally trained by step
+  ``v + ratio`` at the latest, so it is fresh when taken; only a group that finishes late
+  (its long-tail sample) can still go stale and be dropped.
 * Segments: a request is generated ``segment_tokens`` tokens per backend call and continued
   from its prefix (``Request.prefix_ids``) until it stops or reaches ``max_new_tokens``. The
   segment is the granularity of a weight sync.
@@ -197,6 +201,7 @@ class AsyncRolloutScheduler:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._dropped_since_handout = 0
+        self._taken_for_version = False  # the batch of the current version was handed out
         self._reset_counters()
 
     # ---- trainer side -----------------------------------------------------------------------
@@ -224,6 +229,7 @@ class AsyncRolloutScheduler:
                 raise
         with self._cond:
             self._dropped_since_handout = 0
+            self._taken_for_version = True
             self._cond.notify_all()
             metrics = self._step_metrics()
         return RolloutResult(groups=groups, metrics=metrics)
@@ -267,6 +273,7 @@ class AsyncRolloutScheduler:
                     self._c["aborted_tokens"] += len(job.response_ids)
                     job.response_ids, job.log_probs, job.versions = [], [], []
             self._suspend = False
+            self._taken_for_version = False
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -328,7 +335,7 @@ class AsyncRolloutScheduler:
             raise self._error
 
     def _pull_prompts(self) -> None:
-        limit = (self.ratio + 1) * self.prompts_per_step
+        limit = (self.ratio + 1 - self._taken_for_version) * self.prompts_per_step
         while len(self._open) + len(self.buffer) < limit:
             if self._dropped_since_handout > self.prompts_per_step + self.max_additional_prompts:
                 raise DataError(

@@ -133,19 +133,16 @@ def test_suspend_sync_resume_loses_and_duplicates_nothing(infer: Cluster, partia
             assert len(g) == 2 and len({s.prompt.index for s in g}) == 1
     for s in samples:
         assert len(s.response_ids) == len(s.log_probs) <= 12
-        assert s.finish_reason == "length" or s.response_ids[-1] == 0 or len(s.response_ids) < 12
-    # requests cut by a sync: continued (partial) or restarted (abort), and never both
-    m = sched._c  # counters since the last hand-out; the totals are checked via samples
+        assert s.finish_reason in ("stop", "length")
+    # requests cut by a sync: continued (partial) or restarted (abort), never both
     spanning = [s for s in samples if s.timing["max_policy_version"] > s.policy_version]
     if partial:
         assert spanning, "with 3-token segments some response must span a weight sync"
+        for s in spanning:  # a continued response starts on its prefix: one log-prob per token
+            assert len(s.log_probs) == len(s.response_ids)
     else:
         assert not spanning  # an aborted request restarts: one version per response
-    assert m is not None
-    # group versions in the batch: fresh by the bound, and the buffer counted its hand-outs
     assert sched.buffer.handed_out == 12
-    # nothing the producer finished was lost: handed out + dropped + still held == completed
-    # (samples in flight at close are not counted anywhere: they never completed)
     batch = build_rl_batch(batches[-1], pad_id=0)
     assert batch.tensors["policy_versions"].min() >= 3 - 1
 

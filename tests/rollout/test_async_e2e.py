@@ -31,7 +31,7 @@ def rl_recipe(tmp_path: Path):
             "rollout": {"n": 4, "prompts_per_step": 2, "max_new_tokens": 6, "chunk_size": 4,
                         **rollout},
             "algorithm": {"preset": "grpo", "policy_loss": "decoupled_ppo"},
-            "trainer": {"max_steps": 3, "micro_batch_size": 8},
+            "trainer": {"max_steps": 2, "micro_batch_size": 8},
             "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},
             "actor_infer": {"num_threads": 1},
             "checkpoint": {"every_steps": 2, "keep_last": 3},
@@ -71,7 +71,7 @@ def test_async_ratio_one_partial_rollout_runs_and_resumes(roll, rl_recipe, tmp_p
     res = roll("train", "rlvr", str(path), "--run-id", "async")
     assert res.returncode == 0, res.stderr
     logged = [r for r in rows(tmp_path / "runs" / "async") if "perf/step_s" in r]
-    assert len(logged) == 3
+    assert len(logged) == 2
     for r in logged:
         assert r["rollout/samples_generated"] >= 0
         assert r["async/staleness_max"] <= 1  # the freshness bound
@@ -79,17 +79,31 @@ def test_async_ratio_one_partial_rollout_runs_and_resumes(roll, rl_recipe, tmp_p
                     "actor/behav_weight_mean", "actor/clipfrac", "async/sync_pause_s",
                     "rollout/gen_idle_fraction"):  # fmt: skip
             assert key in r, key
-    # resume from the step-2 checkpoint: the in-flight groups are regenerated
-    res = roll("resume", "async", "--runs-dir", str(tmp_path / "runs"), "trainer.max_steps=4")
+    # resume from the step-2 checkpoint: the groups not yet trained on are regenerated
+    res = roll("resume", "async", "--runs-dir", str(tmp_path / "runs"), "trainer.max_steps=3")
     assert res.returncode == 0, res.stderr + res.stdout
-    assert [r["step"] for r in rows(tmp_path / "runs" / "async") if "perf/step_s" in r][-1] == 4
+    assert [r["step"] for r in rows(tmp_path / "runs" / "async") if "perf/step_s" in r][-1] == 3
 
 
-def test_async_recipe_errors(roll, rl_recipe) -> None:
-    res = roll("train", "rlvr", str(rl_recipe(partial_rollout=True)), "--dry-run")
-    assert res.returncode != 0 and "only applies to async" in res.stderr + res.stdout
-    res = roll("train", "rlvr", str(rl_recipe(async_generation_ratio=-1)), "--dry-run")
-    assert res.returncode != 0 and "async_generation_ratio" in res.stderr + res.stdout
-    res = roll("train", "rlvr", str(rl_recipe(async_generation_ratio=2)), "--dry-run")
-    assert res.returncode == 0, res.stderr
-    assert "disaggregated" in res.stdout
+def test_async_recipe_errors_and_dry_run_plan(rl_recipe) -> None:
+    """In process (no subprocess): the config errors and the plan's placement line."""
+    from roll_core.config import load_recipe
+    from roll_core.errors import ConfigError
+    from roll_core.pipelines.rlvr import plan
+
+    with pytest.raises(ConfigError, match="only applies to async"):
+        load_recipe(rl_recipe(partial_rollout=True))
+    with pytest.raises(ConfigError, match="async_generation_ratio"):
+        load_recipe(rl_recipe(async_generation_ratio=-1))
+    with pytest.raises(ConfigError, match="async_generation_ratio"):
+        load_recipe(rl_recipe(async_generation_ratio="fast"))
+    infer = {r.role: r.detail for r in plan(load_recipe(rl_recipe(async_generation_ratio=2)))}
+    assert "async (ratio 2): disaggregated" in infer["actor_infer"]
+    infer = {r.role: r.detail for r in plan(load_recipe(rl_recipe()))}
+    assert "sync: colocated" in infer["actor_infer"]
+    cfg = load_recipe(
+        rl_recipe(async_generation_ratio=1),
+        ["actor_train.device=cuda", "actor_infer.device=cuda"],
+    )
+    with pytest.raises(ConfigError, match="cannot overlap"):
+        plan(cfg)
