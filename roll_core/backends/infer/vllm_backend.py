@@ -39,6 +39,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def import_vllm() -> Any:
     """`import vllm`, or a ConfigError that says which extra installs it."""
+    # vLLM logs every engine step at INFO; keep roll's console readable unless asked otherwise
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError as err:

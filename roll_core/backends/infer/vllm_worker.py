@@ -46,7 +46,7 @@ def use_live_cpu_weights() -> bool:
         if weight is None or weight.is_meta or weight.ndim != 2:
             original(layer, remove_weight)  # MoE experts, convolutions: vLLM's own path
             return
-        layer.cpu_linear = _linear_on_live_weight
+        layer.cpu_linear = _linear_on_live_weight  # type: ignore[assignment]
 
     # linear.py and vocab_parallel_embedding.py import the function at call time, so
     # replacing the module attribute is enough.
@@ -72,7 +72,7 @@ class RollWorkerExtension:
 
         tensors = load(bucket)
         with torch.no_grad(), set_current_vllm_config(self.vllm_config):
-            self.model_runner.model.load_weights(weights=iter(tensors.items()))
+            self.model_runner.get_model().load_weights(weights=iter(tensors.items()))
         return len(tensors)
 
     def roll_weight_checksum(self) -> float:
@@ -80,5 +80,5 @@ class RollWorkerExtension:
         sync changed what the forward pass reads."""
         with torch.no_grad():
             return float(
-                sum(p.detach().double().sum() for p in self.model_runner.model.parameters())
+                sum(p.detach().double().sum() for p in self.model_runner.get_model().parameters())
             )
