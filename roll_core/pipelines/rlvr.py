@@ -367,6 +367,10 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         f"({setup.stats['dropped_too_long']} too long, {setup.stats['dropped_empty']} empty); "
         f"eval {len(setup.eval)} prompts"
     )
+    if cfg.critic is not None and not cfg.algorithm.uses_critic:
+        loop.console_note(
+            f"critic: section ignored (adv_estimator {cfg.algorithm.adv_estimator} uses no critic)"
+        )
     rewards = RewardStage(
         cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.train + setup.eval)
     )
