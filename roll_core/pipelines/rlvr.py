@@ -175,7 +175,11 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
         evals, _ = _prompts(cfg, tokenizer, cfg.data.eval, "data.eval.path")
         if cfg.eval.max_samples:
             evals = evals[: cfg.eval.max_samples]
-    RewardStage(cfg.reward, tokenizer=tokenizer, domains=_domains(cfg, train + evals)).close()
+    stage = RewardStage(cfg.reward, tokenizer=tokenizer, domains=_domains(cfg, train + evals))
+    try:  # malformed rows (a code row's tests, ...) are a clear error at loading, not 0s later
+        stage.router.check_rows(p.row for p in train + evals)
+    finally:
+        stage.close()
     check_algorithm(cfg)
     return RLVRSetup(model_path, tokenizer, train, evals, stats)
 

@@ -140,3 +140,18 @@ def test_rlvr_with_lora_syncs_merged_weights(roll, rl_recipe, tmp_path: Path) ->
         r["train_infer/logprob_diff"] < 1e-3 for r in logged if "train_infer/logprob_diff" in r
     )
     assert len([r for r in logged if "train_infer/logprob_diff" in r]) == 3
+
+
+def test_malformed_code_row_is_a_data_error_at_loading(roll, rl_recipe, tmp_path: Path) -> None:
+    """A code row without test cases stops the run before any model work, naming the row."""
+    data = tmp_path / "bad.jsonl"
+    good = {"prompt": "1+1=", "answer": "2", "domain": "math"}
+    bad = {"prompt": "write f", "answer": "def f(): pass", "domain": "code"}  # no "tests"
+    data.write_text("\n".join(json.dumps(r) for r in (good, good, bad)) + "\n")
+    recipe = rl_recipe(
+        data={"train": {"path": str(data)}, "eval": {"path": str(data)}, "max_prompt_length": 64},
+        reward={"domains": {"math": "math", "code": "code"}},
+    )
+    res = roll("train", "rlvr", str(recipe))
+    assert res.returncode == 2, res.stderr
+    assert "row 2" in res.stderr and "Traceback" not in res.stderr
