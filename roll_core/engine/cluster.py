@@ -40,7 +40,7 @@ class Executor(Protocol):
         *,
         rank: int,
         world_size: int,
-        resources: Mapping[str, float],
+        resources: Mapping[str, Any],
         kwargs: dict[str, Any],
         isolated: bool = False,
     ) -> Handle: ...

@@ -46,14 +46,14 @@ class LocalExecutor:
         *,
         rank: int,
         world_size: int,
-        resources: Mapping[str, float],
+        resources: Mapping[str, Any],
         kwargs: dict[str, Any],
         isolated: bool = False,
     ) -> _LocalHandle | ProcessHandle:
         if isolated:
             env = {}
             if "gpu_ids" in resources:  # one machine: global ids are this machine's ids
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in resources["gpu_ids"])  # type: ignore[union-attr,attr-defined]
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in resources["gpu_ids"])
             handle = ProcessHandle(
                 worker_cls, {"rank": rank, "world_size": world_size, **kwargs}, env=env
             )
@@ -115,7 +115,7 @@ class RayExecutor:
         *,
         rank: int,
         world_size: int,
-        resources: Mapping[str, float],
+        resources: Mapping[str, Any],
         kwargs: dict[str, Any],
         isolated: bool = False,
     ) -> _RayHandle:
@@ -131,7 +131,7 @@ class RayExecutor:
             # packs colocated roles on the same GPUs, and CUDA_VISIBLE_DEVICES set by us.
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            ids = tuple(int(g) for g in resources["gpu_ids"])  # type: ignore[union-attr,attr-defined]
+            ids = tuple(int(g) for g in resources["gpu_ids"])
             per_node = int(resources["gpus_per_node"])
             pg = self._placement_group(int(resources["num_nodes"]), per_node)
             options["num_gpus"] = 0.01

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -29,6 +30,9 @@ class WorkerProcessError(RuntimeError):
 
 
 def _serve(conn: Any, payload: bytes) -> None:  # runs in the child
+    # Ctrl-C in a terminal reaches the whole process group: the driver decides how to stop
+    # (finish the step, save, then close us), so the ranks ignore it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     worker = None
     try:

@@ -78,6 +78,20 @@ class GpuPlan:
         return out
 
 
+def _kv_tokens(cfg: Any, infer_ranks: int) -> int:
+    """Tokens in flight on one inference rank: min(samples per rank, chunk_size x chunks in
+    flight) sequences of prompt + response length (0 when the recipe does not say)."""
+    r = getattr(cfg, "rollout", None)
+    fields = ("n", "prompts_per_step", "chunk_size", "max_chunks_in_flight", "max_new_tokens")
+    if r is None or not all(hasattr(r, f) for f in fields):
+        return 0  # e.g. agentic rollouts: multi-turn lengths are not known up front
+    seqs = min(
+        r.n * r.prompts_per_step // max(1, infer_ranks), r.chunk_size * r.max_chunks_in_flight
+    )
+    seq_len = getattr(getattr(cfg, "data", None), "max_prompt_length", 0) + r.max_new_tokens
+    return max(1, seqs) * seq_len
+
+
 def _uses_gpus(cfg: Any) -> bool:
     roles = [getattr(cfg, n, None) for n in ("actor_train", "actor_infer")]
     return (
@@ -146,17 +160,7 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
             ),
         )
         if infer is not None:
-            rollout = getattr(cfg, "rollout", None)
-            data = getattr(cfg, "data", None)
-            if rollout is not None:
-                seqs = min(
-                    rollout.n * rollout.prompts_per_step // max(1, infer.world_size),
-                    rollout.chunk_size * rollout.max_chunks_in_flight,
-                )
-                seq_len = getattr(data, "max_prompt_length", 0) + rollout.max_new_tokens
-                kv_tokens = max(1, seqs) * seq_len
-            else:
-                kv_tokens = 0
+            kv_tokens = _kv_tokens(cfg, infer.world_size)
             infer_bytes = 2 if infer.backend == "vllm" else _BYTES[cfg.model.dtype]
             if vllm is not None and vllm.dtype in _BYTES:
                 infer_bytes = _BYTES[vllm.dtype]

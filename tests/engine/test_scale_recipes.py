@@ -76,3 +76,9 @@ def test_bad_backend_options_are_config_errors() -> None:
         load_recipe(path, ["actor_train.backend=torch", "actor_train.deepspeed=null"])
     with pytest.raises(ConfigError, match="deepspeed options are set but actor_train.backend"):
         load_recipe(path, ["actor_train.backend=fsdp2"])
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")))
+def test_every_shipped_recipe_plans(recipe: str) -> None:
+    # every pipeline's config (sft, dpo, distill, rlvr, agentic) goes through the GPU plan
+    plan(load_recipe(ROOT / "recipes" / recipe, []))
