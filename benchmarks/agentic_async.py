@@ -19,6 +19,7 @@ It prints episodes trained per second over the timed steps (the first step is ex
 pays the process start), the mean step time, and each arm's speedup over ``sync``.
 
     python benchmarks/agentic_async.py [--steps 6] [--arms sync,async,async-redundant]
+                                       [--latency-scale 0.02]
 
 The latency is seeded, so every arm sees the same distribution; timings are wall clock on a
 shared machine (see docs/agentic.md).
@@ -99,7 +100,7 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def recipe(tmp: Path, arm: str, steps: int) -> Path:
+def recipe(tmp: Path, arm: str, steps: int, latency: float) -> Path:
     data = {
         "pipeline": "agentic",
         "name": f"bench-agentic-{arm}",
@@ -108,6 +109,7 @@ def recipe(tmp: Path, arm: str, steps: int) -> Path:
         "envs": [
             {
                 "env": "benchmarks.agentic_async:SlowEnv",
+                "options": {"latency_scale_s": latency},
                 "system_prompt": "Say anything.",
                 "groups_per_step": 4,
                 "eval_episodes": 0,
@@ -133,10 +135,12 @@ def recipe(tmp: Path, arm: str, steps: int) -> Path:
     return path
 
 
-def run_arm(tmp: Path, arm: str, steps: int, env: dict[str, str]) -> dict[str, float]:
+def run_arm(
+    tmp: Path, arm: str, steps: int, latency: float, env: dict[str, str]
+) -> dict[str, float]:
     start = time.perf_counter()
     res = subprocess.run(
-        [ROLL, "train", "agentic", str(recipe(tmp, arm, steps)), "--run-id", arm],
+        [ROLL, "train", "agentic", str(recipe(tmp, arm, steps, latency)), "--run-id", arm],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -165,6 +169,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="training steps per arm (>= 3)")
     parser.add_argument("--arms", default="sync,async,async-redundant")
+    parser.add_argument(
+        "--latency-scale", type=float, default=0.02, help="seconds; latency = scale x (1 + Pareto)"
+    )
     args = parser.parse_args()
     arms = args.arms.split(",")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -172,7 +179,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for arm in arms:
             print(f"arm {arm} ...", flush=True)
-            results[arm] = run_arm(Path(tmp), arm, max(3, args.steps), env)
+            results[arm] = run_arm(Path(tmp), arm, max(3, args.steps), args.latency_scale, env)
     base = results.get("sync", next(iter(results.values())))["episodes_per_s"]
     print(
         f"\n{'arm':<18}{'episodes/s':>12}{'step s':>9}{'rollout s':>11}{'env share':>11}"

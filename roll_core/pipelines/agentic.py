@@ -88,7 +88,10 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
             "envs",
             "EnvRolloutManager",
             "threads",
-            min(r.max_concurrent_episodes, episodes + r.group_size_redundancy * episodes),
+            min(
+                r.max_concurrent_episodes,
+                episodes // r.group_size * (r.group_size + r.group_size_redundancy),
+            ),
             "cpu",
             "driver",
             f"{envs}; group {r.group_size}+{r.group_size_redundancy} redundant",

@@ -1,0 +1,76 @@
+"""The agentic recipe schema and the pipeline's recipe checks (no model is loaded)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from roll_core.config import validate
+from roll_core.config.agentic import AgenticConfig
+from roll_core.errors import ConfigError
+from roll_core.pipelines import agentic
+
+
+def cfg(**sections: Any) -> AgenticConfig:
+    data: dict[str, Any] = {
+        "pipeline": "agentic",
+        "model": {"path": "builtin:tiny-qwen3"},
+        "envs": [{"env": "frozen_lake", "groups_per_step": 3}],
+        "rollout": {"group_size": 4},
+        "trainer": {"max_steps": 2},
+    }
+    data.update(sections)
+    return validate(AgenticConfig, data, source="test")  # type: ignore[return-value]
+
+
+def test_defaults_and_plan() -> None:
+    c = cfg(rollout={"group_size": 4, "group_size_redundancy": 2})
+    assert c.envs[0].name == "frozen_lake"
+    assert c.rollout.mode == "trajectory" and c.rollout.async_generation_ratio == 0
+    roles = {r.role: r for r in agentic.plan(c)}
+    assert roles["envs"].world_size == 3 * (4 + 2)  # threads for every launched episode
+    assert "12 episodes/step" in roles["actor_train"].detail
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"trainer": {"max_steps": 2, "mini_batches": 5}}, "must divide the episodes"),
+        (
+            {"envs": [{"env": "sokoban"}, {"env": "sokoban"}]},
+            "tags must be distinct",
+        ),
+        (
+            {"rollout": {"turn_barrier": True, "async_generation_ratio": 1}},
+            "turn_barrier",
+        ),
+        ({"rollout": {"mode": "stepwise"}}, "mode"),
+    ],
+)
+def test_schema_errors(sections: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        cfg(**sections)
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"rollout": {"group_size": 1}}, "compares the episodes of a group"),
+        ({"rollout": {"group_size": 1, "mode": "step"}}, "group_size"),
+        (
+            {"rollout": {"mode": "step"}, "algorithm": {"kl": {"coef": 0.1, "use_as": "reward"}}},
+            "KL penalty",
+        ),
+    ],
+)
+def test_algorithm_checks(sections: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        agentic.check_algorithm(cfg(**sections))
+
+
+def test_two_envs_of_one_kind_with_tags() -> None:
+    c = cfg(envs=[{"env": "sokoban", "tag": "small"}, {"env": "sokoban", "tag": "big"}])
+    assert [s.tag for s in agentic.env_specs(c)] == ["small", "big"]
+    env = agentic.env_specs(c)[0].factory()
+    assert env.name == "sokoban"
