@@ -73,6 +73,7 @@ def warm_start(cache: Path, steps: int, env: dict[str, str]) -> Path:
 
 ARMS = {
     "sync": {},
+    "sync-2t": {"threads": 2},  # sync with 2 torch threads per role (they take turns)
     "async1": {"async_generation_ratio": 1, "partial_rollout": True},
     "async2": {"async_generation_ratio": 2, "partial_rollout": True},
     "async1-tail": {"async_generation_ratio": 1, "partial_rollout": True, "tail": True},
@@ -89,11 +90,19 @@ def run_arm(name: str, model: Path, cache: Path, args: argparse.Namespace, env: 
         "max_chunks_in_flight": 2,
     }
     arm = dict(ARMS[name])
+    threads = arm.pop("threads", args.threads)
     if arm.pop("tail", False):
         arm |= {"tail_length_budget": args.segment, "tail_round_size": args.chunk}
     if arm:
         arm["segment_tokens"] = args.segment
     rollout |= arm
+    executor: dict[str, object] = {"type": "local"}
+    if args.executor == "ray":
+        # One Ray actor process per role (actor_train, actor_infer, reference): generation and
+        # training run in separate processes, so they overlap without sharing one GIL. Each
+        # role reserves 1 logical Ray CPU (roll_core/pipelines/rlvr.py); num_cpus is Ray's
+        # logical count, sized so every role fits; the physical budget is the machine's cores.
+        executor = {"type": "ray", "num_cpus": args.ray_cpus}
     run_id = f"bench-{name}-{int(time.time())}"
     recipe = {
         "pipeline": "rlvr",
@@ -107,16 +116,17 @@ def run_arm(name: str, model: Path, cache: Path, args: argparse.Namespace, env: 
         "algorithm": {"preset": "grpo", "policy_loss": "decoupled_ppo"},
         "reward": {"domains": {"math": "math"}},
         "trainer": {"max_steps": args.steps, "micro_batch_size": 32},
-        "actor_train": {"num_threads": args.threads, "optim": {"lr": 2.0e-5, "warmup_steps": 0,
+        "executor": executor,
+        "actor_train": {"num_threads": threads, "optim": {"lr": 2.0e-5, "warmup_steps": 0,
                         "scheduler": "constant", "max_grad_norm": 1.0}},
-        "actor_infer": {"num_threads": args.threads},
+        "actor_infer": {"num_threads": threads},
         "eval": {"every_steps": args.steps, "max_samples": args.eval_samples},
         "checkpoint": {"every_steps": 10_000, "keep_last": 1},
         "tracking": {"backends": ["jsonl"]},
     }  # fmt: skip
     path = cache / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    print(f"arm {name}: {rollout}", flush=True)
+    print(f"arm {name}: executor {executor}, {threads} thread(s)/role, {rollout}", flush=True)
     sh([ROLL, "train", "rlvr", str(path), "--run-id", run_id], env)
     return cache / "runs" / run_id
 
@@ -145,6 +155,9 @@ def summarise(run: Path, samples_per_step: int) -> dict[str, float]:
         "dropped_stale": last.get("async/dropped_stale", 0.0),
         "staleness_mean": last.get("async/staleness_mean", 0.0),
         "partial": sum(r.get("async/partial_samples", 0.0) for r in steps),
+        # generated / trained samples: > 1 is generation thrown away (stale or left over)
+        "gen_per_trained": sum(r["rollout/samples_generated"] for r in steps)
+        / (samples_per_step * len(steps)),
     }
 
 
@@ -157,6 +170,15 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=16)
     p.add_argument("--segment", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="torch threads per role")
+    p.add_argument(
+        "--executor",
+        choices=("ray", "local"),
+        default="ray",
+        help="ray (default): each role is its own Ray actor process, so generation and "
+        "training really run at the same time; local: all roles are threads of one process "
+        "(one GIL). Every arm uses the same executor.",
+    )
+    p.add_argument("--ray-cpus", type=int, default=3, help="logical CPUs of the local Ray cluster")
     p.add_argument("--eval-samples", type=int, default=100)
     p.add_argument("--sft-steps", type=int, default=400)
     p.add_argument("--arms", default="sync,async1,async2")
@@ -179,7 +201,11 @@ def main() -> None:
         for name in names if k % 2 == 0 else names[::-1]:
             out = summarise(run_arm(name, model, cache, args, env), args.prompts * args.n)
             runs[name].append(out)
-            print(f"  {name} repeat {k}: {out['samples_per_s']:.2f} samples/s", flush=True)
+            load = os.getloadavg()[0]
+            print(
+                f"  {name} repeat {k}: {out['samples_per_s']:.2f} samples/s (load {load:.1f})",
+                flush=True,
+            )
     results = {}
     for name, outs in runs.items():
         ranked = sorted(outs, key=lambda r: r["samples_per_s"])
@@ -188,17 +214,21 @@ def main() -> None:
     base = results.get("sync")
     print(
         f"\nRLVR long-tail: {args.steps} steps x {args.prompts * args.n} samples per arm, "
-        f"median of {args.repeats} run(s)"
+        f"median of {args.repeats} run(s), executor {args.executor}, load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
     head = f"{'arm':12}{'samples/s':>10}{'step s':>8}{'gen idle':>9}{'acc0':>7}{'acc':>7}"
-    print(head + f"{'len mean/max':>14}{'stale drop':>11}{'partial':>8}{'speedup':>8}")
+    print(
+        head + f"{'len mean/max':>14}{'stale drop':>11}{'partial':>8}{'gen/train':>10}"
+        f"{'speedup':>8}"
+    )
     for name, r in results.items():
         speed = r["samples_per_s"] / base["samples_per_s"] if base else float("nan")
         print(
             f"{name:12}{r['samples_per_s']:10.2f}{r['step_s']:8.2f}{r['gen_idle']:9.2f}"
             f"{r['acc_start']:7.3f}{r['acc_end']:7.3f}"
             f"{r['resp_len_mean']:8.1f}/{r['resp_len_max']:<5.0f}{r['dropped_stale']:11.0f}"
-            f"{r['partial']:8.0f}{speed:7.2f}x"
+            f"{r['partial']:8.0f}{r['gen_per_trained']:10.2f}{speed:7.2f}x"
         )
     for name, r in results.items():
         print(f"  {name}: samples/s of every repeat {r['all_samples_per_s']}")
