@@ -432,10 +432,10 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             metrics |= rewards.step_metrics()
             # version v = the weights after v updates; async: suspend -> sync -> resume
             if isinstance(scheduler, AsyncRolloutScheduler):
-                update = functools.partial(sync_weights, clusters, version=step + 1)
-                metrics |= scheduler.sync(update, step + 1)
+                update = functools.partial(sync_weights, clusters, version=step)
+                metrics |= scheduler.sync(update, step)
             else:
-                metrics |= sync_weights(clusters, version=step + 1)
+                metrics |= sync_weights(clusters, version=step)
             loop.end_step(
                 step,
                 metrics,
