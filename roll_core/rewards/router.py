@@ -189,9 +189,11 @@ class RewardRouter:
         if in_threads:
             thread_runner = ThreadRunner(in_threads)
             self._runners.update(dict.fromkeys(in_threads, thread_runner))
-        self._runner = self._runners[next(n for n in fns if modes[n] == isolation)] if any(
-            m == isolation for m in modes.values()
-        ) else next(iter(self._runners.values()))
+        self._runner = (
+            self._runners[next(n for n in fns if modes[n] == isolation)]
+            if any(m == isolation for m in modes.values())
+            else next(iter(self._runners.values()))
+        )
         self.isolation = isolation
         self._lock = threading.Lock()
         self._window = {name: DomainStats() for name in fns}
