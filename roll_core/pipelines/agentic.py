@@ -300,7 +300,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
     )
     manager: EnvRolloutManager | None = None
     try:
-        clusters = rlvr._make_clusters(cfg, setup, executor)  # type: ignore[arg-type]
+        clusters = rlvr.make_clusters(cfg, setup, executor)  # type: ignore[arg-type]
         manager = EnvRolloutManager(
             infer=clusters["actor_infer"],
             tokenizer=setup.tokenizer,
@@ -403,7 +403,7 @@ def _train_step(
     else:
         metrics = advantages_and_kl(batch, cfg.algorithm, rl_state, max_new_tokens=per_turn)
     t = time.perf_counter()
-    metrics |= rlvr._update(cfg, clusters, batch, temp)  # type: ignore[arg-type]
+    metrics |= rlvr.update_policy(cfg, clusters, batch, temp)  # type: ignore[arg-type]
     timers["time/train"] = time.perf_counter() - t
     wall = time.perf_counter() - step_start
     timers["perf/step_s"] = wall

@@ -234,7 +234,9 @@ class PromptStream:
         return self.prompts[next(self.loader)[0]]
 
 
-def _make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str, Cluster]:
+def make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str, Cluster]:
+    """The RL roles (actor_train, actor_infer, reference and critic when needed); shared with
+    the agentic pipeline, which trains through the same roles."""
     cpu: dict[str, float] = {"CPU": 1.0} if cfg.executor.type == "ray" else {}
     total_updates = cfg.trainer.max_steps * cfg.trainer.ppo_epochs * cfg.trainer.mini_batches
     role = cfg.actor_train
@@ -391,7 +393,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
     )
     scheduler = None
     try:
-        clusters = _make_clusters(cfg, setup, executor)
+        clusters = make_clusters(cfg, setup, executor)
         scheduler = _make_scheduler(cfg, clusters, stream, rewards, params)
         rl_state = RLState(cfg.algorithm)
 
@@ -539,7 +541,7 @@ def _train_step(
     if "critic" in clusters:
         metrics |= critic_batch_metrics(batch)
     t = time.perf_counter()
-    metrics |= _update(cfg, clusters, batch, temp)
+    metrics |= update_policy(cfg, clusters, batch, temp)
     timers["time/train"] = time.perf_counter() - t
     wall = time.perf_counter() - step_start
     generated = float(batch.tensors["response_lengths"].sum())
@@ -554,7 +556,7 @@ def _train_step(
     }
 
 
-def _update(
+def update_policy(
     cfg: RLVRConfig, clusters: dict[str, Cluster], batch: Batch, temperature: float
 ) -> dict[str, float]:
     """ppo_epochs x mini_batches optimizer steps (of the critic, when there is one, then of
