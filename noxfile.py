@@ -66,8 +66,11 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """SFT throughput of `roll sft` against a hand-written PyTorch loop (prints the ratio), then
-    the RLVR long-tail benchmark: sync vs async training (prints the speedups)."""
+    the RLVR long-tail benchmark (sync vs async training) and the agentic one (lockstep vs
+    env-level async vs async + redundancy); each prints its speedups."""
     install(session)
     session.run("python", "benchmarks/sft_throughput.py", *session.posargs)
     # RLVR long tail: sync vs async ratio 1 and 2 (SFT warm start cached in .cache/)
     session.run("python", "benchmarks/rlvr_async.py", env={"OMP_NUM_THREADS": "1"})
+    # agentic: heavy-tailed env latency, 4 arms
+    session.run("python", "benchmarks/agentic_async.py", "--steps", "8")

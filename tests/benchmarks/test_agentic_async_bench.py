@@ -1,0 +1,47 @@
+"""The agentic async benchmark runs end to end (real `roll train agentic` per arm) and prints
+one row per arm with a speedup; its numbers are not asserted (timings belong in benchmarks)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_agentic_benchmark_prints_every_arm() -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/agentic_async.py",
+            "--steps",
+            "3",
+            "--arms",
+            "sync,async-redundant",
+            "--latency-scale",
+            "0.002",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = {
+        m.group(1): m.groups()[1:]
+        for m in re.finditer(
+            r"^(sync|async-redundant)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+\s+([\d.]+)"
+            r"\s+([\d.]+)x$",
+            res.stdout,
+            re.M,
+        )
+    }
+    assert set(rows) == {"sync", "async-redundant"}, res.stdout
+    assert rows["sync"][2] == "1.00"  # the baseline's own ratio
+    assert float(rows["sync"][1]) == 1.0  # lockstep runs exactly the episodes it trains
+    assert float(rows["async-redundant"][1]) > 1.0  # redundancy runs extra episodes
