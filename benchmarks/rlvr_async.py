@@ -11,6 +11,7 @@ step time, generation idle fraction, held-out accuracy (greedy, after the same n
 samples) and the speedup over sync.
 
     python benchmarks/rlvr_async.py [--steps 8] [--arms sync,async1,async2,async1-tail]
+                                    [--kl-coef 0.04] [--executor ray|local] [--repeats 3]
 
 Timings are wall clock on whatever machine runs it; on a small shared CPU generation and
 training compete for the same cores (see docs/performance.md).
@@ -113,7 +114,8 @@ def run_arm(name: str, model: Path, cache: Path, args: argparse.Namespace, env: 
         "data": {"train": {"path": str(cache / "data/train.jsonl")},
                  "eval": {"path": str(cache / "data/test.jsonl")}, "max_prompt_length": 128},
         "rollout": rollout,
-        "algorithm": {"preset": "grpo", "policy_loss": "decoupled_ppo"},
+        "algorithm": {"preset": "grpo", "policy_loss": "decoupled_ppo",
+                      "kl": {"coef": args.kl_coef}},
         "reward": {"domains": {"math": "math"}},
         "trainer": {"max_steps": args.steps, "micro_batch_size": 32},
         "executor": executor,
@@ -181,6 +183,13 @@ def main() -> None:
     p.add_argument("--ray-cpus", type=int, default=3, help="logical CPUs of the local Ray cluster")
     p.add_argument("--eval-samples", type=int, default=100)
     p.add_argument("--sft-steps", type=int, default=400)
+    p.add_argument(
+        "--kl-coef",
+        type=float,
+        default=0.04,
+        help="KL-to-reference loss coefficient (the grpo preset's 0.04); 0 drops the reference "
+        "model, as DAPO-style recipes do, which shortens the trainer's phase",
+    )
     p.add_argument("--arms", default="sync,async1,async2")
     p.add_argument(
         "--repeats",
