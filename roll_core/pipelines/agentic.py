@@ -386,17 +386,7 @@ def _train_step(
     else:
         batch = trajectory_batch(rollout.groups, pad_id=pad)
     temp = cfg.rollout.temperature or 1.0
-    if "reference" in clusters:
-        t = time.perf_counter()
-        batch.tensors["ref_log_probs"] = torch.cat(
-            clusters["reference"].run_dp("log_probs", batch, temperature=temp)
-        )
-        timers["time/reference"] = time.perf_counter() - t
-    t = time.perf_counter()
-    batch.tensors["old_log_probs"] = torch.cat(
-        clusters["actor_train"].run_dp("log_probs", batch, temperature=temp)
-    )
-    timers["time/old_log_prob"] = time.perf_counter() - t
+    timers |= rlvr.add_policy_log_probs(clusters, batch, temp)
     per_turn = cfg.rollout.max_new_tokens
     if cfg.rollout.mode == "step":
         metrics = _gigpo(cfg, batch)

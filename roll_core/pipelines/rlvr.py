@@ -519,17 +519,7 @@ def _train_step(
         )
     batch = build_rl_batch(rollout.groups, pad_id=setup.tokenizer.pad_token_id)
     temp = cfg.rollout.temperature or 1.0
-    if "reference" in clusters:
-        t = time.perf_counter()
-        batch.tensors["ref_log_probs"] = torch.cat(
-            clusters["reference"].run_dp("log_probs", batch, temperature=temp)
-        )
-        timers["time/reference"] = time.perf_counter() - t
-    t = time.perf_counter()
-    batch.tensors["old_log_probs"] = torch.cat(
-        clusters["actor_train"].run_dp("log_probs", batch, temperature=temp)
-    )
-    timers["time/old_log_prob"] = time.perf_counter() - t
+    timers |= add_policy_log_probs(clusters, batch, temp)
     if "critic" in clusters:
         t = time.perf_counter()
         values = torch.cat(clusters["critic"].run_dp("values", batch))
@@ -554,6 +544,27 @@ def _train_step(
         **metrics,
         **timers,
     }
+
+
+def add_policy_log_probs(
+    clusters: dict[str, Cluster], batch: Batch, temperature: float
+) -> dict[str, float]:
+    """Put the reference model's (when there is one) and the current policy's log-probs of
+    the rollout tokens into `batch` (`ref_log_probs`, `old_log_probs`); returns their timings.
+    Shared with the agentic pipeline."""
+    timers: dict[str, float] = {}
+    if "reference" in clusters:
+        t = time.perf_counter()
+        batch.tensors["ref_log_probs"] = torch.cat(
+            clusters["reference"].run_dp("log_probs", batch, temperature=temperature)
+        )
+        timers["time/reference"] = time.perf_counter() - t
+    t = time.perf_counter()
+    batch.tensors["old_log_probs"] = torch.cat(
+        clusters["actor_train"].run_dp("log_probs", batch, temperature=temperature)
+    )
+    timers["time/old_log_prob"] = time.perf_counter() - t
+    return timers
 
 
 def update_policy(

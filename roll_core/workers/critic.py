@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from roll_core.algorithms import value_loss
-from roll_core.backends.train.schedules import lr_multiplier
+from roll_core.backends.train.schedules import make_optimizer
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.config.schema import OptimConfig
 from roll_core.data import Batch
@@ -121,22 +121,8 @@ class Critic(Worker):
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.model = ValueModel(load_causal_lm(self.model_path)).to(self.device)
         cfg = self.optim_cfg
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=cfg.lr,
-            betas=cfg.betas,
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: lr_multiplier(
-                step,
-                warmup_steps=cfg.warmup_steps,
-                total_steps=self.total_steps,
-                kind=cfg.scheduler,
-                min_ratio=cfg.min_lr_ratio,
-            ),
+        self.optimizer, self.scheduler = make_optimizer(
+            self.model.parameters(), cfg, self.total_steps
         )
         params = sum(p.numel() for p in self.model.parameters())
         return {"params": params, "device": str(self.device)}

@@ -3,8 +3,10 @@
 import math
 
 import pytest
+import torch
 
-from roll_core.backends.train.schedules import lr_multiplier
+from roll_core.backends.train.schedules import lr_multiplier, make_optimizer
+from roll_core.config.schema import OptimConfig
 
 
 def test_warmup_is_linear_from_first_step() -> None:
@@ -33,3 +35,20 @@ def test_linear_and_constant() -> None:
 def test_unknown_kind() -> None:
     with pytest.raises(ValueError, match="valid: cosine, linear, constant"):
         lr_multiplier(5, warmup_steps=0, total_steps=10, kind="exp")
+
+
+def test_make_optimizer_carries_the_section_and_schedules_it() -> None:
+    optim = OptimConfig(
+        lr=0.4, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1, warmup_steps=2, scheduler="linear"
+    )
+    param = torch.nn.Parameter(torch.zeros(3))
+    opt, sched = make_optimizer([param], optim, total_steps=4)
+    group = opt.param_groups[0]
+    assert isinstance(opt, torch.optim.AdamW)
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.8, 0.9), 1e-6, 0.1)
+    lrs = []
+    for _ in range(4):  # warmup 1/2, 2/2; linear decay over steps 2..3 (span 1): 1, 0
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.2, 0.4, 0.4, 0.0])

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from roll_core.backends.train.schedules import lr_multiplier
+from roll_core.backends.train.schedules import adamw_kwargs, make_scheduler
 from roll_core.backends.train.sharded import ShardedTrainBackend
 from roll_core.config.schema import DeepSpeedConfig, OptimConfig
 from roll_core.errors import CheckpointError, ConfigError
@@ -131,12 +131,7 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
             max_grad_norm=optim.max_grad_norm,
             bf16=self.use_bf16,
         )
-        adam = {
-            "lr": optim.lr,
-            "betas": optim.betas,
-            "eps": optim.eps,
-            "weight_decay": optim.weight_decay,
-        }
+        adam = adamw_kwargs(optim)
         if opts.offload_optimizer:  # DeepSpeed's CPU Adam steps the offloaded state
             config["optimizer"] = {"type": "AdamW", "params": {**adam, "betas": list(optim.betas)}}
             client_optim = None
@@ -144,16 +139,7 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
             client_optim = torch.optim.AdamW(model.parameters(), **adam)  # type: ignore[arg-type]
 
         def schedule(optimizer: Any) -> Any:
-            return torch.optim.lr_scheduler.LambdaLR(
-                optimizer,
-                lambda step: lr_multiplier(
-                    step,
-                    warmup_steps=optim.warmup_steps,
-                    total_steps=total_steps,
-                    kind=optim.scheduler,
-                    min_ratio=optim.min_lr_ratio,
-                ),
-            )
+            return make_scheduler(optimizer, optim, total_steps)
 
         self.engine, self.optimizer, _, self.scheduler = ds.initialize(
             model=model,

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from roll_core.backends.train.schedules import lr_multiplier
+from roll_core.backends.train.schedules import make_optimizer
 from roll_core.backends.train.sharded import ShardedTrainBackend
 from roll_core.config.schema import FSDP2Config, OptimConfig
 from roll_core.errors import CheckpointError, ConfigError
@@ -107,23 +107,7 @@ class FSDP2TrainBackend(ShardedTrainBackend):
         self.model = model
         self.optim_cfg = optim
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params,
-            lr=optim.lr,
-            betas=optim.betas,
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: lr_multiplier(
-                step,
-                warmup_steps=optim.warmup_steps,
-                total_steps=total_steps,
-                kind=optim.scheduler,
-                min_ratio=optim.min_lr_ratio,
-            ),
-        )
+        self.optimizer, self.scheduler = make_optimizer(self.params, optim, total_steps)
 
     def forward(self, mb: Any) -> torch.Tensor:
         ids = mb.tensors["input_ids"].to(self.device)

@@ -1,8 +1,16 @@
-"""Learning-rate multipliers: linear warmup from 0, then cosine, linear or constant."""
+"""Learning-rate multipliers (linear warmup from 0, then cosine, linear or constant) and the
+AdamW + schedule pair every trainable role builds from its `optim:` section."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from roll_core.config.schema import OptimConfig
 
 
 def lr_multiplier(
@@ -26,3 +34,37 @@ def lr_multiplier(
     else:
         raise ValueError(f"unknown LR schedule {kind!r}; valid: cosine, linear, constant")
     return min_ratio + (1.0 - min_ratio) * shape
+
+
+def adamw_kwargs(optim: OptimConfig) -> dict[str, Any]:
+    """The AdamW hyper-parameters of an `optim:` section (lr, betas, eps, weight decay)."""
+    return {
+        "lr": optim.lr,
+        "betas": optim.betas,
+        "eps": optim.eps,
+        "weight_decay": optim.weight_decay,
+    }
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR applying :func:`lr_multiplier` with the section's warmup and decay."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_multiplier(
+            step,
+            warmup_steps=optim.warmup_steps,
+            total_steps=total_steps,
+            kind=optim.scheduler,
+            min_ratio=optim.min_lr_ratio,
+        ),
+    )
+
+
+def make_optimizer(
+    params: Iterable[torch.nn.Parameter], optim: OptimConfig, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `params` and its LR schedule over `total_steps` optimizer steps."""
+    optimizer = torch.optim.AdamW(params, **adamw_kwargs(optim))
+    return optimizer, make_scheduler(optimizer, optim, total_steps)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from roll_core.backends.train.schedules import lr_multiplier
+from roll_core.backends.train.schedules import make_optimizer
 from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
 from roll_core.errors import CheckpointError
@@ -114,23 +114,7 @@ class TorchTrainBackend:
             )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optim_cfg = optim
-        self.optimizer = torch.optim.AdamW(
-            self.params,
-            lr=optim.lr,
-            betas=optim.betas,
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: lr_multiplier(
-                step,
-                warmup_steps=optim.warmup_steps,
-                total_steps=total_steps,
-                kind=optim.scheduler,
-                min_ratio=optim.min_lr_ratio,
-            ),
-        )
+        self.optimizer, self.scheduler = make_optimizer(self.params, optim, total_steps)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
