@@ -52,6 +52,7 @@ DryRun = Annotated[
     ),
 ]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
+RunId = Annotated[str | None, typer.Option("--run-id", help="Name the run (default: generated).")]
 RunsDir = Annotated[
     Path,
     typer.Option("--runs-dir", help="Directory holding run directories.", envvar="ROLL_RUNS_DIR"),
@@ -154,9 +155,7 @@ def sft(
     recipe: Recipe,
     overrides: Overrides = None,
     dry_run: DryRun = False,
-    run_id: Annotated[
-        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
-    ] = None,
+    run_id: RunId = None,
     debug: Debug = False,
 ) -> None:
     """Supervised fine-tuning (loss on response tokens) from a recipe."""
@@ -169,9 +168,7 @@ def dpo(
     recipe: Recipe,
     overrides: Overrides = None,
     dry_run: DryRun = False,
-    run_id: Annotated[
-        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
-    ] = None,
+    run_id: RunId = None,
     debug: Debug = False,
 ) -> None:
     """Preference optimisation (DPO, IPO, cDPO) on chosen/rejected pairs from a recipe."""
@@ -184,9 +181,7 @@ def distill(
     recipe: Recipe,
     overrides: Overrides = None,
     dry_run: DryRun = False,
-    run_id: Annotated[
-        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
-    ] = None,
+    run_id: RunId = None,
     debug: Debug = False,
 ) -> None:
     """Distil a frozen teacher into a student (forward/reverse KL, JSD, skew KL) from a recipe."""
@@ -199,9 +194,7 @@ def train_rlvr(
     recipe: Recipe,
     overrides: Overrides = None,
     dry_run: DryRun = False,
-    run_id: Annotated[
-        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
-    ] = None,
+    run_id: RunId = None,
     debug: Debug = False,
 ) -> None:
     """RL with verifiable rewards (GRPO, DAPO, PPO-family presets) from a recipe."""
@@ -214,9 +207,7 @@ def train_agentic(
     recipe: Recipe,
     overrides: Overrides = None,
     dry_run: DryRun = False,
-    run_id: Annotated[
-        str | None, typer.Option("--run-id", help="Name the run (default: generated).")
-    ] = None,
+    run_id: RunId = None,
     debug: Debug = False,
 ) -> None:
     """Multi-turn agentic RL in text environments (StarPO trajectory-wise, GiGPO step-wise)."""
