@@ -80,7 +80,11 @@ Mode = Literal["auto", "namespaces", "rlimits"]
 Status = Literal[
     "pass", "fail", "error", "timeout", "output_limit", "file_limit", "not_run", "sandbox_error"
 ]
-_SUPERVISOR = (Path(__file__).with_name("_sandbox_supervisor.py")).read_text(encoding="utf-8")
+_STATUSES = set(Status.__args__)  # type: ignore[attr-defined]
+_SUPERVISOR = "\n".join(
+    Path(__file__).with_name(name).read_text(encoding="utf-8")
+    for name in ("_sandbox_confine.py", "_sandbox_supervisor.py")
+)
 _ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -260,9 +264,8 @@ class Sandbox:
             except Exception as err:  # the host side failed (disk full, fork failed)
                 results, error = [], f"{type(err).__name__}: {err}"
             seconds = time.perf_counter() - start
-        if error is not None and not results:
+        if error is not None:  # never a kept pass from a sandbox that failed
             results = [CaseResult("sandbox_error") for _ in cases]
-        results += [CaseResult("sandbox_error") for _ in range(len(cases) - len(results))]
         return ExecutionResult(tuple(results), mode, seconds, error)
 
     def _execute(
@@ -274,24 +277,25 @@ class Sandbox:
         stop_on_fail: bool,
     ) -> tuple[list[CaseResult], str | None]:
         as_root = os.geteuid() == 0
-        tmp = Path(tempfile.mkdtemp(prefix="roll-sandbox-"))
+        program, binds, links = _interpreter(self.python, self.site_packages)
+        tmp = None
         try:
-            work = tmp / "work"
-            work.mkdir()
-            if as_root:  # the unprivileged program user must reach (rlimits: own) work/
-                tmp.chmod(0o711)
-                if mode == "rlimits" and not _usable_by(self.python, self.run_as_uid):
-                    return [], (
-                        f"the interpreter {self.python} is not readable by uid "
-                        f"{self.run_as_uid} (a parent directory is private), so 'rlimits' "
-                        "mode cannot run it as that user; set the code reward's `python` to "
-                        "an interpreter outside private directories (e.g. /usr/bin/python3)"
-                    )
-                if mode == "rlimits":
+            if mode == "namespaces":
+                work = "/tmp"  # the fresh tmpfs inside the sandbox's own root
+                reveal: list[str] = []
+            else:
+                tmp = Path(tempfile.mkdtemp(prefix="roll-sandbox-"))
+                (tmp / "work").mkdir()
+                work = str(tmp / "work")
+                reveal = [] if not as_root else _hidden_from(binds, self.run_as_uid)
+                if as_root:  # the program's uid must reach and own work/
+                    tmp.chmod(0o711)
                     os.chown(work, self.run_as_uid, self.run_as_uid)
+            nonce = os.urandom(16).hex()
             spec = {
                 "mode": mode,
-                "work_dir": str(work),
+                "nonce": nonce,
+                "work_dir": work,
                 "code": code,
                 "cases": [
                     {"kind": c.kind, "stdin": c.stdin, "stdout": c.stdout, "test": c.test}
@@ -304,82 +308,112 @@ class Sandbox:
                 "max_file_mb": self.limits.max_file_mb,
                 "max_output_bytes": self.limits.max_output_bytes,
                 "work_dir_mb": self.limits.work_dir_mb,
-                "python": self.python,
+                "python": program,
                 "site_packages": self.site_packages,
                 "compare": self.compare,
-                "env": {**_ENV, "HOME": str(work), "TMPDIR": str(work)},
+                "env": {**_ENV, "HOME": work, "TMPDIR": work},
                 "map_uid": self.run_as_uid if as_root else None,
-                "reveal": _prefixes(self.python, self.site_packages),
+                "binds": binds,
+                "links": links,
+                "reveal": reveal,
             }
-            return self._supervise(tmp, spec, as_root, sum(timeouts) + self.startup_s)
+            return self._supervise(spec, nonce, len(cases), sum(timeouts) + self.startup_s)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def _supervise(
-        self, tmp: Path, spec: dict[str, Any], as_root: bool, bound: float
+        self, spec: dict[str, Any], nonce: str, n_cases: int, bound: float
     ) -> tuple[list[CaseResult], str | None]:
-        (tmp / "spec.json").write_text("", encoding="utf-8")
-        results_path = tmp / "results.jsonl"
-        log_path = tmp / "supervisor.log"
-        with (
-            open(results_path, "wb") as results,
-            open(log_path, "wb") as log_file,
-            open(tmp / "spec.json", "w+b") as spec_file,
-        ):
-            spec["results_fd"] = results.fileno()
-            spec_file.write(json.dumps(spec).encode("utf-8"))
-            spec_file.seek(0)
-            switch = as_root and spec["mode"] == "rlimits"  # namespaces: the helper maps it
-            uid = self.run_as_uid if switch else None
-            proc = subprocess.Popen(
-                [self.python, "-I", "-S", "-c", _SUPERVISOR],
-                stdin=spec_file,
-                stdout=subprocess.DEVNULL,
-                stderr=log_file,
-                pass_fds=(results.fileno(),),
-                env=dict(_ENV),
-                cwd="/",
-                start_new_session=True,
-                user=uid,
-                group=uid,
-                extra_groups=[] if switch else None,
-            )
-            error = None
-            try:
-                code = proc.wait(timeout=bound)
-            except subprocess.TimeoutExpired:
-                code = None
-                error = f"the execution overran its bound of {bound:g} s and was killed"
-            finally:
-                with contextlib.suppress(OSError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the process group
-                proc.wait()
-        parsed = [_parse_case(line) for line in results_path.read_bytes().splitlines()]
-        if error is None and code != 0:
-            detail = log_path.read_bytes()[-2000:].decode("utf-8", "replace").strip()
-            error = f"the sandbox supervisor failed (exit code {code}): {detail or 'no output'}"
-        return parsed[: len(spec["cases"])], error
+        """Start the supervisor, send the spec down its stdin pipe, read the verdict from
+        its stdout pipe. Anything but exit status 0 and exactly one verdict line carrying
+        the nonce is a sandbox error (no case result is kept)."""
+        setup = json.dumps({"mode": spec["mode"], "map_uid": spec["map_uid"]})
+        proc = subprocess.Popen(
+            [self.python, "-I", "-S", "-c", _SUPERVISOR, setup],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(_ENV),
+            cwd="/",
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(json.dumps(spec).encode("utf-8"), timeout=bound)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return [], f"the execution overran its bound of {bound:g} s and was killed"
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the process group
+            proc.wait()
+        if proc.returncode != 0:
+            detail = err[-2000:].decode("utf-8", "replace").strip()
+            code = proc.returncode
+            return [], f"the sandbox supervisor failed (exit code {code}): {detail or 'no output'}"
+        try:
+            (line,) = out.splitlines()
+            verdict = json.loads(line)
+            if verdict["nonce"] != nonce or len(verdict["cases"]) != n_cases:
+                raise ValueError("wrong nonce or case count")
+            return [_parse_case(case) for case in verdict["cases"]], None
+        except (ValueError, KeyError, TypeError) as e:
+            return [], f"the sandbox supervisor's verdict is not valid ({e}): {out[:200]!r}"
+
+
+_SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 
 
 @functools.cache
-def _prefixes(python: str, site_packages: bool) -> list[str]:
-    """Real paths of the interpreter's installation and of its venv, if any."""
+def _interpreter(python: str, site_packages: bool) -> tuple[str, list[str], list[list[str]]]:
+    """What a program needs: the interpreter to execute, the paths the sandbox shows it
+    (read-only: the system's library directories, the interpreter's installation and, with
+    ``site_packages``, its virtualenv) and the top-level symlinks to recreate (``/lib``).
+
+    The probe runs without ``-S`` so that a virtualenv's ``sys.prefix`` is the venv (with
+    ``-S`` it is the base installation). Without ``site_packages`` the program runs on the
+    base interpreter (``-I -S``: standard library only), so the venv is not shown at all.
+    """
     code = "import sys; print(sys.base_prefix); print(sys.prefix)"
     out = subprocess.run(
-        [python, "-I", "-S", "-c", code], capture_output=True, text=True, check=True, env=_ENV
-    ).stdout.split()
-    # the venv too, even without site-packages: its bin/python is the path that is executed
-    return list(dict.fromkeys([os.path.realpath(out[0]), os.path.realpath(out[1])]))
+        [python, "-I", "-c", code], capture_output=True, text=True, check=True, env=_ENV
+    ).stdout.splitlines()
+    base, venv = os.path.realpath(out[0]), os.path.realpath(out[1])
+    real = os.path.realpath(python)
+    binds: list[str] = []
+    links: list[list[str]] = []
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            links.append([path, os.readlink(path)])
+        elif os.path.isdir(path):
+            binds.append(path)
+    if os.path.isfile("/etc/ld.so.cache"):
+        binds.append("/etc/ld.so.cache")
+    wanted = [base, os.path.dirname(real)]
+    if site_packages and venv != base:
+        wanted.append(venv)
+    for path in wanted:
+        if not any(path == b or path.startswith(b.rstrip("/") + "/") for b in binds):
+            binds.append(path)
+    program = os.path.abspath(python) if site_packages else real
+    return program, binds, links
 
 
-def _usable_by(python: str, uid: int) -> bool:
-    """Whether every directory above ``python`` (resolved) lets others through."""
-    path = Path(os.path.realpath(python))
-    return all(p.stat().st_mode & 0o001 or p.stat().st_uid == uid for p in path.parents)
+def _hidden_from(paths: list[str], uid: int) -> list[str]:
+    """The paths below a directory that ``uid`` cannot enter (rlimits mode as root)."""
+    hidden = []
+    for path in paths:
+        parents = Path(path).parents
+        if not all(p.stat().st_mode & 0o001 or p.stat().st_uid == uid for p in parents):
+            hidden.append(path)
+    return hidden
 
 
-def _parse_case(line: bytes) -> CaseResult:
-    data = json.loads(line)
+def _parse_case(data: dict[str, Any]) -> CaseResult:
+    if data["status"] not in _STATUSES:
+        raise ValueError(f"unknown status {data['status']!r}")
     return CaseResult(
         data["status"],
         float(data.get("seconds", 0.0)),
