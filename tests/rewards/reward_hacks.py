@@ -63,13 +63,13 @@ CHEATS = {
 found(attempt(lambda: open("../spec.json", "rb").read()))
 roots = ["/tmp", "/var/tmp", "/dev/shm", os.path.dirname(os.getcwd()), os.path.expanduser("~"),
          hints["driver_tmp"], "/run", "/root", "/home"]
-seen = 0
+import time
+end = time.monotonic() + 2.0
 for root in roots:
     for top, dirs, files in os.walk(root):
+        if time.monotonic() > end:
+            break
         for name in files:
-            seen += 1
-            if seen > 20000:
-                break
             path = os.path.join(top, name)
             try:
                 if os.path.getsize(path) < (2 << 20):
@@ -281,24 +281,54 @@ class AnswerServer:
             server.close()
 
 
-MARKERS = (b"def _main():\n    kind = sys.argv[1]", b"CLONE_NEWNS = 0x00020000")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def descendants() -> list[str]:
+    """Live processes below this one (orphans come back here: it is a subreaper)."""
+    parent: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        parent[int(entry)] = int(fields.get("PPid", "0"))
+        names[int(entry)] = fields.get("Name", "?").strip()
+    me, found = os.getpid(), []
+    for pid in parent:
+        up, seen = parent.get(pid, 0), 0
+        while up and up != me and seen < 64:
+            up, seen = parent.get(up, 0), seen + 1
+        if up == me:
+            found.append(f"process {pid} ({names[pid]})")
+    return found
+
+
+def reap_orphans() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
 
 
 def leftovers(tag: str, driver_tmp: Path, before_dirs: set[Path]) -> list[str]:
     """Processes, files and sockets the programs left behind (waits up to 3 s for exits)."""
-    found: list[str] = []
     deadline = time.monotonic() + 3.0
     while True:
-        found = []
+        reap_orphans()
+        found = descendants()
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
             try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                if entry.isdigit() and tag.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(f"process {entry} tagged {tag}")
             except OSError:
                 continue
-            if tag.encode() in cmdline or any(m in cmdline for m in MARKERS):
-                found.append(f"process {entry}: {cmdline[:80]!r}")
         if not found or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -321,6 +351,9 @@ def main() -> None:
     from roll_core.rewards.base import RewardSample
     from roll_core.rewards.code import CodeReward
 
+    import ctypes
+
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     answer = os.environ["ROLL_HACK_SECRET"]  # in this process's initial environment
     tag = uuid.uuid4().hex[:12]
     before_dirs = set(Path(tempfile.gettempdir()).glob("roll-sandbox-*"))
