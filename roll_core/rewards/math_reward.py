@@ -8,16 +8,21 @@ compare correctly. A hand-written normaliser gets a fraction of these cases righ
 What we do around it:
 
 * **Extraction.** Only the text after the last ``</think>`` is graded (a response that opens
-  ``<think>`` and never closes it has no final answer). Then the last ``\\boxed{...}`` wins;
-  without one, the configured ``answer_pattern`` (a regex: named group ``answer``, else
-  group 1, else the whole match, last match wins) or, by default, the last number in the
-  text (``"The answer is 68."`` -> ``68``, ``-5``, ``3.25``, ``1,000``, ``1/2``).
+  ``<think>`` and never closes it has no final answer). Then the last ``\\boxed{...}`` wins
+  (every box, as a set, when the reference has several boxes); without one, the configured
+  ``answer_pattern`` (a regex: named group ``answer``, else group 1, else the whole match,
+  last match wins) or, by default, the last number in the text (``"The answer is 68."`` ->
+  ``68``, ``-5``, ``3.25``, ``1,000``, ``1/2``) outside LaTeX, or the last LaTeX math span
+  when that comes later (``$\\frac{1}{2}$`` is one half, never ``2``; ``$2^{10}$`` is 1024,
+  never ``10``).
 * **Timeouts.** math-verify's own timeout uses ``signal.alarm``, which only works in the main
   thread; we switch it off and bound every call from outside instead (a worker process that
   is killed when it overruns: :mod:`roll_core.rewards.execution`). The warning math-verify
   logs about the disabled timeout is filtered out.
 * The reference answer (``row["answer"]`` by default) is parsed the same way (a
-  ``\\boxed{}`` inside it is unwrapped) and cached, since every prompt is scored ``n`` times.
+  ``\\boxed{}`` inside it is unwrapped; several boxes are one answer, a set: ``\\boxed{2}``
+  and ``\\boxed{3}`` need both, in any order, in one box or several) and cached, since
+  every prompt is scored ``n`` times.
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ from typing import Any
 from roll_core.errors import ConfigError
 from roll_core.rewards.base import RewardResult, RewardSample
 
-__all__ = ["MathReward", "answers_match", "extract_answer", "extract_boxed", "extract_last_number"]
+__all__ = [
+    "MathReward",
+    "answers_match",
+    "extract_all_boxed",
+    "extract_answer",
+    "extract_boxed",
+    "extract_last_number",
+    "reference_answer",
+]
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # A number: optional sign (not when it is a binary minus like "7-5"), digits with optional
@@ -41,13 +54,18 @@ _NUMBER = re.compile(
 )
 
 
-def extract_boxed(text: str) -> str | None:
-    """The content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``.
+# An inline or display LaTeX math span: $...$, $$...$$, \(...\), \[...\]
+_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_LATEX_BEFORE = re.compile(r"(?:[{^_]|\\[A-Za-z]+)\s*$")
+_LATEX_AFTER = re.compile(r"^\s*[}^_]")
 
-    Braces are matched, so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``; a box that never
-    closes (a truncated response) is skipped.
-    """
-    for match in reversed(list(_BOXED.finditer(text))):
+
+def extract_all_boxed(text: str) -> list[str]:
+    """The contents of every complete, non-empty ``\\boxed{...}`` (or ``\\fbox{...}``) in
+    ``text``, in order. Braces are matched, so ``\\boxed{\\frac{1}{2}}`` gives
+    ``\\frac{1}{2}``; a box that never closes (a truncated response) is skipped."""
+    found = []
+    for match in _BOXED.finditer(text):
         depth, start = 1, match.end()
         for i in range(start, len(text)):
             if text[i] == "{":
@@ -55,28 +73,68 @@ def extract_boxed(text: str) -> str | None:
             elif text[i] == "}":
                 depth -= 1
                 if depth == 0:
-                    content = text[start:i].strip()
-                    return content or None
-    return None
+                    if content := text[start:i].strip():
+                        found.append(content)
+                    break
+    return found
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last complete ``\\boxed{...}`` in ``text`` (see
+    :func:`extract_all_boxed`), or None."""
+    boxes = extract_all_boxed(text)
+    return boxes[-1] if boxes else None
+
+
+def _last_plain_number(text: str) -> re.Match[str] | None:
+    """The last number of ``text`` that is not part of a LaTeX expression: not inside a math
+    span (``$\\frac{1}{2}$``), a brace group, an exponent or a subscript (``2^{10}``,
+    ``x_1``), nor glued to a command (``\\frac12``)."""
+    plain = _MATH_SPAN.sub(lambda m: " " * len(m.group(0)), text)  # keep the positions
+    last = None
+    for match in _NUMBER.finditer(plain):
+        before, after = plain[max(0, match.start() - 64) : match.start()], plain[match.end() :]
+        if _LATEX_BEFORE.search(before) or _LATEX_AFTER.match(after):
+            continue
+        last = match
+    return last
 
 
 def extract_last_number(text: str) -> str | None:
-    """The last number in ``text`` with thousands commas removed (``"1,000"`` -> ``"1000"``)."""
-    matches = _NUMBER.findall(text)
-    return matches[-1].replace(",", "") if matches else None
+    """The last number in ``text`` outside LaTeX expressions, with thousands commas removed
+    (``"1,000"`` -> ``"1000"``; ``"$2^{10}$"`` has none)."""
+    match = _last_plain_number(text)
+    return match.group().replace(",", "") if match else None
 
 
-def extract_answer(text: str, pattern: re.Pattern[str] | None = None) -> str | None:
-    """The final answer of a response, or None when it has none (see the module docstring)."""
+def _fallback(text: str) -> str | None:
+    """No box, no pattern: the last number outside LaTeX, or the last math span when that
+    comes later (``"so $\\frac{1}{2}$"`` -> ``\\frac{1}{2}``, never ``2``)."""
+    number = _last_plain_number(text)
+    spans = list(_MATH_SPAN.finditer(text))
+    if spans and (number is None or spans[-1].start() > number.start()):
+        content = next(g for g in spans[-1].groups() if g is not None).strip()
+        return content or None
+    return number.group().replace(",", "") if number else None
+
+
+def extract_answer(
+    text: str, pattern: re.Pattern[str] | None = None, *, all_boxes: bool = False
+) -> str | None:
+    """The final answer of a response, or None when it has none (see the module docstring).
+
+    ``all_boxes``: with several boxes, every box's content joined by ``", "`` (compared as a
+    set against a reference with several boxes) instead of the last one.
+    """
     if "</think>" in text:
         text = text.rsplit("</think>", 1)[1]
     elif "<think>" in text:
         return None
-    boxed = extract_boxed(text)
-    if boxed is not None:
-        return boxed
+    boxes = extract_all_boxed(text)
+    if boxes:
+        return ", ".join(boxes) if all_boxes else boxes[-1]
     if pattern is None:
-        return extract_last_number(text)
+        return _fallback(text)
     found: str | None = None
     for match in pattern.finditer(text):
         if "answer" in pattern.groupindex:
@@ -112,9 +170,17 @@ def _parse(text: str) -> list[Any]:
     return list(parsed) if parsed else [text]
 
 
+def reference_answer(reference: str) -> tuple[str, int]:
+    """The answer inside a reference and how many boxes it had: one box is unwrapped,
+    several are joined by ``", "`` (math-verify then compares them as a set), none: the
+    whole text."""
+    boxes = extract_all_boxed(reference)
+    return (", ".join(boxes) if boxes else reference), len(boxes)
+
+
 @functools.lru_cache(maxsize=8192)
 def _parse_reference(reference: str) -> tuple[Any, ...]:
-    return tuple(_parse(extract_boxed(reference) or reference))
+    return tuple(_parse(reference_answer(reference)[0]))
 
 
 def answers_match(reference: str, extracted: str) -> bool:
@@ -170,7 +236,8 @@ class MathReward:
                 f"the row has no reference answer in column {self.answer_key!r} "
                 f"(columns: {sorted(sample.row)})"
             )
-        extracted = extract_answer(sample.response, self._compiled)
+        several = reference_answer(str(reference))[1] > 1
+        extracted = extract_answer(sample.response, self._compiled, all_boxes=several)
         correct = extracted is not None and answers_match(str(reference), extracted)
         info = {"correct": correct, "format_ok": extracted is not None, "extracted": extracted}
         return RewardResult(1.0 if correct else 0.0, info)

@@ -281,6 +281,44 @@ class AnswerServer:
             server.close()
 
 
+_E2E: dict[str, object] = {}
+_E2E_LOCK = threading.Lock()
+
+
+def program_from_row(sample, *, mode: str = "auto"):  # type: ignore[no-untyped-def]
+    """A user reward for ``roll train rlvr`` (the e2e test): score the program named by the
+    row's ``program`` column (``honest`` or a cheat) with ``CodeReward``, in the process that
+    calls it (the training driver, under ``isolation: thread``), against the row's
+    ``answer``. The answer servers start in that process on first use; the hints carry its
+    pid. The policy's own response is ignored: the tiny model cannot write these programs."""
+    from roll_core.config.reward_options import CodeRewardConfig
+    from roll_core.rewards.base import RewardSample
+    from roll_core.rewards.code import CodeReward
+
+    answer = str(sample.row["answer"])
+    with _E2E_LOCK:
+        if not _E2E:
+            tmp = Path(tempfile.mkdtemp(prefix="roll-hack-"))
+            tmp.chmod(0o777)
+            server = AnswerServer(answer, tmp, uuid.uuid4().hex[:12])
+            cfg = {"timeout": {"adaptive": False, "max_s": 5.0}, "sandbox": {"mode": mode}}
+            _E2E.update(tmp=tmp, server=server, reward=CodeReward(CodeRewardConfig(**cfg)))
+    server = _E2E["server"]
+    assert isinstance(server, AnswerServer)
+    hints = {
+        "driver_pid": os.getpid(),
+        "driver_tmp": str(_E2E["tmp"]),
+        "sock": server.path,
+        "abstract": server.abstract,
+        "port": server.port,
+        "tag": "e2e",
+    }
+    row = {"tests": [{"input": json.dumps(hints) + "\n" + answer[::-1] + "\n", "output": answer}]}
+    reward = _E2E["reward"]
+    response = f"```python\n{program(str(sample.row['program']))}```"
+    return reward(RewardSample(sample.prompt, response, row))  # type: ignore[operator]
+
+
 PR_SET_CHILD_SUBREAPER = 36
 
 

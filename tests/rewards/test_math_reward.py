@@ -131,3 +131,51 @@ def test_math_reward_without_reference_raises() -> None:
 def test_bad_answer_pattern_is_config_error() -> None:
     with pytest.raises(ConfigError, match="not a valid regular expression"):
         MathReward(answer_pattern="(unclosed")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"so $\frac{1}{2}$", r"\frac{1}{2}"),  # the math span, never its last digit 2
+        (r"so $2^{10}$", "2^{10}"),  # never the exponent 10
+        (r"\(7\)", "7"),
+        (r"$$x = 4$$ hence 5", "5"),  # a plain number after the span wins
+        ("2^{10}", None),  # bare LaTeX: every number is inside an expression
+        (r"\frac12", None),
+        ("x_1 = 5", "5"),  # the subscript 1 is skipped, 5 is plain
+    ],
+)
+def test_the_fallback_does_not_take_a_number_inside_latex(text: str, expected: str | None) -> None:
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "reference", "score"),
+    [
+        (r"so $\frac{1}{2}$", "2", 0.0),  # was 1.0: the last number of \frac{1}{2} is 2
+        (r"so $\frac{1}{2}$", "0.5", 1.0),
+        (r"so $2^{10}$", "10", 0.0),  # was 1.0
+        (r"so $2^{10}$", "1024", 1.0),  # 2^10 = 1024
+    ],
+)
+def test_latex_answers_are_graded_as_expressions(response: str, reference: str, score: float) -> None:
+    assert MathReward()(sample(response, answer=reference)).score == score
+
+
+@pytest.mark.parametrize(
+    ("response", "score"),
+    [
+        (r"\boxed{2} and \boxed{3}", 1.0),  # both, as in the reference
+        (r"\boxed{3}, \boxed{2}", 1.0),  # a set: order does not matter
+        (r"\boxed{2, 3}", 1.0),  # one box holding both
+        (r"\boxed{3}", 0.0),  # partial: was 1.0 (the reference was cut to its last box)
+        (r"\boxed{2} \boxed{3} \boxed{4}", 0.0),  # hedging with an extra answer
+    ],
+)
+def test_a_reference_with_several_boxes_is_one_set_answer(response: str, score: float) -> None:
+    result = MathReward()(sample(response, answer=r"$x = \boxed{2}$ or $x = \boxed{3}$"))
+    assert result.score == score, result.info
+
+
+def test_a_single_box_reference_still_takes_the_last_box_of_the_response() -> None:
+    assert MathReward()(sample(r"draft \boxed{1}, final \boxed{2}", answer="2")).score == 1.0

@@ -124,3 +124,49 @@ def test_as_an_ordinary_user(user_reports, mode: str) -> None:
     _check_run(report, mode)
     scores = {name: r["score"] for name, r in report["results"].items() if name in CHEATS}
     assert scores == dict.fromkeys(CHEATS, 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_cheats_score_zero_through_roll_train_rlvr(roll, tmp_path: Path, mode: str) -> None:
+    """The tiny multi-domain recipe, one step; each program is a domain of its own, scored in
+    the training driver (``isolation: thread``) by ``reward_hacks:program_from_row``."""
+    secret = f"ANS-{uuid.uuid4().hex}"
+    names = ["honest", *sorted(CHEATS)]
+    rows = [{"prompt": f"Program {n}:", "answer": secret, "domain": n, "program": n} for n in names]
+    data = tmp_path / "hacks.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if mode not in _modes():
+        pytest.skip(f"namespaces mode unavailable here: {namespaces_available()[1]}")
+    fn = {
+        "rewards": [{"name": "reward_hacks:program_from_row", "args": {"mode": mode}}],
+        "isolation": "thread",
+        "timeout_s": 60,
+    }
+    domains = json.dumps(dict.fromkeys(names, fn))
+    result = roll(
+        "train",
+        "rlvr",
+        "recipes/tiny-multidomain-rlvr.yaml",
+        "trainer.max_steps=1",
+        "eval.every_steps=100",
+        "checkpoint.every_steps=100",
+        f"data.train.path={data}",
+        f"data.eval.path={data}",
+        f"rollout.prompts_per_step={len(names)}",
+        "rollout.n=2",
+        "rollout.max_new_tokens=4",
+        f"reward.domains={domains}",
+        f"runs_dir={tmp_path}",
+        "--run-id",
+        "hacks",
+        env={"ROLL_HACK_SECRET": secret, "PYTHONPATH": f"{ROOT}:{HERE}"},
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = (tmp_path / "hacks" / "metrics.jsonl").read_text().splitlines()
+    step = next(m for m in map(json.loads, lines) if "reward/honest/mean" in m)
+    assert step["reward/honest/mean"] == 1.0
+    for name in CHEATS:
+        assert step[f"reward/{name}/count"] >= 1.0, name
+        assert step[f"reward/{name}/mean"] == 0.0, name
