@@ -144,7 +144,10 @@ def seccomp_filter(mode, pid):
                 _insn(RET, 0, 0, eperm),
                 _insn(RET, 0, 0, RET_ALLOW),
             ]
-        for name, cmds in (("fcntl", (F_SETOWN, F_SETSIG, F_SETOWN_EX)), ("ioctl", (FIOSETOWN, SIOCSPGRP))):
+        for name, cmds in (
+            ("fcntl", (F_SETOWN, F_SETSIG, F_SETOWN_EX)),
+            ("ioctl", (FIOSETOWN, SIOCSPGRP)),
+        ):
             block = [_insn(LD_ABS, 0, 0, _arg_lo(1))]
             for i, cmd in enumerate(cmds):
                 block.append(_insn(JEQ, len(cmds) - i, 0, cmd))
@@ -176,7 +179,9 @@ FS_FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | (1 << 14) | (1 << 1
 def landlock_abi(lib):
     """The Landlock ABI version of this kernel (0: unavailable)."""
     lib.syscall.restype = ctypes.c_long
-    abi = lib.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    abi = lib.syscall(
+        ctypes.c_long(SYS_LANDLOCK_CREATE), None, ctypes.c_size_t(0), ctypes.c_uint32(1)
+    )
     return max(0, int(abi))
 
 
@@ -212,7 +217,11 @@ def landlock_restrict(lib, read_paths, write_paths):
                         allowed &= FS_FILE_RIGHTS
                     rule = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd), 12)
                     result = lib.syscall(
-                        ctypes.c_long(SYS_LANDLOCK_ADD), ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0)
+                        ctypes.c_long(SYS_LANDLOCK_ADD),
+                        ctypes.c_int(ruleset),
+                        ctypes.c_int(1),
+                        rule,
+                        ctypes.c_uint32(0),
                     )
                     if result != 0:
                         raise OSError(ctypes.get_errno(), f"landlock_add_rule {path} failed")
@@ -220,7 +229,9 @@ def landlock_restrict(lib, read_paths, write_paths):
                     os.close(fd)
         if lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "no_new_privs failed")
-        result = lib.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT), ctypes.c_int(ruleset), ctypes.c_uint32(0))
+        result = lib.syscall(
+            ctypes.c_long(SYS_LANDLOCK_RESTRICT), ctypes.c_int(ruleset), ctypes.c_uint32(0)
+        )
         if result != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
     finally:

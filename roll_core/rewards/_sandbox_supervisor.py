@@ -358,8 +358,10 @@ def exec_program(lib, spec, case, timeout, parent):
         if spec["mode"] == "namespaces":
             drop_capabilities(lib)
         else:
-            landlock_restrict(lib, spec["binds"] + ["/dev/urandom", "/dev/zero"], [spec["work_dir"], "/dev/null"])
-        install_seccomp(lib, spec["mode"], os.getpid())
+            # landlock_restrict, install_seccomp: from _sandbox_confine (prepended)
+            readable = spec["binds"] + ["/dev/urandom", "/dev/zero"]
+            landlock_restrict(lib, readable, [spec["work_dir"], "/dev/null"])  # noqa: F821
+        install_seccomp(lib, spec["mode"], os.getpid())  # noqa: F821
         args = [spec["python"], "-I"] + ([] if spec["site_packages"] else ["-S"])
         os.execve(spec["python"], args + ["-c", RUNNER, case["kind"]], spec["env"])
     except BaseException as err:

@@ -385,11 +385,11 @@ def main() -> None:
     parser.add_argument("--mode", required=True, choices=["namespaces", "rlimits"])
     parser.add_argument("--cheats", default=",".join(CHEATS))
     args = parser.parse_args()
+    import ctypes
+
     from roll_core.config.reward_options import CodeRewardConfig
     from roll_core.rewards.base import RewardSample
     from roll_core.rewards.code import CodeReward
-
-    import ctypes
 
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     answer = os.environ["ROLL_HACK_SECRET"]  # in this process's initial environment

@@ -158,7 +158,9 @@ def test_the_fallback_does_not_take_a_number_inside_latex(text: str, expected: s
         (r"so $2^{10}$", "1024", 1.0),  # 2^10 = 1024
     ],
 )
-def test_latex_answers_are_graded_as_expressions(response: str, reference: str, score: float) -> None:
+def test_latex_answers_are_graded_as_expressions(
+    response: str, reference: str, score: float
+) -> None:
     assert MathReward()(sample(response, answer=reference)).score == score
 
 
