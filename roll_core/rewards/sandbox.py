@@ -2,48 +2,53 @@
 
 One call of :meth:`Sandbox.run` is one *execution*: a program and its test cases go to a
 fresh supervisor process (:mod:`roll_core.rewards._sandbox_supervisor`) that runs each case
-in a fresh interpreter and reports one verdict per case. The host side here:
+in a fresh interpreter and returns one verdict per case. The host side here:
 
-* creates a private temporary directory (the work directory, the spec, the results file) and
-  removes it afterwards, whatever happened;
-* starts the supervisor in its own session (process group) with an empty environment (only
-  ``PATH``, ``HOME``/``TMPDIR`` = the work directory, ``LANG`` and single-thread settings
-  for BLAS/OpenMP), as an unprivileged user when roll runs as root (``run_as_uid``);
+* starts the supervisor in its own session with an empty environment (only ``PATH``,
+  ``HOME``/``TMPDIR`` = the work directory, ``LANG`` and single-thread settings for
+  BLAS/OpenMP) and sends it the spec (the program, each case's input and expected output,
+  a fresh nonce) down its stdin pipe; no spec or result file exists anywhere;
+* reads the verdict from its stdout pipe and keeps it only when the supervisor exited 0 and
+  wrote exactly one line carrying the nonce: a supervisor that died, was killed, or whose
+  output was tampered with gives ``sandbox_error`` on every case (never a kept pass);
 * bounds the whole execution by the sum of the case timeouts plus ``startup_s``, then kills
   the process group;
 * limits how many executions run at once (``max_concurrent``; callers block for a slot).
+
+The supervisor makes itself non-dumpable before it reads the spec, so the expected outputs
+live only in a memory no program can read (``/proc/<pid>/mem``, ``ptrace`` and
+``process_vm_readv`` all need ``CAP_SYS_PTRACE`` over it); it compares the output after the
+program has exited.
 
 Isolation modes (``mode``):
 
 ``namespaces``
     User, mount, network, PID, IPC and UTS namespaces, created by the supervisor itself
-    (``unshare(2)``, available to unprivileged users on most Linux distributions; no
-    ``bwrap`` install needed). Guarantees, given a kernel without exploitable bugs: no
-    network at all (a new network namespace has only a down loopback, so even the host's
-    ``localhost`` services are unreachable); the whole file system is read-only except a
-    size-limited tmpfs work directory (the program cannot create, change or delete a host
-    file, even one its uid could write, e.g. in ``/tmp``); only the sandbox's own processes
-    are visible and signalable (it cannot kill its parent, the trainer, or read another
-    process's environment through ``/proc``); every process of the sandbox dies when the
-    case ends (PID 1 of the namespace is the supervisor); the program holds no capability.
+    (``unshare(2)``; no ``bwrap`` install needed), and ``pivot_root`` into a new root that
+    holds only the system's library directories and the interpreter's installation
+    (read-only), a fresh ``/proc`` of the sandbox's own PID namespace, ``/dev/{null,zero,
+    full,random,urandom}``, and a ``work_dir_mb`` tmpfs at ``/tmp`` (the work directory).
+    No network (not even the host's ``localhost``), no host UNIX socket (path or
+    abstract), no host ``/tmp``, home or other sample's files; only the sandbox's own
+    processes are visible and signalable, and all of them die when the case ends; the
+    program holds no capability.
 ``rlimits``
-    The fallback when namespaces are unavailable (e.g. inside a Docker container with the
-    default seccomp profile). Resource limits, a new session, an empty environment and a
-    temporary work directory only. It does **not** stop network access, writes to files the
-    uid can write (``/tmp``), reading ``/proc/<pid>/environ`` of processes of the same uid,
-    signalling them, or a process that leaves its process group (``setsid``) surviving the
-    case (it is bounded by its CPU-time limit). When roll runs as root the program runs as
-    ``run_as_uid`` (``nobody``), which keeps it away from root's files and processes.
+    For hosts without user namespaces (e.g. Docker's default seccomp profile). The program
+    runs as the caller's uid (``run_as_uid`` when roll runs as root) under a seccomp filter
+    (no new process, no signal to another process, no ``socket``, no ``ptrace``) and,
+    where the kernel has Landlock, a file-system ruleset (read the interpreter and the
+    system libraries, write the work directory, nothing else: no ``/proc``, no ``/tmp``).
+    Without Landlock the program can read whatever its uid can read. See docs/rewards.md
+    for what this mode does not protect.
 ``auto`` (default)
     ``namespaces`` when a probe execution shows they work, else ``rlimits`` with a warning.
 
 Both modes set, per case and per process: address space (``memory_mb``), CPU seconds
-(timeout + 2), file size (``max_file_mb``), open files (64), no core dumps, and processes
-(``max_processes``; counted per user namespace in ``namespaces`` mode on Linux >= 5.14, per
-uid otherwise). Output beyond ``max_output_bytes`` kills the program (``output_limit``).
-Limits no mode gives: a cap on the *sum* of memory of a program's processes (up to
-``max_processes x memory_mb``; that needs cgroups), and protection from kernel bugs or
-side channels: run hostile code from unknown sources in a VM.
+(timeout + 2), file size (``max_file_mb``), open files (64), no core dumps; ``namespaces``
+also ``max_processes`` (``RLIMIT_NPROC``, counted inside the sandbox's user namespace, so
+never against the driver's threads). Output beyond ``max_output_bytes`` kills the program
+(``output_limit``). No mode caps the *sum* of memory of a program's processes (that needs
+cgroups) or protects from kernel bugs: run hostile code from unknown sources in a VM.
 """
 
 from __future__ import annotations

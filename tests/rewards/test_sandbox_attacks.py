@@ -8,6 +8,7 @@ fallback mode does contain.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import threading
@@ -20,6 +21,7 @@ import pytest
 from roll_core.config.reward_options import CodeRewardConfig
 from roll_core.rewards.base import RewardSample
 from roll_core.rewards.code import CodeReward
+from roll_core.rewards import sandbox as sandbox_module
 from roll_core.rewards.sandbox import Sandbox, SandboxLimits, TestCase, namespaces_available
 
 NS_OK, NS_WHY = namespaces_available()
@@ -27,18 +29,35 @@ needs_ns = pytest.mark.skipif(not NS_OK, reason=f"namespaces mode unavailable he
 MARKERS = (b"def _main():\n    kind = sys.argv[1]", b"CLONE_NEWNS = 0x00020000")
 
 
+# Orphans (a program's setsid escapee) are re-parented to this process, not to init, so
+# that "left behind" can be told apart from other jobs' sandboxes on a shared machine.
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def sandbox_processes() -> set[int]:
-    """Pids of sandbox supervisors and programs on this machine (by their -c source)."""
-    found = set()
+    """Pids of sandbox supervisors and programs (by their -c source) below this process."""
+    parent, marked = {}, set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
+            status = Path(f"/proc/{entry}/status").read_text()
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
+        ppid = next(
+            (line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), "0"
+        )
+        parent[int(entry)] = int(ppid)
         if any(m in cmdline for m in MARKERS):
-            found.add(int(entry))
+            marked.add(int(entry))
+    found = set()
+    for pid in marked:
+        up, hops = parent.get(pid, 0), 0
+        while up and up != os.getpid() and hops < 64:
+            up, hops = parent.get(up, 0), hops + 1
+        if up == os.getpid():
+            found.add(pid)
     return found
 
 
@@ -202,12 +221,16 @@ def test_writes_outside_the_work_dir_do_not_reach_the_host(ns: Sandbox, tmp_path
 
 
 def test_the_work_dir_is_removed(any_sandbox: Sandbox) -> None:
-    code = "import os\nopen('left-behind.txt', 'w').write('x')\nprint(os.getcwd())\n"
-    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("roll-sandbox-*"))
+    code = (
+        "import os, sys\nopen('left-behind.txt', 'w').write('x')\nsys.stderr.write(os.getcwd())\n"
+    )
     result, _ = run_one(any_sandbox, code)
-    after = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("roll-sandbox-*"))
     assert result.sandbox_error is None
-    assert not (after - before)
+    work = result.cases[0].stderr
+    if any_sandbox.mode == "namespaces":
+        assert work == "/tmp"  # the sandbox's own tmpfs: no host directory at all
+    else:
+        assert Path(work).name == "work" and not Path(work).parent.exists()
 
 
 @needs_ns
@@ -336,3 +359,95 @@ def test_hostile_responses_score_zero_through_the_code_reward() -> None:
     metrics = reward.metrics()
     assert metrics["code/executions"] == 5 and metrics["code/pass_rate"] == 1 / 5
     assert metrics["code/timeouts"] >= 2 and metrics["code/limit_kills"] == 1
+
+
+def _supervisor_of_this_process() -> int | None:
+    for pid in sandbox_processes():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        if f"PPid:\t{os.getpid()}\n" in status:
+            return pid
+    return None
+
+
+def test_a_killed_supervisor_keeps_no_pass(any_sandbox: Sandbox) -> None:
+    """Case 1 passes, then the supervisor dies during case 2: every case is sandbox_error."""
+    code = (
+        "import time\nn = int(input())\nprint(n * 2, flush=True)\nif n == 2:\n    time.sleep(30)\n"
+    )
+    cases = [TestCase("stdio", "1\n", "2\n"), TestCase("stdio", "2\n", "4\n")]
+    killed: list[int] = []
+
+    def kill_it() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not killed:
+            pid = _supervisor_of_this_process()
+            if pid is not None:
+                time.sleep(1.5)  # case 1 has passed by now
+                os.kill(pid, 9)
+                killed.append(pid)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill_it)
+    thread.start()
+    result = any_sandbox.run(code, cases, [20.0, 20.0])
+    thread.join()
+    assert killed
+    assert result.sandbox_error is not None and "exit code -9" in result.sandbox_error
+    assert [c.status for c in result.cases] == ["sandbox_error", "sandbox_error"]
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        '{"nonce": "0", "cases": [{"status": "pass"}]}',  # a nonce the program cannot know
+        '{"nonce": NONCE, "cases": [{"status": "pass"}]}\n{"status": "pass"}',  # an extra line
+        '{"nonce": NONCE, "cases": [{"status": "pass"}, {"status": "pass"}]}',  # too many
+        '{"nonce": NONCE, "cases": [{"status": "passed"}]}',  # not a status
+    ],
+)
+def test_only_the_supervisors_own_verdict_is_accepted(monkeypatch, output: str) -> None:
+    """A stand-in supervisor that reads the spec and prints ``output`` (NONCE: the real one)."""
+    fake = (
+        "import json, sys\n"
+        "nonce = json.loads(sys.stdin.read())['nonce']\n"
+        f"print({output!r}.replace('NONCE', json.dumps(nonce)))\n"
+    )
+    monkeypatch.setattr(sandbox_module, "_SUPERVISOR", fake)
+    result = Sandbox(mode="rlimits").run("print(1)", [TestCase("stdio", "", "1\n")], [5.0])
+    assert result.sandbox_error is not None and "not valid" in result.sandbox_error
+    assert [c.status for c in result.cases] == ["sandbox_error"]
+
+
+def test_the_real_verdict_is_accepted_by_the_same_check(monkeypatch) -> None:
+    fake = (
+        "import json, sys\n"
+        "nonce = json.loads(sys.stdin.read())['nonce']\n"
+        "print(json.dumps({'nonce': nonce, 'cases': [{'status': 'pass'}]}))\n"
+    )
+    monkeypatch.setattr(sandbox_module, "_SUPERVISOR", fake)
+    result = Sandbox(mode="rlimits").run("print(1)", [TestCase("stdio", "", "1\n")], [5.0])
+    assert result.sandbox_error is None and result.all_passed
+
+
+def test_threads_are_not_limited_by_the_drivers_own(any_sandbox: Sandbox) -> None:
+    """rlimits mode sets no per-uid process limit (it would count this process's threads)."""
+    stop = threading.Event()
+    mine = [threading.Thread(target=stop.wait, daemon=True) for _ in range(40)]
+    for t in mine:
+        t.start()
+    code = (
+        "import threading\n"
+        "out = []\n"
+        "ts = [threading.Thread(target=out.append, args=(i,)) for i in range(4)]\n"
+        "[t.start() for t in ts]\n"
+        "[t.join() for t in ts]\n"
+        "print(sum(out))\n"
+    )
+    try:
+        result, _ = run_one(any_sandbox, code, stdout="6\n")  # 0 + 1 + 2 + 3
+    finally:
+        stop.set()
+    assert result.cases[0].status == "pass", result.cases[0]
