@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from roll_core.config.reward_options import CodeRewardConfig
+from roll_core.rewards import sandbox as sandbox_module
 from roll_core.rewards.base import RewardSample
 from roll_core.rewards.code import CodeReward
-from roll_core.rewards import sandbox as sandbox_module
 from roll_core.rewards.sandbox import Sandbox, SandboxLimits, TestCase, namespaces_available
 
 NS_OK, NS_WHY = namespaces_available()
