@@ -77,13 +77,18 @@ class SandboxConfig(Strict):
 
     mode: Literal["auto", "namespaces", "rlimits"] = Field(
         default="auto",
-        description="`namespaces`: user/mount/network/PID namespaces (no network, read-only "
-        "file system, own process tree); `rlimits`: resource limits only (no network or "
-        "file-system isolation); `auto`: namespaces when a probe shows they work.",
+        description="`namespaces`: user/mount/network/PID namespaces and a minimal root (no "
+        "network, no host file, own process tree); `rlimits`: resource limits, a seccomp "
+        "filter (no new process, signal or socket) and Landlock where the kernel has it "
+        "(docs/rewards.md: what it does not protect); `auto`: namespaces when a probe shows "
+        "they work.",
     )
     memory_mb: int = Field(default=512, ge=32, description="Address-space limit per process, MiB.")
     max_processes: int = Field(
-        default=8, ge=1, description="Processes a program may have (fork bombs stop here)."
+        default=8,
+        ge=1,
+        description="Processes and threads a program may have in `namespaces` mode (fork "
+        "bombs stop here); `rlimits` mode allows no new process.",
     )
     max_file_mb: int = Field(default=16, ge=1, description="Largest file a program may write, MiB.")
     max_output_kb: int = Field(
