@@ -168,6 +168,22 @@ class ExecutionResult:
 
 
 @functools.cache
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: unavailable); rlimits mode uses it."""
+    import ctypes
+
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.syscall.restype = ctypes.c_long
+    abi = lib.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return max(0, int(abi))
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
+@functools.cache
 def namespaces_available(python: str = sys.executable) -> tuple[bool, str]:
     """Whether ``namespaces`` mode works here (a real probe execution), and why not."""
     probe = Sandbox(mode="namespaces", python=python, max_concurrent=1)
@@ -231,10 +247,15 @@ class Sandbox:
                 if not ok:
                     log.warning(
                         "sandbox: namespaces unavailable (%s); code runs in the weaker "
-                        "'rlimits' mode: no network or file-system isolation (see "
-                        "docs/rewards.md)",
+                        "'rlimits' mode (see docs/rewards.md)",
                         reason,
                     )
+            if self._mode == "rlimits" and os.geteuid() != 0 and landlock_abi() == 0:
+                _warn_once(
+                    "sandbox: 'rlimits' mode without Landlock as an ordinary user: programs "
+                    "can read every file your uid can read, including /proc/<pid>/environ and "
+                    "/proc/<pid>/mem of your other processes (see docs/rewards.md)"
+                )
             return self._mode
 
     def __getstate__(self) -> dict[str, Any]:
