@@ -21,7 +21,8 @@ else.
 3. PID 1 builds a new root on an empty tmpfs: the interpreter's prefix and the system's
    library directories bind-mounted read-only, a fresh ``/proc``, a ``/dev`` holding only
    ``null zero full random urandom``, an empty ``/dev/shm`` and a ``work_dir_mb`` tmpfs at
-   ``/tmp`` (the work directory); then ``pivot_root`` into it and detach the old root. No
+   ``/tmp`` (the work directory; ``/work`` when an interpreter path to show lies under
+   ``/tmp``); then ``pivot_root`` into it and detach the old root. No
    host file, socket or other sample's directory exists in that tree.
 
 ``rlimits`` mode: when roll runs as root, become ``run_as_uid`` (after revealing only the
@@ -218,8 +219,8 @@ def build_root(lib, spec, sources):
     for link, dest in spec["links"]:
         if not os.path.lexists(new + link):
             os.symlink(dest, new + link)
-    for d in ("proc", "dev", "tmp"):
-        os.makedirs(f"{new}/{d}", exist_ok=True)
+    for d in ("/proc", "/dev", spec["work_dir"]):
+        os.makedirs(new + d, exist_ok=True)
     flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
     mount(lib, "proc", new + "/proc", "proc", flags, None, "mounting /proc")
     set_readonly(lib, new, AT_RECURSIVE)
@@ -233,7 +234,8 @@ def build_root(lib, spec, sources):
     opts = "size=1m,mode=0700,uid=0,gid=0"
     mount(lib, "tmpfs", new + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts, "/dev/shm")
     opts = f"size={spec['work_dir_mb']}m,mode=0700,uid=0,gid=0"
-    mount(lib, "tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts, "the work tmpfs")
+    work = new + spec["work_dir"]
+    mount(lib, "tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, opts, "the work tmpfs")
     os.chdir(new)
     nr = SYS_PIVOT_ROOT.get(os.uname().machine)
     if nr is None:

@@ -307,7 +307,10 @@ class Sandbox:
         tmp = None
         try:
             if mode == "namespaces":
-                work = "/tmp"  # the fresh tmpfs inside the sandbox's own root
+                # the fresh tmpfs inside the sandbox's own root, unless it would hide a
+                # path to show (an interpreter or venv under the host's /tmp)
+                under_tmp = any(b.startswith("/tmp/") for b in binds)
+                work = "/work" if under_tmp else "/tmp"
                 reveal: list[str] = []
             else:
                 tmp = Path(tempfile.mkdtemp(prefix="roll-sandbox-"))
