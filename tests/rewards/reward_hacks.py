@@ -355,7 +355,7 @@ def reap_orphans() -> None:
             return
 
 
-def leftovers(tag: str, driver_tmp: Path, before_dirs: set[Path]) -> list[str]:
+def leftovers(tag: str, driver_tmp: Path, sandbox_tmp: Path) -> list[str]:
     """Processes, files and sockets the programs left behind (waits up to 3 s for exits)."""
     deadline = time.monotonic() + 3.0
     while True:
@@ -375,8 +375,7 @@ def leftovers(tag: str, driver_tmp: Path, before_dirs: set[Path]) -> list[str]:
         found += [f"file {p}" for p in d.glob(f"*{tag}*")]
     with open("/proc/net/unix") as f:
         found += [f"socket {line.split()[-1]}" for line in f if f"planted-{tag}" in line]
-    tmp = Path(tempfile.gettempdir())
-    found += [f"sandbox dir {p}" for p in set(tmp.glob("roll-sandbox-*")) - before_dirs]
+    found += [f"sandbox dir {p}" for p in sandbox_tmp.iterdir()]
     return found
 
 
@@ -394,12 +393,16 @@ def main() -> None:
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     answer = os.environ["ROLL_HACK_SECRET"]  # in this process's initial environment
     tag = uuid.uuid4().hex[:12]
-    before_dirs = set(Path(tempfile.gettempdir()).glob("roll-sandbox-*"))
     driver_tmp = Path(tempfile.mkdtemp(prefix="roll-hack-"))
     driver_tmp.chmod(0o777)
     (driver_tmp / "expected.txt").write_text(answer)
     (driver_tmp / "expected.txt").chmod(0o644)
     server = AnswerServer(answer, driver_tmp, tag)
+    # this driver's sandboxes make their temporary directories here (not in the shared /tmp,
+    # where other jobs' sandboxes come and go)
+    sandbox_tmp = Path(tempfile.mkdtemp(prefix="roll-hack-sandboxes-"))
+    sandbox_tmp.chmod(0o755)  # as root, run_as_uid must reach the work directory
+    tempfile.tempdir = str(sandbox_tmp)
     hints = {
         "driver_pid": os.getpid(),
         "driver_tmp": str(driver_tmp),
@@ -433,12 +436,13 @@ def main() -> None:
         "seconds": time.monotonic() - start,
         "results": results,
         "socket_connections": server.connections,
-        "leftovers": leftovers(tag, driver_tmp, before_dirs),
+        "leftovers": leftovers(tag, driver_tmp, sandbox_tmp),
     }
     server.close()
     for p in driver_tmp.iterdir():
         p.unlink()
     driver_tmp.rmdir()
+    sandbox_tmp.rmdir()
     json.dump(report, sys.stdout)
     sys.stdout.write("\n")
 
