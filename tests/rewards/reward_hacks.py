@@ -300,9 +300,10 @@ def program_from_row(sample, *, mode: str = "auto"):  # type: ignore[no-untyped-
         if not _E2E:
             tmp = Path(tempfile.mkdtemp(prefix="roll-hack-"))
             tmp.chmod(0o777)
-            server = AnswerServer(answer, tmp, uuid.uuid4().hex[:12])
+            _E2E.update(tmp=tmp, server=AnswerServer(answer, tmp, uuid.uuid4().hex[:12]))
+        if mode not in _E2E:  # one CodeReward (one sandbox) per mode
             cfg = {"timeout": {"adaptive": False, "max_s": 5.0}, "sandbox": {"mode": mode}}
-            _E2E.update(tmp=tmp, server=server, reward=CodeReward(CodeRewardConfig(**cfg)))
+            _E2E[mode] = CodeReward(CodeRewardConfig(**cfg))
     server = _E2E["server"]
     assert isinstance(server, AnswerServer)
     hints = {
@@ -314,7 +315,7 @@ def program_from_row(sample, *, mode: str = "auto"):  # type: ignore[no-untyped-
         "tag": "e2e",
     }
     row = {"tests": [{"input": json.dumps(hints) + "\n" + answer[::-1] + "\n", "output": answer}]}
-    reward = _E2E["reward"]
+    reward = _E2E[mode]
     response = f"```python\n{program(str(sample.row['program']))}```"
     return reward(RewardSample(sample.prompt, response, row))  # type: ignore[operator]
 

@@ -141,23 +141,26 @@ def test_as_an_ordinary_user(user_reports, mode: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", MODES)
-def test_cheats_score_zero_through_roll_train_rlvr(roll, tmp_path: Path, mode: str) -> None:
-    """The tiny multi-domain recipe, one step; each program is a domain of its own, scored in
-    the training driver (``isolation: thread``) by ``reward_hacks:program_from_row``."""
+def test_cheats_score_zero_through_roll_train_rlvr(roll, tmp_path: Path) -> None:
+    """The tiny multi-domain recipe, one step; each (mode, program) is a domain of its own,
+    scored in the training driver (``isolation: thread``) by
+    ``reward_hacks:program_from_row``."""
     secret = f"ANS-{uuid.uuid4().hex}"
     names = ["honest", *sorted(CHEATS)]
-    rows = [{"prompt": f"Program {n}:", "answer": secret, "domain": n, "program": n} for n in names]
+    domains, rows = {}, []
+    for mode in _modes():
+        for name in names:
+            domain = f"{mode}_{name}"
+            rows.append(
+                {"prompt": f"{domain}:", "answer": secret, "domain": domain, "program": name}
+            )
+            domains[domain] = {
+                "rewards": [{"name": "reward_hacks:program_from_row", "args": {"mode": mode}}],
+                "isolation": "thread",
+                "timeout_s": 60,
+            }
     data = tmp_path / "hacks.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if mode not in _modes():
-        pytest.skip(f"namespaces mode unavailable here: {namespaces_available()[1]}")
-    fn = {
-        "rewards": [{"name": "reward_hacks:program_from_row", "args": {"mode": mode}}],
-        "isolation": "thread",
-        "timeout_s": 60,
-    }
-    domains = json.dumps(dict.fromkeys(names, fn))
     result = roll(
         "train",
         "rlvr",
@@ -167,10 +170,10 @@ def test_cheats_score_zero_through_roll_train_rlvr(roll, tmp_path: Path, mode: s
         "checkpoint.every_steps=100",
         f"data.train.path={data}",
         f"data.eval.path={data}",
-        f"rollout.prompts_per_step={len(names)}",
+        f"rollout.prompts_per_step={len(rows)}",
         "rollout.n=2",
         "rollout.max_new_tokens=4",
-        f"reward.domains={domains}",
+        f"reward.domains={json.dumps(domains)}",
         f"runs_dir={tmp_path}",
         "--run-id",
         "hacks",
@@ -179,8 +182,10 @@ def test_cheats_score_zero_through_roll_train_rlvr(roll, tmp_path: Path, mode: s
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = (tmp_path / "hacks" / "metrics.jsonl").read_text().splitlines()
-    step = next(m for m in map(json.loads, lines) if "reward/honest/mean" in m)
-    assert step["reward/honest/mean"] == 1.0
-    for name in CHEATS:
-        assert step[f"reward/{name}/count"] >= 1.0, name
-        assert step[f"reward/{name}/mean"] == 0.0, name
+    key = f"reward/{_modes()[0]}_honest/mean"
+    step = next(m for m in map(json.loads, lines) if key in m)
+    for mode in _modes():
+        assert step[f"reward/{mode}_honest/mean"] == 1.0, mode
+        for name in CHEATS:
+            assert step[f"reward/{mode}_{name}/count"] >= 1.0, (mode, name)
+            assert step[f"reward/{mode}_{name}/mean"] == 0.0, (mode, name)
