@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from roll_core.convert.megatron_args import check_math_args, interpolation_factor
 from roll_core.errors import CheckpointError, UsageError
 
 
@@ -71,6 +72,11 @@ class ModelDims:
     shared_experts: bool = False
     """An MoE layer also has a shared expert, gated by ``sigmoid(x @ gate)`` (Qwen2-MoE)."""
     moe_shared_ffn_hidden_size: int = 0
+    rotary_interleaved: bool = False
+    """Megatron's interleaved RoPE (pairs ``(2i, 2i+1)``); mcore2hf reorders q/k rows for HF."""
+    rope_scaling_factor: float | None = None
+    """Linear RoPE scaling (positions divided by it): Megatron's
+    ``rotary_seq_len_interpolation_factor``, HF's ``rope_scaling`` of type ``linear``."""
 
 
 #: Megatron-LM argument -> ModelDims field (the plain renames; derived ones are in code below).
@@ -161,7 +167,7 @@ class KeyMap:
     ``kind`` names the rule that converts between them (see :mod:`roll_core.convert.tensors`):
     ``copy`` (one tensor, unchanged), ``qkv`` (q, k, v interleaved by query group),
     ``gate_up`` (gate and up stacked), ``vocab`` (one tensor, vocabulary padding added or
-    removed). ``tp`` names the tensor-parallel rule: ``replicated``, ``column``, ``row``,
+    removed), ``head`` (one per-head tensor, reordered for interleaved rotary). ``tp`` names the tensor-parallel rule: ``replicated``, ``column``, ``row``,
     ``gated_column`` or ``vocab``. ``when`` is a ModelDims flag that must be true for the
     parameter to exist (``qkv_bias``, ``qk_norm``, ``moe``, ``untied``; ``!moe``: false).
     ``per_expert``: one tensor per expert; the HF names hold ``{e}``, the global expert id.
@@ -198,8 +204,12 @@ LAYER_KEYS: tuple[KeyMap, ...] = (
         "column",
         when="qkv_bias",
     ),
-    KeyMap("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), when="qk_norm"),
-    KeyMap("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), when="qk_norm"),
+    KeyMap(
+        "self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), "head", when="qk_norm"
+    ),
+    KeyMap(
+        "self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), "head", when="qk_norm"
+    ),
     KeyMap("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",), tp="row"),
     # dense MLP (the pre-MLP norm is fused into linear_fc1 by Transformer Engine)
     KeyMap("mlp.linear_fc1.layer_norm_weight", ("post_attention_layernorm.weight",), when="!moe"),
@@ -476,14 +486,19 @@ def dims_from_args(args: Mapping[str, Any], *, vocab_size: int | None) -> ModelD
         for k, v in required.items()
         if a.get(k, ARG_DEFAULTS.get(k)) not in _allowed(v)
     ]
+    unsupported += check_math_args(a, moe)
+    factor = interpolation_factor(a)
+    if factor is not None and factor <= 0:
+        unsupported.append(f"rotary_seq_len_interpolation_factor={factor!r} (must be positive)")
     if unsupported:
         raise CheckpointError(
             "the checkpoint uses features the converter does not support: "
             + "; ".join(unsupported)
             + f". Supported architectures: {supported()}.",
-            hint="LayerNorm, learned positions, linear biases, rope scaling, virtual pipeline "
-            "stages, ungated shared experts, expert bias, grouped or sigmoid routing and models "
-            "that mix dense and MoE layers are not converted (docs/convert.md lists what is).",
+            hint="LayerNorm, learned positions, linear biases, Llama-3 rope scaling, virtual "
+            "pipeline stages, ungated shared experts, expert bias, grouped or sigmoid routing, "
+            "models that mix dense and MoE layers and the attention and activation variants "
+            "named above are not converted (docs/convert.md lists what is).",
         )
     values: dict[str, Any] = {dst: a.get(src) for src, dst in ARG_TO_DIMS.items()}
     heads = int(a["num_attention_heads"])
@@ -502,6 +517,8 @@ def dims_from_args(args: Mapping[str, Any], *, vocab_size: int | None) -> ModelD
             hint="Pass --hf-config with the model's config.json.",
         )
     values["vocab_size"] = int(vocab_size or a.get("vocab_size") or padded)
+    values["rotary_interleaved"] = bool(a.get("rotary_interleaved"))
+    values["rope_scaling_factor"] = factor
     if moe:
         values.update({dst: a.get(src) for src, dst in MOE_ARG_TO_DIMS.items()})
         values["moe"] = True
@@ -570,6 +587,8 @@ def args_from_dims(
         params_dtype=getattr(torch, dtype),
         bf16=dtype == "bfloat16",
         fp16=dtype == "float16",
+        rotary_interleaved=False,
+        rotary_seq_len_interpolation_factor=dims.rope_scaling_factor,
     )
     return args
 
@@ -589,14 +608,18 @@ def hf_config_from_dims(
 
     fields = {key: getattr(dims, attr) for key, attr in spec.hf_config.items()}
     ids = {k: v for k, v in (token_ids or {}).items() if v is not None}
+    scaling = _linear_scaling(dims)
     config = AutoConfig.for_model(
-        spec.model_type, **fields, **spec.hf_constants, **ids, dtype=dtype
-    )
+        spec.model_type, **fields, **spec.hf_constants, **ids, dtype=dtype,
+        **({"rope_scaling": dict(scaling)} if scaling else {}),
+    )  # fmt: skip
     out: dict[str, Any] = config.to_diff_dict()
     out["architectures"] = [spec.architecture]
     # transformers 5 keeps rope_theta inside rope_parameters; transformers 4 (and engines
     # built on it) read the top-level key.
     out["rope_theta"] = dims.rope_theta
+    if scaling:
+        out["rope_scaling"] = {"type": "linear", **scaling}
     out["torch_dtype"] = dtype
     # ... and the key names of transformers 4 where transformers 5 renamed them
     # (Qwen3-MoE's num_experts is num_local_experts in transformers 5's config.json)
@@ -604,6 +627,27 @@ def hf_config_from_dims(
         if alias in out:
             out[key] = out[alias]
     return out
+
+
+def _linear_scaling(dims: ModelDims) -> dict[str, Any]:
+    f = dims.rope_scaling_factor
+    return {"rope_type": "linear", "factor": f} if f else {}
+
+
+def _hf_rope_scaling(config: Mapping[str, Any]) -> float | None:
+    """The factor of linear rope scaling (None without scaling); other types are refused."""
+    scaling = config.get("rope_scaling") or (config.get("rope_parameters") or {})
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return None
+    factor = scaling.get("factor")
+    if kind == "linear" and isinstance(factor, (int, float)) and factor > 0:
+        return None if factor == 1 else float(factor)
+    raise UsageError(
+        f"the model uses rope scaling {scaling}; the converter supports plain RoPE and linear "
+        "scaling with a positive factor only.",
+        hint="docs/convert.md lists what is supported.",
+    )
 
 
 def _hf_rope_theta(config: Mapping[str, Any]) -> Any:
@@ -624,12 +668,7 @@ def _default_hf_config(model_type: str) -> Any:
 
 def dims_from_hf_config(spec: ArchSpec, config: Mapping[str, Any], padded_vocab: int) -> ModelDims:
     """ModelDims from a Hugging Face ``config.json`` (the inverse of :func:`hf_config_from_dims`)."""
-    scaling = config.get("rope_scaling") or (config.get("rope_parameters") or {})
-    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-        raise UsageError(
-            f"the model uses rope scaling ({scaling}); the converter supports plain RoPE only.",
-            hint="docs/convert.md lists what is supported.",
-        )
+    factor = _hf_rope_scaling(config)
     for key, value in spec.hf_constants.items():
         if key in config and config[key] != value:
             raise UsageError(
@@ -655,7 +694,7 @@ def dims_from_hf_config(spec: ArchSpec, config: Mapping[str, Any], padded_vocab:
             f"the model's config.json lacks {', '.join(missing)}.",
             hint="Pass a complete Hugging Face config (save it with save_pretrained).",
         )
-    return ModelDims(**values)
+    return ModelDims(**values, rope_scaling_factor=factor)
 
 
 def with_vocab(dims: ModelDims, vocab_size: int, padded: int) -> ModelDims:
@@ -702,7 +741,8 @@ def mcore_shape(name: str, dims: ModelDims) -> tuple[int, ...]:
     return shapes[name]
 
 
-#: ModelDims fields that describe the weights (compared between args and a given HF config).
+#: ModelDims fields that describe the weights and the positions (compared between args and a
+#: given HF config).
 SHAPE_FIELDS = (
     "num_layers",
     "hidden_size",
@@ -721,6 +761,8 @@ SHAPE_FIELDS = (
     "moe_norm_topk",
     "shared_experts",
     "moe_shared_ffn_hidden_size",
+    "rope_theta",
+    "rope_scaling_factor",
 )
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +47,7 @@ from roll_core.convert.megatron import (
     write_legacy,
     write_torch_dist,
 )
+from roll_core.convert.staging import check_dst, io_errors, publish, staging
 from roll_core.convert.tensors import (
     gate_up_from_mcore,
     gate_up_to_mcore,
@@ -56,6 +55,7 @@ from roll_core.convert.tensors import (
     padded_vocab_size,
     qkv_from_mcore,
     qkv_to_mcore,
+    rotary_halves_from_interleaved,
     unpad_vocab,
 )
 from roll_core.errors import CheckpointError, UsageError
@@ -91,11 +91,14 @@ class ConvertResult:
 def to_hf(key: KeyMap, t: torch.Tensor, dims: ModelDims) -> list[torch.Tensor]:
     """The HF tensors (in ``key.hf`` order) of global Megatron tensor ``t``."""
     if key.kind == "qkv":
-        return list(
-            qkv_from_mcore(
-                t, num_heads=dims.num_heads, num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim
-            )
+        q, k, v = qkv_from_mcore(
+            t, num_heads=dims.num_heads, num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim
         )
+        if dims.rotary_interleaved:
+            q, k = (rotary_halves_from_interleaved(x, head_dim=dims.head_dim) for x in (q, k))
+        return [q, k, v]
+    if key.kind == "head" and dims.rotary_interleaved:
+        return [rotary_halves_from_interleaved(t, head_dim=dims.head_dim)]
     if key.kind == "gate_up":
         return list(gate_up_from_mcore(t))
     if key.kind == "vocab":
@@ -154,36 +157,26 @@ def _label(key: KeyMap, layer: int | None, expert: int | None) -> str:
     return where + key.mcore + ("" if expert is None else f" expert {expert}")
 
 
-# -- output directory ------------------------------------------------------------------------
+# -- dtypes ----------------------------------------------------------------------------------
 
 
-def _check_dst(dst: Path, overwrite: bool) -> None:
-    if dst.exists() and not dst.is_dir():
-        raise UsageError(f"{dst} exists and is a file.", hint="Pass a directory for DST.")
-    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
-        raise UsageError(
-            f"{dst} is not empty.",
-            hint="Pass an empty or new directory, or --overwrite to replace its contents.",
-        )
-
-
-def _staging(dst: Path) -> Path:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-
-
-def _publish(tmp: Path, dst: Path) -> None:
-    if dst.exists():
-        shutil.rmtree(dst)
-    tmp.rename(dst)
-
-
-def _resolve_dtype(dtype: str, source: torch.dtype) -> torch.dtype:
+def _resolve_dtype(dtype: str) -> torch.dtype | None:
+    """The output dtype (None for ``auto``: every tensor keeps its own)."""
     if dtype not in DTYPES:
         raise UsageError(
             f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}.", hint="Pick one of those."
         )
-    return source if dtype == "auto" else getattr(torch, dtype)
+    return None if dtype == "auto" else getattr(torch, dtype)
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return t if dtype is None else t.to(dtype)
+
+
+def _dtypes_written(main: torch.dtype, seen: set[torch.dtype]) -> str:
+    """``bfloat16``, or ``bfloat16 (also float32)`` for a mixed-precision model."""
+    others = sorted(_dtype_name(d) for d in seen - {main})
+    return _dtype_name(main) + (f" (also {', '.join(others)})" if others else "")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -213,12 +206,26 @@ def mcore_to_hf(
     the real vocabulary size comes from ``vocab_size``, else ``hf_config``, else the args
     (``vocab_size``), else the padded size is kept (and a note says so).
     """
-    _check_dst(dst, overwrite)
-    reader = open_checkpoint(src)
+    out_dtype = _resolve_dtype(dtype)
+    if vocab_size is not None and vocab_size < 1:
+        raise UsageError(
+            f"--vocab-size {vocab_size} is not a vocabulary size.",
+            hint="Pass the tokenizer's vocabulary size (a positive number), or leave it out to "
+            "use the one in the checkpoint's args.",
+        )
+    check_dst(src, dst, overwrite)
+    with io_errors(f"reading {src}"):
+        reader = open_checkpoint(src)
     user_config = _read_json(hf_config) if hf_config is not None else None
     if vocab_size is None and user_config is not None:
         vocab_size = user_config.get("vocab_size")
     dims = dims_from_args(reader.args, vocab_size=vocab_size)
+    if dims.vocab_size > dims.padded_vocab_size:
+        raise UsageError(
+            f"vocabulary size {dims.vocab_size} is larger than the checkpoint's "
+            f"{dims.padded_vocab_size} embedding rows.",
+            hint="Pass the real vocabulary size with --vocab-size (at most the padded size).",
+        )
     name = arch or (user_config or {}).get("model_type")
     spec = get_arch(name) if name else detect_arch(dims)
     check_dims(spec, dims)
@@ -239,41 +246,35 @@ def mcore_to_hf(
             f"the real vocabulary size is unknown, so the padded size {dims.padded_vocab_size} was "
             "kept; pass --vocab-size or --hf-config to drop the padding."
         )
-    first = reader.read("embedding.word_embeddings.weight")
-    out_dtype = _resolve_dtype(dtype, first.dtype)
-    del first
-
     steps = plan(dims)
-    tmp = _staging(dst)
-    try:
+    with staging(dst) as tmp, io_errors(f"converting {src} into {dst}"):
+        main_dtype = out_dtype or reader.read("embedding.word_embeddings.weight").dtype
         writer = HFWriter(tmp, max_shard_bytes)
-        n_params = 0
+        n_params, seen = 0, set()
         for done, (key, layer, expert) in enumerate(steps, 1):
             t = reader.read(key.mcore, layer, expert)
             _check_shape(key, layer, expert, t, dims)
             for hf_name, ht in zip(hf_names(key, layer, expert), to_hf(key, t, dims), strict=True):
-                writer.add(hf_name, ht.to(out_dtype))
+                writer.add(hf_name, _cast(ht, out_dtype))
                 n_params += ht.numel()
+            seen.add(_cast(t, out_dtype).dtype)
             if progress is not None:
                 progress(done, len(steps), _label(key, layer, expert))
         files = writer.close()
         config = (
             dict(user_config)
             if user_config is not None
-            else hf_config_from_dims(spec, dims, _dtype_name(out_dtype), _token_ids(tokenizer))
+            else hf_config_from_dims(spec, dims, _dtype_name(main_dtype), _token_ids(tokenizer))
         )
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         files.append("config.json")
         if tokenizer is not None:
             files += copy_tokenizer(tokenizer, tmp)
-        _publish(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        publish(tmp, dst)
     return ConvertResult(
         dst, spec.name, reader.layout, reader.tp, reader.pp, dims.num_layers,
-        sum(len(k.hf) for k, _, _ in steps), n_params, _dtype_name(out_dtype), files, notes,
-        reader.ep,
+        sum(len(k.hf) for k, _, _ in steps), n_params, _dtypes_written(main_dtype, seen), files,
+        notes, reader.ep,
     )  # fmt: skip
 
 
@@ -378,7 +379,76 @@ def hf_to_mcore(
             "--tp, --pp, --ep and --make-vocab-size-divisible-by must be at least 1.",
             hint="Pass positive sizes.",
         )
-    _check_dst(dst, overwrite)
+    out_dtype = _resolve_dtype(dtype)
+    resolved = _hf_source(src)
+    check_dst(resolved, dst, overwrite)
+    with io_errors(f"reading {src}"):
+        reader = HFReader(resolved)
+    spec = get_arch(str(reader.config.get("model_type", "<missing model_type>")))
+    vocab = int(reader.config.get("vocab_size") or 0)
+    dims = dims_from_hf_config(
+        spec, reader.config, padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
+    )
+    check_dims(spec, dims)
+    _check_parallel(dims, tp, pp, ep)
+    steps = plan(dims)
+    with io_errors(f"reading {src}"):
+        main_dtype = out_dtype or reader.dtype_of("model.embed_tokens.weight")
+        params = [
+            ParamSpec(
+                k.mcore,
+                layer,
+                mcore_shape(k.mcore, dims),
+                e,
+                out_dtype or reader.dtype_of(hf_names(k, layer, e)[0]),
+            )  # fmt: skip
+            for k, layer, e in steps
+        ]
+    args = args_from_dims(
+        dims, tp=tp, pp=pp, transformer_impl=transformer_impl, dtype=_dtype_name(main_dtype),
+        divisible_by=make_vocab_size_divisible_by, ep=ep,
+    )  # fmt: skip
+    produce = _producer(reader, dims, {k.mcore: k for k, _, _ in steps})
+    done = 0
+
+    def on_tensor(label: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, len(params), label)
+
+    with staging(dst) as tmp, io_errors(f"converting {src} into {dst}"):
+        it_dir = tmp / "release"
+        extras = extra_states(dims, transformer_impl)
+        if fmt == "legacy":
+            write_legacy(
+                it_dir, params, produce, args=args, tp=tp, pp=pp, ep=ep,
+                transformer_impl=transformer_impl, tied=dims.tied_embeddings,
+                extra_states=extras, on_tensor=on_tensor,
+            )  # fmt: skip
+        else:
+            write_torch_dist(
+                it_dir, params, produce, args=args, dtype=main_dtype,
+                transformer_impl=transformer_impl, extra_states=extras, on_tensor=on_tensor,
+            )  # fmt: skip
+        write_latest(tmp)
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        publish(tmp, dst)
+    notes = []
+    if dims.padded_vocab_size != dims.vocab_size:
+        notes.append(
+            f"vocabulary padded from {dims.vocab_size} to {dims.padded_vocab_size} rows (zeros); "
+            "mcore2hf removes the padding again."
+        )
+    return ConvertResult(
+        dst, spec.name, fmt, tp, pp, dims.num_layers, len(params),
+        sum(int(torch.Size(p.shape).numel()) for p in params),
+        _dtypes_written(main_dtype, {p.dtype for p in params if p.dtype}), files, notes, ep,
+    )  # fmt: skip
+
+
+def _hf_source(src: Path) -> Path:
+    """The local directory of HF model ``src`` (``builtin:NAME`` materialised)."""
     from roll_core.models import resolve_model_path
 
     resolved = Path(resolve_model_path(str(src)))
@@ -388,23 +458,11 @@ def hf_to_mcore(
             hint="Pass a local Hugging Face model directory (convert does not download hub ids) "
             "or builtin:NAME.",
         )
-    reader = HFReader(resolved)
-    spec = get_arch(str(reader.config.get("model_type", "<missing model_type>")))
-    vocab = int(reader.config.get("vocab_size") or 0)
-    dims = dims_from_hf_config(
-        spec, reader.config, padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
-    )
-    check_dims(spec, dims)
-    _check_parallel(dims, tp, pp, ep)
-    out_dtype = _resolve_dtype(dtype, reader.dtype())
-    args = args_from_dims(
-        dims, tp=tp, pp=pp, transformer_impl=transformer_impl, dtype=_dtype_name(out_dtype),
-        divisible_by=make_vocab_size_divisible_by, ep=ep,
-    )  # fmt: skip
-    steps = plan(dims)
-    keys = {k.mcore: k for k, _, _ in steps}
-    params = [ParamSpec(k.mcore, layer, mcore_shape(k.mcore, dims), e) for k, layer, e in steps]
-    extras = extra_states(dims, transformer_impl)
+    return resolved
+
+
+def _producer(reader: HFReader, dims: ModelDims, keys: dict[str, KeyMap]) -> Any:
+    """``produce(name, layer, expert)``: the global Megatron tensor made of HF tensors."""
 
     def produce(name: str, layer: int | None, expert: int | None) -> torch.Tensor:
         key = keys[name]
@@ -416,49 +474,11 @@ def hf_to_mcore(
                 f"vocab_size {dims.vocab_size}.",
                 hint="The weights do not match config.json.",
             )
-        t = to_mcore(key, hf, dims).to(out_dtype)
+        t = to_mcore(key, hf, dims)
         _check_hf_shape(key, names, t, dims)
         return t
 
-    done = 0
-
-    def on_tensor(label: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, len(params), label)
-
-    tmp = _staging(dst)
-    try:
-        it_dir = tmp / "release"
-        if fmt == "legacy":
-            write_legacy(
-                it_dir, params, produce, args=args, tp=tp, pp=pp, ep=ep,
-                transformer_impl=transformer_impl, tied=dims.tied_embeddings,
-                extra_states=extras, on_tensor=on_tensor,
-            )  # fmt: skip
-        else:
-            write_torch_dist(
-                it_dir, params, produce, args=args, dtype=out_dtype,
-                transformer_impl=transformer_impl, extra_states=extras, on_tensor=on_tensor,
-            )  # fmt: skip
-        write_latest(tmp)
-        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-        _publish(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    notes = []
-    if dims.padded_vocab_size != dims.vocab_size:
-        notes.append(
-            f"vocabulary padded from {dims.vocab_size} to {dims.padded_vocab_size} rows (zeros); "
-            "mcore2hf removes the padding again."
-        )
-    return ConvertResult(
-        dst, spec.name, fmt, tp, pp, dims.num_layers, len(params),
-        sum(int(torch.Size(p.shape).numel()) for p in params), _dtype_name(out_dtype), files, notes,
-        ep,
-    )  # fmt: skip
+    return produce
 
 
 def _check_parallel(dims: ModelDims, tp: int, pp: int, ep: int) -> None:

@@ -37,6 +37,15 @@ TOKENIZER_FILES = (
 )
 
 
+#: safetensors header dtype codes of floating-point tensors.
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+
+
 class HFReader:
     """Tensors of a local Hugging Face model directory, read one at a time."""
 
@@ -112,6 +121,14 @@ class HFReader:
                 "download).",
             )
         return self._handle(f).get_tensor(name)
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        """The dtype of tensor ``name``, from the file header (the tensor is not read)."""
+        f = self.weight_map.get(name)
+        if f is None:
+            return self.get(name).dtype  # raises the "no tensor" error
+        code = self._handle(f).get_slice(name).get_dtype()
+        return _SAFETENSORS_DTYPES.get(code) or self.get(name).dtype
 
     def dtype(self) -> torch.dtype:
         """The dtype of the first floating-point tensor (the model's dtype)."""

@@ -59,6 +59,7 @@ from roll_core.convert.archs import (
     ExtraState,
 )
 from roll_core.convert.safe_load import load_pickle, load_torch_file, namespace_to_dict
+from roll_core.convert.staging import checkpoint_errors
 from roll_core.convert.tensors import merge_tp, split_tp
 from roll_core.errors import CheckpointError, UsageError
 
@@ -363,6 +364,23 @@ class _ChunkLoadPlanner(DefaultLoadPlanner):
         return self.chunks[index.fqn][1]
 
 
+def _read_metadata_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(
+            f"{path} is not valid JSON: {e}.",
+            hint="The checkpoint is damaged; copy the iteration directory again (it should read "
+            '{"sharded_backend": "torch_dist", ...}).',
+        ) from e
+    if not isinstance(data, dict):
+        raise CheckpointError(
+            f"{path} holds a JSON {type(data).__name__}, not an object.",
+            hint='The checkpoint is damaged; it should read {"sharded_backend": "torch_dist", ...}.',
+        )
+    return data
+
+
 class DistReader:
     """Reads a ``torch_dist`` checkpoint directory with ``torch.distributed.checkpoint``."""
 
@@ -381,13 +399,19 @@ class DistReader:
                 "the torch_dist checkpoint is incomplete; missing: " + ", ".join(missing) + ".",
                 hint="Copy the complete iteration directory.",
             )
-        backend = json.loads(meta_json.read_text()).get("sharded_backend")
+        backend = _read_metadata_json(meta_json).get("sharded_backend")
         if backend != "torch_dist":
             raise CheckpointError(
                 f"{meta_json} names sharded backend {backend!r}; only 'torch_dist' is supported.",
                 hint="Re-save the checkpoint with --ckpt-format torch_dist.",
             )
         self.metadata: Metadata = load_pickle(it_dir / ".metadata")
+        if not isinstance(self.metadata, Metadata):
+            raise CheckpointError(
+                f"{it_dir / '.metadata'} holds a {type(self.metadata).__name__}, not "
+                "torch.distributed.checkpoint metadata.",
+                hint="The checkpoint is damaged; copy the iteration directory again.",
+            )
         files = sorted({info.relative_path for info in (self.metadata.storage_data or {}).values()})
         absent = [str(it_dir / f) for f in files if not (it_dir / f).is_file()]
         if absent:
@@ -454,7 +478,8 @@ class DistReader:
         planner = _ChunkLoadPlanner({fqn: (offsets, out)})
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load({fqn: out}, storage_reader=self._reader, planner=planner, no_dist=True)
+            with checkpoint_errors(f"reading {fqn} from {self.dir}"):
+                dcp.load({fqn: out}, storage_reader=self._reader, planner=planner, no_dist=True)
         return out.reshape(md.size[len(index) :])
 
 
@@ -473,6 +498,8 @@ class ParamSpec:
     layer: int | None
     shape: tuple[int, ...]
     expert: int | None = None
+    dtype: torch.dtype | None = None
+    """The dtype to store it in (None: the writer's ``dtype``)."""
 
 
 def write_latest(root: Path, text: str = "release") -> None:
@@ -542,6 +569,7 @@ def write_legacy(
                     else:
                         continue
                     t = produce(p.name, p.layer, p.expert)
+                    t = t if p.dtype is None else t.to(p.dtype)
                     state[key] = split_tp(t, tp_rule(p.name), tp, name=key)[rank]
                     once = rank == tp - 1 and (p.expert is not None or e_rank == 0)
                     if once and on_tensor is not None:
@@ -549,6 +577,7 @@ def write_legacy(
                 if last and tied and pp > 1:
                     # Megatron keeps a copy of the tied embedding on the last stage.
                     emb = produce("embedding.word_embeddings.weight", None, None)
+                    emb = emb.to(next(p.dtype or emb.dtype for p in params if p.layer is None))
                     state["output_layer.weight"] = split_tp(emb, "vocab", tp)[rank]
                 for layer in layers:
                     local = layer - stage * per_stage
@@ -654,7 +683,7 @@ def write_torch_dist(
         stacked = (num_layers, num_experts)[: len(index)]
         offsets = index + (0,) * len(p.shape)
         chunk = (1,) * len(index) + p.shape
-        items.append(_tensor_item(fqn, offsets, chunk, (*stacked, *p.shape), dtype))
+        items.append(_tensor_item(fqn, offsets, chunk, (*stacked, *p.shape), p.dtype or dtype))
         sources[(fqn, offsets)] = p
     for layer in range(num_layers):
         for x in extra_states:
@@ -676,14 +705,14 @@ def write_torch_dist(
             return buf
         p = sources[(fqn, tuple(item.index.offset or ()))]
         index = [i for i in (p.layer, p.expert) if i is not None]
-        t = produce(p.name, p.layer, p.expert).to(dtype)
+        t = produce(p.name, p.layer, p.expert).to(p.dtype or dtype)
         if on_tensor is not None:
             on_tensor(fqn + "".join(f"[{i}]" for i in index))
         return t.reshape((1,) * len(index) + tuple(t.shape))
 
     it_dir.mkdir(parents=True, exist_ok=True)
     writer = FileSystemWriter(it_dir, single_file_per_rank=True, thread_count=1, sync_files=False)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), checkpoint_errors(f"writing {it_dir}"):
         warnings.simplefilter("ignore", UserWarning)
         dcp.save(
             {"_": torch.empty(0)},

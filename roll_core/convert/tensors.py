@@ -79,6 +79,21 @@ def qkv_from_mcore(
     )
 
 
+def rotary_halves_from_interleaved(t: torch.Tensor, *, head_dim: int) -> torch.Tensor:
+    """Reorder the rows of each ``head_dim`` block of ``t`` (q or k rows, their bias, a per-head
+    norm weight) from Megatron's interleaved rotary layout to HF's ``rotate_half`` one.
+
+    Megatron with ``rotary_interleaved`` rotates the pairs of dimensions ``(0, 1), (2, 3), ...``
+    of a head by frequencies ``0, 1, ...``; HF rotates ``(i, i + head_dim/2)`` by frequency ``i``.
+    Taking the even dimensions first and then the odd ones (``[0, 2, .., d-2, 1, 3, .., d-1]``)
+    moves pair ``(2i, 2i+1)`` to ``(i, i + d/2)``; q and k get the same order, so every
+    dot product ``q . k`` (the only use of the rotated dimensions) is unchanged.
+    """
+    order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+    heads = t.shape[0] // head_dim
+    return t.reshape(heads, head_dim, *t.shape[1:])[:, order].reshape(t.shape)
+
+
 def gate_up_to_mcore(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """HF ``gate_proj`` and ``up_proj`` -> global Megatron ``linear_fc1`` ``[gate; up]``."""
     return torch.cat([gate, up], dim=0)

@@ -105,6 +105,25 @@ ARCHS: dict[str, dict[str, Any]] = {
         "pre_softmax": True,
         "shared_ffn": 48,
     },
+    # RoPE variants HF has no direct flag for: Megatron's interleaved rotary pairs (mcore2hf
+    # reorders the q/k rows) and linear position interpolation (HF rope_scaling "linear")
+    "qwen3_rope": {
+        "add_qkv_bias": False,
+        "qk_layernorm": True,
+        "tied": False,
+        "kv_channels": 24,
+        "rotary_base": 10000,
+        "rotary_interleaved": True,
+        "interpolation": 4.0,
+    },
+    "qwen2_rope": {
+        "add_qkv_bias": True,
+        "qk_layernorm": False,
+        "tied": True,
+        "kv_channels": 16,
+        "rotary_base": 10000,
+        "rotary_interleaved": True,
+    },
 }
 EXPERTS = 4
 TOPK = 2
@@ -152,6 +171,8 @@ def megatron_args(arch: str, tp: int, pp: int, ep: int = 1) -> argparse.Namespac
         position_embedding_type="rope",
         rotary_base=a["rotary_base"],
         rotary_percent=1.0,
+        rotary_interleaved=a.get("rotary_interleaved", False),
+        rotary_seq_len_interpolation_factor=a.get("interpolation"),
         normalization="RMSNorm",
         norm_epsilon=1e-6,
         swiglu=True,
@@ -243,6 +264,7 @@ def build_model(arch: str) -> Any:
         params_dtype=torch.float32,
         pipeline_dtype=torch.float32,
         init_method_std=0.05,
+        rotary_interleaved=a.get("rotary_interleaved", False),
         **moe,
     )
     spec = get_gpt_layer_local_spec(
@@ -258,6 +280,7 @@ def build_model(arch: str) -> Any:
         share_embeddings_and_output_weights=a["tied"],
         position_embedding_type="rope",
         rotary_base=a["rotary_base"],
+        seq_len_interpolation_factor=a.get("interpolation"),
         parallel_output=False,
     )
     model.eval()

@@ -40,7 +40,9 @@ def test_cli_errors_are_one_paragraph_and_an_exit_code(roll, tmp_path: Path) -> 
     assert r.returncode == 2
     assert r.stderr.startswith("error:") and "Traceback" not in r.stderr
     assert "neither a legacy Megatron checkpoint" in r.stderr and "readme.txt" in r.stderr
-    r = roll("convert", "hf2mcore", str(tmp_path / "src"), str(tmp_path / "src"))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full/keep.txt").write_text("x")
+    r = roll("convert", "mcore2hf", str(tmp_path / "src"), str(tmp_path / "full"))
     assert r.returncode == 2
     assert "is not empty" in r.stderr and "--overwrite" in r.stderr
 
