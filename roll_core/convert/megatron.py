@@ -412,7 +412,10 @@ class DistReader:
                 "torch.distributed.checkpoint metadata.",
                 hint="The checkpoint is damaged; copy the iteration directory again.",
             )
-        files = sorted({info.relative_path for info in (self.metadata.storage_data or {}).values()})
+        self.files_of: dict[str, set[str]] = {}
+        for index, info in (self.metadata.storage_data or {}).items():
+            self.files_of.setdefault(index.fqn, set()).add(info.relative_path)
+        files = sorted(set().union(*self.files_of.values()))
         absent = [str(it_dir / f) for f in files if not (it_dir / f).is_file()]
         if absent:
             raise CheckpointError(
@@ -478,7 +481,8 @@ class DistReader:
         planner = _ChunkLoadPlanner({fqn: (offsets, out)})
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)
-            with checkpoint_errors(f"reading {fqn} from {self.dir}"):
+            where = ", ".join(sorted(self.files_of.get(fqn, ()))) or "no file"
+            with checkpoint_errors(f"reading {fqn} from {self.dir} ({where})"):
                 dcp.load({fqn: out}, storage_reader=self._reader, planner=planner, no_dist=True)
         return out.reshape(md.size[len(index) :])
 

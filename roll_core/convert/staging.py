@@ -5,8 +5,8 @@ renames it to DST when complete, so DST is either the old content or the whole n
 
 * DST may not be SRC, inside it or a parent of it (paths resolved, symlinks followed), so
   ``--overwrite`` can never delete the source; a DST whose parent is a file is a usage error.
-* The staging directory is created with mode ``0o777`` minus the umask (``tempfile.mkdtemp``
-  would make it ``0700``, unreadable by a serving account).
+* Everything written gets the mode the umask gives a new file or directory (``tempfile.mkdtemp``
+  would make DST ``0700`` and safetensors its files ``0600``, unreadable by a serving account).
 * SIGTERM (and SIGINT) raise :class:`Interrupted` inside the conversion, whose cleanup removes
   the staging directory; only SIGKILL can leave one, and the next conversion into the same
   parent directory removes staging directories whose process no longer runs.
@@ -35,7 +35,8 @@ _STAGING = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-[0-9a-f]+$")
 
 
 class Interrupted(RollError):
-    """The conversion was stopped by a signal; its staging directory was removed."""
+    """The conversion was stopped by a signal; its staging directory was removed (exit code
+    128 + the signal number: 143 for SIGTERM, 130 for SIGINT)."""
 
     exit_code = 130
 
@@ -107,11 +108,13 @@ def _mkdir(dst: Path, kind: str) -> Path:
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(
+    error = Interrupted(
         f"stopped by {signal.Signals(signum).name}; the partial output was removed and DST was "
         "left as it was.",
         hint="Run the conversion again.",
     )
+    error.exit_code = 128 + signum  # as a shell reports a process ended by the signal
+    raise error
 
 
 @contextmanager
@@ -137,9 +140,32 @@ def staging(dst: Path) -> Iterator[Path]:
             signal.signal(sig, handler)
 
 
+def _umask() -> int:
+    """The process's umask (read from /proc where there is one: setting it is not thread-safe)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _follow_umask(root: Path) -> None:
+    """Give everything under ``root`` the mode a new file or directory gets (some writers, e.g.
+    safetensors, create their files ``0600``)."""
+    mask = _umask()
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def publish(tmp: Path, dst: Path) -> None:
     """Move the finished ``tmp`` to DST; an old DST is moved aside first and removed after."""
     with io_errors(f"moving the new model into {dst}"):
+        _follow_umask(tmp)
         old = None
         if dst.exists():
             old = _mkdir(dst, "old")
@@ -185,11 +211,23 @@ def checkpoint_errors(action: str) -> Iterator[None]:
         cause = causes[0]
         if isinstance(cause, OSError):
             raise _os_error(action, cause) from None
-        text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+        text = _describe(cause)
         raise CheckpointError(
-            f"{action} failed: {type(cause).__name__}: {text}",
+            f"{action} failed: {text}.",
             hint="The torch_dist files are damaged or incomplete (a truncated or corrupt *.distcp "
             "file); copy the checkpoint again. Rerun with --debug for the traceback.",
-        ) from None
+        ) from e
     except OSError as e:
         raise _os_error(action, e) from e
+
+
+def _describe(cause: BaseException) -> str:
+    """A one-line cause (torch's unpickling messages advise weights_only=False: not shown)."""
+    import pickle
+
+    if isinstance(cause, EOFError):
+        return "the file ends early (truncated)"
+    if isinstance(cause, pickle.UnpicklingError):
+        return "the stored bytes do not decode as a tensor (corrupt)"
+    lines = str(cause).strip().splitlines()
+    return type(cause).__name__ + (f": {lines[0][:300]}" if lines else "")
