@@ -120,7 +120,9 @@ def test_hf_config_that_does_not_match_the_weights(
 # -- bad arguments and destinations ----------------------------------------------------------
 
 
-def test_bad_vocab_size_and_destinations(roll, dist_ckpt: Path, tmp_path: Path) -> None:
+def test_bad_vocab_size_and_destinations(
+    roll, dist_ckpt: Path, hf_models: dict[str, Path], tmp_path: Path
+) -> None:
     src = copy(dist_ckpt, tmp_path / "src")
     before = entries(src / "release")
     r = roll("convert", "mcore2hf", str(src), str(tmp_path / "o"), "--vocab-size", "-5")
@@ -140,8 +142,9 @@ def test_bad_vocab_size_and_destinations(roll, dist_ckpt: Path, tmp_path: Path) 
     for dst in (tmp_path, src / "release/hf", tmp_path / "link", tmp_path / "link/x"):
         with pytest.raises(UsageError, match=r"would overwrite its own input|symbolic link"):
             mcore_to_hf(src, dst, overwrite=True)
-    with pytest.raises(UsageError, match=r"contains SRC"):
-        hf_to_mcore(tmp_path / "link", tmp_path, overwrite=True)
+    (tmp_path / "hf-link").symlink_to(hf_models["qwen3"])
+    with pytest.raises(UsageError, match=r"is inside SRC"):
+        hf_to_mcore(tmp_path / "hf-link", hf_models["qwen3"] / "mcore", overwrite=True)
     assert entries(src / "release") == before
 
 
