@@ -323,3 +323,68 @@ def test_top1_with_renormalised_weights_has_no_megatron_form(
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises(UsageError, match=r"top-1 routing with renormalised weights"):
         hf_to_mcore(src, tmp_path / "out")
+
+
+# -- Megatron arguments that change the math -------------------------------------------------
+
+RMS_ROPE = {
+    "num_layers": 2,
+    "hidden_size": 8,
+    "num_attention_heads": 2,
+    "padded_vocab_size": 16,
+    "normalization": "RMSNorm",
+    "swiglu": True,
+    "position_embedding_type": "rope",
+    "add_bias_linear": False,
+}
+
+
+def test_megatron_args_that_change_the_math_are_mapped_or_named() -> None:
+    dims = dims_from_args(
+        {**RMS_ROPE, "rotary_interleaved": True, "rotary_seq_len_interpolation_factor": 8},
+        vocab_size=None,
+    )
+    assert (dims.rotary_interleaved, dims.rope_scaling_factor) == (True, 8.0)
+    assert (
+        dims_from_args(  # factor 1 is no scaling
+            {**RMS_ROPE, "rotary_seq_len_interpolation_factor": 1.0}, vocab_size=None
+        ).rope_scaling_factor
+        is None
+    )
+    bad = {
+        **RMS_ROPE,
+        "rotary_seq_len_interpolation_factor": -2,
+        "apply_residual_connection_post_layernorm": True,
+        "apply_layernorm_1p": True,
+        "window_size": (128, 0),
+        "multi_latent_attention": True,
+        "apply_query_key_layer_scaling": True,  # the same function: accepted
+    }
+    with pytest.raises(CheckpointError) as e:
+        dims_from_args(bad, vocab_size=None)
+    text = str(e.value)
+    for name in ("apply_residual_connection_post_layernorm=True", "apply_layernorm_1p=True",
+                 "window_size=(128, 0)", "multi_latent_attention=True",
+                 "rotary_seq_len_interpolation_factor=-2.0 (must be positive)"):  # fmt: skip
+        assert name in text, name
+    assert "apply_query_key_layer_scaling" not in text
+    moe = {**RMS_ROPE, "num_experts": 4, "moe_expert_capacity_factor": 1.0}
+    with pytest.raises(
+        CheckpointError, match=r"moe_expert_capacity_factor=1\.0 \(supported: None\)"
+    ):
+        dims_from_args(moe, vocab_size=None)
+
+
+def test_hf_rope_scaling_linear_is_read_others_refused(hf_models: dict[str, Path]) -> None:
+    from roll_core.convert.archs import dims_from_hf_config, get_arch
+
+    config = json.loads((hf_models["llama"] / "config.json").read_text())
+    spec = get_arch("llama")
+    linear = {
+        **config,
+        "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+    }
+    assert dims_from_hf_config(spec, linear, 256).rope_scaling_factor == 2.0
+    yarn = {**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    with pytest.raises(UsageError, match=r"rope scaling .*yarn.*plain RoPE and linear scaling"):
+        dims_from_hf_config(spec, yarn, 256)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from roll_core.convert import hf_to_mcore, mcore_to_hf, open_checkpoint
+from roll_core.errors import UsageError
 from tests.convert.test_megatron import TRUE_VOCAB, hf_logits, run_fixture
 
 pytest.importorskip("megatron.core", reason="megatron-core (dev extra) is not installed")
@@ -61,6 +62,9 @@ def test_interleaved_rotary_and_interpolation_match_megatron(
     (plain / "config.json").write_text(json.dumps(config))
     reference = torch.load(rope_ckpts / "qwen3_rope/logits.pt")[..., :TRUE_VOCAB]
     assert (hf_logits(plain) - reference).abs().max().item() > 1e-2
+    # ... so a --hf-config without it is refused, not used as is
+    with pytest.raises(UsageError, match=r"rope_scaling_factor: checkpoint 4\.0 vs config None"):
+        mcore_to_hf(rope_ckpts / "qwen3_rope/legacy", tmp_path / "x", hf_config=plain)
 
 
 def test_hf_linear_scaling_goes_back_as_the_interpolation_factor(

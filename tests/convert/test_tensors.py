@@ -13,6 +13,7 @@ from roll_core.convert.tensors import (
     padded_vocab_size,
     qkv_from_mcore,
     qkv_to_mcore,
+    rotary_halves_from_interleaved,
     split_tp,
     unpad_vocab,
 )
@@ -117,3 +118,37 @@ def test_vocab_padding() -> None:
     assert torch.equal(unpad_vocab(padded, 3), emb)
     with pytest.raises(CheckpointError, match="larger than the checkpoint's embedding"):
         unpad_vocab(emb, 4)
+
+
+def test_interleaved_rotary_rows_become_halves() -> None:
+    # 2 heads of head_dim 4: per head, even dimensions first, then odd ones:
+    # rows 0..3 -> 0, 2, 1, 3; rows 4..7 -> 4, 6, 5, 7
+    t = col(0, 1, 2, 3, 4, 5, 6, 7)
+    out = rotary_halves_from_interleaved(t, head_dim=4)
+    assert out.flatten().tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+    norm = torch.tensor([1.0, 2.0, 3.0, 4.0])  # a per-head q/k norm weight: one "head"
+    assert rotary_halves_from_interleaved(norm, head_dim=4).tolist() == [1.0, 3.0, 2.0, 4.0]
+
+
+def test_interleaved_rotary_scores_equal_rotate_half_scores() -> None:
+    # head_dim 4, frequencies f0, f1. Interleaved RoPE rotates pairs (0,1) by f0*pos, (2,3) by
+    # f1*pos; HF's rotate_half rotates (0,2) by f0*pos, (1,3) by f1*pos. After the reordering,
+    # q.k at positions (m, n) is the same.
+    def rot(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, angle: torch.Tensor) -> None:
+        xa, xb = x[a].clone(), x[b].clone()
+        x[a], x[b] = xa * angle.cos() - xb * angle.sin(), xb * angle.cos() + xa * angle.sin()
+
+    freqs = torch.tensor([1.0, 0.01])
+    q, k = torch.randn(4, generator=torch.Generator().manual_seed(0)), torch.randn(4)
+    m, n = 5.0, 2.0
+    mq, mk = q.clone(), k.clone()  # Megatron, interleaved
+    for i, f in enumerate(freqs):
+        rot(mq, torch.tensor(2 * i), torch.tensor(2 * i + 1), f * m)
+        rot(mk, torch.tensor(2 * i), torch.tensor(2 * i + 1), f * n)
+    hq = rotary_halves_from_interleaved(q, head_dim=4).clone()  # HF, halves
+    hk = rotary_halves_from_interleaved(k, head_dim=4).clone()
+    for i, f in enumerate(freqs):
+        rot(hq, torch.tensor(i), torch.tensor(i + 2), f * m)
+        rot(hk, torch.tensor(i), torch.tensor(i + 2), f * n)
+    assert torch.allclose(mq @ mk, hq @ hk, atol=1e-6)
+    assert not torch.allclose(mq @ mk, (q.clone() @ k), atol=1e-3)  # the rotation did act
