@@ -29,7 +29,8 @@ Overwrite = Annotated[
 Dtype = Annotated[
     str,
     typer.Option(
-        "--dtype", help="Output dtype: auto (keep the source's), float32, bfloat16, float16."
+        "--dtype",
+        help="Output dtype: auto (each tensor keeps its own), float32, bfloat16, float16.",
     ),
 ]
 
@@ -142,7 +143,10 @@ def mcore2hf(
     dtype: Dtype = "auto",
     vocab_size: Annotated[
         int | None,
-        typer.Option("--vocab-size", help="Real vocabulary size (padding rows are dropped)."),
+        typer.Option(
+            "--vocab-size",
+            help="Real vocabulary size, positive (the padding rows above it are dropped).",
+        ),
     ] = None,
     max_shard_size: Annotated[
         str, typer.Option("--max-shard-size", help="Largest safetensors file (bounds memory).")
