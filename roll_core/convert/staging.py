@@ -31,7 +31,7 @@ from types import FrameType
 
 from roll_core.errors import CheckpointError, RollError, UsageError
 
-_STAGING = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-[0-9a-f]+$")
+_STAGING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]+$")
 
 
 class Interrupted(RollError):
@@ -84,15 +84,23 @@ def _alive(pid: int) -> bool:
 
 
 def clean_stale(dst: Path) -> list[Path]:
-    """Remove staging directories of DST left by a killed conversion (its process is gone)."""
+    """Remove staging directories of DST left by a killed conversion (its process is gone).
+
+    An old DST moved aside (``.old-``) by a conversion killed before the new one was in place
+    is moved back instead, when DST does not exist.
+    """
     removed: list[Path] = []
     if not dst.parent.is_dir():
         return removed
-    for p in dst.parent.iterdir():
+    for p in sorted(dst.parent.iterdir()):
         m = _STAGING.match(p.name)
-        if m and m["name"] == dst.name and p.is_dir() and not _alive(int(m["pid"])):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
+        if not (m and m["name"] == dst.name and p.is_dir() and not _alive(int(m["pid"]))):
+            continue
+        if m["kind"] == "old" and not dst.exists():
+            p.rename(dst)
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
     return removed
 
 
@@ -107,7 +115,15 @@ def _mkdir(dst: Path, kind: str) -> Path:
             continue
 
 
+#: Signals received while :func:`publish` renames (they stop the process after it).
+_deferred: list[int] = []
+_publishing = False
+
+
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    if _publishing:
+        _deferred.append(signum)
+        return
     error = Interrupted(
         f"stopped by {signal.Signals(signum).name}; the partial output was removed and DST was "
         "left as it was.",
@@ -163,17 +179,36 @@ def _follow_umask(root: Path) -> None:
 
 
 def publish(tmp: Path, dst: Path) -> None:
-    """Move the finished ``tmp`` to DST; an old DST is moved aside first and removed after."""
+    """Move the finished ``tmp`` to DST; an old DST is moved aside first and removed after.
+
+    A SIGTERM/SIGINT during the renames is held until they are done, then reported (DST then
+    holds the new model).
+    """
+    global _publishing
     with io_errors(f"moving the new model into {dst}"):
         _follow_umask(tmp)
         old = None
-        if dst.exists():
-            old = _mkdir(dst, "old")
-            old.rmdir()
-            dst.rename(old)
-        tmp.rename(dst)
+        _publishing = True
+        try:
+            if dst.exists():
+                old = _mkdir(dst, "old")
+                old.rmdir()
+                dst.rename(old)
+            tmp.rename(dst)
+        finally:
+            _publishing = False
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+    if _deferred:
+        signum = _deferred.pop()
+        _deferred.clear()
+        error = Interrupted(
+            f"stopped by {signal.Signals(signum).name} after the conversion completed; {dst} "
+            "holds the new model.",
+            hint="Nothing to redo.",
+        )
+        error.exit_code = 128 + signum
+        raise error
 
 
 @contextmanager

@@ -151,6 +151,20 @@ def test_bad_vocab_size_and_destinations(
 # -- signals ---------------------------------------------------------------------------------
 
 
+def test_stale_staging_is_removed_and_a_moved_aside_dst_restored(tmp_path: Path) -> None:
+    from roll_core.convert.staging import clean_stale
+
+    dead = 2**22 + 1  # above Linux's largest pid (pid_max <= 2**22): no such process
+    (tmp_path / f".hf.tmp-{dead}-00ff").mkdir()  # a killed run's partial output
+    (tmp_path / f".hf.old-{dead}-0a0b").mkdir()  # killed between moving DST aside and renaming
+    (tmp_path / f".hf.old-{dead}-0a0b/config.json").write_text("old")
+    (tmp_path / f".hf.tmp-{os.getpid()}-0c0d").mkdir()  # a running conversion: kept
+    (tmp_path / f".other.tmp-{dead}-0e0f").mkdir()  # another DST's: kept
+    clean_stale(tmp_path / "hf")
+    assert entries(tmp_path) == [f".hf.tmp-{os.getpid()}-0c0d", f".other.tmp-{dead}-0e0f", "hf"]
+    assert (tmp_path / "hf/config.json").read_text() == "old"
+
+
 @pytest.fixture(scope="module")
 def deep_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 48-layer torch_dist checkpoint: mcore2hf reads it layer by layer for a few seconds."""
