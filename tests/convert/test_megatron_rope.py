@@ -67,6 +67,18 @@ def test_interleaved_rotary_and_interpolation_match_megatron(
         mcore_to_hf(rope_ckpts / "qwen3_rope/legacy", tmp_path / "x", hf_config=plain)
 
 
+def test_without_the_reordering_interleaved_logits_differ(
+    rope_ckpts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the check above can fail: keeping Megatron's interleaved row order moves the logits
+    import roll_core.convert.convert as convert
+
+    monkeypatch.setattr(convert, "rotary_halves_from_interleaved", lambda t, head_dim: t)
+    hf = mcore_to_hf(rope_ckpts / "qwen2_rope/legacy", tmp_path / "hf").dst
+    reference = torch.load(rope_ckpts / "qwen2_rope/logits.pt")[..., :TRUE_VOCAB]
+    assert (hf_logits(hf) - reference).abs().max().item() > 1e-2  # measured 0.06
+
+
 def test_hf_linear_scaling_goes_back_as_the_interpolation_factor(
     rope_ckpts: Path, tmp_path: Path
 ) -> None:
