@@ -219,25 +219,7 @@ def mcore_to_hf(
     user_config = _read_json(hf_config) if hf_config is not None else None
     if vocab_size is None and user_config is not None:
         vocab_size = user_config.get("vocab_size")
-    dims = dims_from_args(reader.args, vocab_size=vocab_size)
-    if dims.vocab_size > dims.padded_vocab_size:
-        raise UsageError(
-            f"vocabulary size {dims.vocab_size} is larger than the checkpoint's "
-            f"{dims.padded_vocab_size} embedding rows.",
-            hint="Pass the real vocabulary size with --vocab-size (at most the padded size).",
-        )
-    name = arch or (user_config or {}).get("model_type")
-    spec = get_arch(name) if name else detect_arch(dims)
-    check_dims(spec, dims)
-    if user_config is not None:
-        _check_same_shape(
-            dims, dims_from_hf_config(spec, user_config, dims.padded_vocab_size), hf_config
-        )
-    if reader.num_layers != dims.num_layers:
-        raise CheckpointError(
-            f"the checkpoint holds {reader.num_layers} layers; its args say {dims.num_layers}.",
-            hint="The checkpoint is incomplete or its args belong to another run.",
-        )
+    dims, spec = _checkpoint_dims(reader, vocab_size, arch, user_config, hf_config)
     notes = []
     if dims.vocab_size == dims.padded_vocab_size and not (
         vocab_size or reader.args.get("vocab_size")
@@ -276,6 +258,36 @@ def mcore_to_hf(
         sum(len(k.hf) for k, _, _ in steps), n_params, _dtypes_written(main_dtype, seen), files,
         notes, reader.ep,
     )  # fmt: skip
+
+
+def _checkpoint_dims(
+    reader: Any,
+    vocab_size: int | None,
+    arch: str | None,
+    user_config: dict[str, Any] | None,
+    hf_config: Path | None,
+) -> tuple[ModelDims, ArchSpec]:
+    """The checkpoint's shape and architecture, checked against its weights and --hf-config."""
+    dims = dims_from_args(reader.args, vocab_size=vocab_size)
+    if dims.vocab_size > dims.padded_vocab_size:
+        raise UsageError(
+            f"vocabulary size {dims.vocab_size} is larger than the checkpoint's "
+            f"{dims.padded_vocab_size} embedding rows.",
+            hint="Pass the real vocabulary size with --vocab-size (at most the padded size).",
+        )
+    name = arch or (user_config or {}).get("model_type")
+    spec = get_arch(name) if name else detect_arch(dims)
+    check_dims(spec, dims)
+    if user_config is not None:
+        _check_same_shape(
+            dims, dims_from_hf_config(spec, user_config, dims.padded_vocab_size), hf_config
+        )
+    if reader.num_layers != dims.num_layers:
+        raise CheckpointError(
+            f"the checkpoint holds {reader.num_layers} layers; its args say {dims.num_layers}.",
+            hint="The checkpoint is incomplete or its args belong to another run.",
+        )
+    return dims, spec
 
 
 def _token_ids(tokenizer: Path | None) -> dict[str, int | None]:
@@ -365,20 +377,7 @@ def hf_to_mcore(
     strict loader expects. The checkpoint is a ``release`` checkpoint (weights and args only):
     load it in Megatron-LM with ``--finetune`` or ``--no-load-optim --no-load-rng``.
     """
-    if fmt not in FORMATS:
-        raise UsageError(
-            f"--format {fmt!r} is not one of {', '.join(FORMATS)}.", hint="Pick one of those."
-        )
-    if transformer_impl not in TRANSFORMER_IMPLS:
-        raise UsageError(
-            f"--transformer-impl {transformer_impl!r} is not one of {', '.join(TRANSFORMER_IMPLS)}.",
-            hint="Pick the one the Megatron run uses (Megatron-LM's default is transformer_engine).",
-        )
-    if tp < 1 or pp < 1 or ep < 1 or make_vocab_size_divisible_by < 1:
-        raise UsageError(
-            "--tp, --pp, --ep and --make-vocab-size-divisible-by must be at least 1.",
-            hint="Pass positive sizes.",
-        )
+    _check_options(fmt, transformer_impl, (tp, pp, ep, make_vocab_size_divisible_by))
     out_dtype = _resolve_dtype(dtype)
     resolved = _hf_source(src)
     check_dst(resolved, dst, overwrite)
@@ -445,6 +444,23 @@ def hf_to_mcore(
         sum(int(torch.Size(p.shape).numel()) for p in params),
         _dtypes_written(main_dtype, {p.dtype for p in params if p.dtype}), files, notes, ep,
     )  # fmt: skip
+
+
+def _check_options(fmt: str, transformer_impl: str, sizes: tuple[int, ...]) -> None:
+    if fmt not in FORMATS:
+        raise UsageError(
+            f"--format {fmt!r} is not one of {', '.join(FORMATS)}.", hint="Pick one of those."
+        )
+    if transformer_impl not in TRANSFORMER_IMPLS:
+        raise UsageError(
+            f"--transformer-impl {transformer_impl!r} is not one of {', '.join(TRANSFORMER_IMPLS)}.",
+            hint="Pick the one the Megatron run uses (Megatron-LM's default is transformer_engine).",
+        )
+    if min(sizes) < 1:
+        raise UsageError(
+            "--tp, --pp, --ep and --make-vocab-size-divisible-by must be at least 1.",
+            hint="Pass positive sizes.",
+        )
 
 
 def _hf_source(src: Path) -> Path:
