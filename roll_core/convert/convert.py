@@ -269,9 +269,9 @@ def _checkpoint_dims(
 ) -> tuple[ModelDims, ArchSpec]:
     """The checkpoint's shape and architecture, checked against its weights and --hf-config."""
     dims = dims_from_args(reader.args, vocab_size=vocab_size)
-    if dims.vocab_size > dims.padded_vocab_size:
+    if not 0 < dims.vocab_size <= dims.padded_vocab_size:
         raise UsageError(
-            f"vocabulary size {dims.vocab_size} is larger than the checkpoint's "
+            f"vocabulary size {dims.vocab_size} does not fit the checkpoint's "
             f"{dims.padded_vocab_size} embedding rows.",
             hint="Pass the real vocabulary size with --vocab-size (at most the padded size).",
         )

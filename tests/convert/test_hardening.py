@@ -129,15 +129,18 @@ def test_bad_vocab_size_and_destinations(
     assert_clean_error(r, 2, "--vocab-size -5 is not a vocabulary size")
     r = roll("convert", "mcore2hf", str(src), str(src), "--overwrite")
     assert_clean_error(r, 2, "is SRC", "would overwrite its own input")
-    assert entries(src / "release") == before and entries(tmp_path) == ["src"]
+    assert entries(src / "release") == before and entries(tmp_path) == ["src"]  # nothing written
 
     with pytest.raises(UsageError, match=r"--vocab-size 0 is not a vocabulary size"):
         mcore_to_hf(src, tmp_path / "o", vocab_size=0)
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match=r"(?s)file is a file.*whose parent is a directory"):
         mcore_to_hf(src, tmp_path / "file/out")
-    with pytest.raises(UsageError, match=r"vocabulary size 300 is larger than .* 256"):
+    with pytest.raises(UsageError, match=r"vocabulary size 300 does not fit .* 256 embedding"):
         mcore_to_hf(src, tmp_path / "o", vocab_size=300)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": -5}))
+    with pytest.raises(UsageError, match=r"vocabulary size -5 does not fit"):  # via --hf-config
+        mcore_to_hf(src, tmp_path / "o", hf_config=tmp_path / "config.json")
     (tmp_path / "link").symlink_to(src)
     for dst in (tmp_path, src / "release/hf", tmp_path / "link", tmp_path / "link/x"):
         with pytest.raises(UsageError, match=r"would overwrite its own input|symbolic link"):
