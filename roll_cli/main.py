@@ -333,6 +333,13 @@ from roll_cli.debug_env import debug_env  # noqa: E402  (needs handle_errors and
 
 app.command("debug-env")(debug_env)
 
+from roll_cli.evaluate import eval_command, generate_command  # noqa: E402
+from roll_cli.report import report_command  # noqa: E402
+
+app.command("eval")(eval_command)
+app.command("generate")(generate_command)
+app.command("report")(report_command)
+
 
 @data_app.command("arith")
 @handle_errors

@@ -10,6 +10,7 @@ from roll_core.data.loader import StatefulLoader
 from roll_core.data.sft import (
     build_sft_dataset,
     collate_sft,
+    encode_chat_prompt,
     encode_messages,
     encode_prompt,
     encode_prompt_response,
@@ -24,6 +25,7 @@ __all__ = [
     "arith_row",
     "build_sft_dataset",
     "collate_sft",
+    "encode_chat_prompt",
     "encode_messages",
     "encode_prompt",
     "encode_prompt_response",

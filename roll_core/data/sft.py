@@ -47,6 +47,14 @@ def encode_prompt(
     return _render_ids(tokenizer, _prompt_messages(prompt, system), add_generation_prompt=True)
 
 
+def encode_chat_prompt(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]
+) -> list[int]:
+    """Token ids of a conversation so far, ending with the assistant generation header (the
+    input for the model's next turn, e.g. in `roll generate`'s chat mode)."""
+    return _render_ids(tokenizer, _check_messages(messages), add_generation_prompt=True)
+
+
 def encode_prompt_response(
     tokenizer: PreTrainedTokenizerBase,
     prompt: str,
