@@ -103,9 +103,6 @@ def _keys(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def write_report(runs: Sequence[Run], out_dir: Path) -> Report:
     """Plot `runs` (overlaid) into `out_dir`: one PNG per panel with data, and report.json."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
     records = {run.id: read_metrics(run.metrics_path) for run in runs}
     out_dir.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"runs": [r.id for r in runs], "panels": {}}
@@ -119,14 +116,14 @@ def write_report(runs: Sequence[Run], out_dir: Path) -> Report:
         if not plotted:
             continue
         path = out_dir / f"{panel.name}.png"
-        _line_figure(panel.title, plotted, path, several=len(runs) > 1)
+        _save(line_figure(panel.title, plotted, several=len(runs) > 1), path)
         data["panels"][panel.name] = {"file": path.name, "series": plotted}
         files.append(path)
     times = {rid: _time_split(recs) for rid, recs in records.items()}
     times = {rid: s for rid, s in times.items() if s}
     if times:
         path = out_dir / "time.png"
-        _time_figure(times, path)
+        _save(time_figure(times), path)
         data["panels"]["time"] = {"file": path.name, "series": times}
         files.append(path)
     atomic_write_text(out_dir / "report.json", json.dumps(data, indent=1) + "\n")
@@ -138,10 +135,27 @@ def _time_split(records: Sequence[dict[str, Any]]) -> dict[str, Series]:
     return {k: s for k in keys if (s := series_of(records, k))["step"]}
 
 
-def _line_figure(
-    title: str, plotted: dict[str, dict[str, Series]], path: Path, *, several: bool
-) -> None:
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only; no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    plt = _pyplot()
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def line_figure(title: str, plotted: dict[str, dict[str, Series]], *, several: bool) -> Any:
+    """An 800x450 px figure: one line per (run, key) of `plotted` against the step."""
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     for rid, by_key in plotted.items():
@@ -153,15 +167,13 @@ def _line_figure(
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
-def _time_figure(times: dict[str, dict[str, Series]], path: Path) -> None:
+def time_figure(times: dict[str, dict[str, Series]]) -> Any:
     """Stacked seconds per phase against the step; one subplot per run (steps where a phase
     was not logged count 0 for it)."""
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, axes = plt.subplots(
         len(times), 1, figsize=(8, 3.5 * len(times)), dpi=100, squeeze=False, sharex=True
@@ -177,9 +189,7 @@ def _time_figure(times: dict[str, dict[str, Series]], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper right")
     axes[-1, 0].set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
 def report_runs(
