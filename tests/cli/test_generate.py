@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 ROLL = str(Path(sys.executable).parent / "roll")
+QUIET = {"DS_ACCELERATOR": "cpu"}  # DeepSpeed's auto-detection warns on stdout (when imported)
 
 
 def test_one_prompt_and_a_chat(roll, cli_env, tmp_path: Path) -> None:
     args = ["generate", "builtin:tiny-qwen3", "--max-new-tokens", "6", "--temperature", "1.0"]
-    one = roll(*args, "What is 2 + 3?", "--seed", "3", cwd=tmp_path)
+    one = roll(*args, "What is 2 + 3?", "--seed", "3", cwd=tmp_path, env=QUIET)
     assert one.returncode == 0, one.stderr
     reply = one.stdout.removesuffix("\n")
     assert reply and one.stdout.endswith("\n")
@@ -30,7 +31,7 @@ def test_one_prompt_and_a_chat(roll, cli_env, tmp_path: Path) -> None:
     assert chat.returncode == 0, chat.stderr
     assert chat.stdout.startswith(reply + "\n")
     assert "(conversation cleared)" in chat.stderr
-    third = roll(*args, "What is 2 + 3?", "--seed", "5", cwd=tmp_path)
+    third = roll(*args, "What is 2 + 3?", "--seed", "5", cwd=tmp_path, env=QUIET)
     assert chat.stdout.endswith("\n" + third.stdout.removesuffix("\n") + "\n")
 
 
