@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.text import Text
 
 from roll_cli.convert import convert_app
 from roll_core import __version__
+from roll_core.tracking.terminal import make_console, print_table
 
 app = typer.Typer(
     name="roll",
@@ -33,8 +34,8 @@ train_app = typer.Typer(
 )
 app.add_typer(train_app, name="train")
 
-out = Console()
-err = Console(stderr=True)
+out = make_console()  # off a terminal: no wrapping, no cut cells (CI logs, `| tee`)
+err = make_console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,7 +65,7 @@ def handle_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from roll_core.errors import RollError
+        from roll_core.errors import Interrupted, RollError
 
         debug = bool(kwargs.get("debug")) or os.environ.get("ROLL_DEBUG") == "1"
         try:
@@ -72,58 +73,63 @@ def handle_errors(fn: F) -> F:
         except RollError as e:
             if debug:
                 traceback.print_exc()
-            err.print(f"[bold red]error:[/bold red] {e.message}", highlight=False, soft_wrap=True)
+            stopped = isinstance(e, Interrupted)  # the user asked for it: not an error
+            _say("stopped: " if stopped else "error: ", e.message, "yellow" if stopped else "red")
             if e.hint:
-                err.print(e.hint, highlight=False, soft_wrap=True)
+                _say("", e.hint)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
-            err.print("[yellow]interrupted[/yellow]")
+            _say("stopped", "", "yellow")
             raise typer.Exit(130) from None
         except Exception as e:  # a bug, not bad input
             if debug:
                 traceback.print_exc()
-            err.print(
-                f"[bold red]internal error:[/bold red] {type(e).__name__}: {e}\n"
-                "This is a bug in roll; rerun with --debug for the traceback and report it.",
-                highlight=False,
-                soft_wrap=True,
-            )
+            _say("internal error: ", f"{type(e).__name__}: {e}", "red")
+            _say("", "This is a bug in roll; rerun with --debug for the traceback and report it.")
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+def _say(label: str, message: str, style: str = "", *, console: Any = None) -> None:
+    """``label`` (styled) then ``message`` verbatim: no rich markup is read from it, so
+    ``pip install roll[wandb]`` keeps its brackets, and no line is wrapped off a terminal."""
+    text = Text(label, style=f"bold {style}".strip() if style else "") + Text(message)
+    (console or err).print(text, highlight=False, soft_wrap=True)
+
+
 def _print_plan(cfg: Any) -> None:
     from rich.syntax import Syntax
-    from rich.table import Table
 
     from roll_core.config import dump_config
-    from roll_core.models import model_summary
     from roll_core.pipelines import plan
+    from roll_core.tracking.terminal import is_live
 
-    out.print(Syntax(dump_config(cfg), "yaml", theme="ansi_dark", background_color="default"))
-    table = Table(title="resource plan", title_justify="left")
-    for col in ("role", "worker", "backend", "world_size", "device", "executor", "detail"):
-        table.add_column(col)
-    for row in plan(cfg):
-        table.add_row(
-            row.role,
-            row.worker,
-            row.backend,
-            str(row.world_size),
-            row.device,
-            row.executor,
-            row.detail,
-        )
-    out.print(table)
+    if is_live(out):
+        out.print(Syntax(dump_config(cfg), "yaml", theme="ansi_dark", background_color="default"))
+    else:
+        out.print(dump_config(cfg).rstrip("\n"), markup=False, highlight=False)
+    columns = ("role", "worker", "backend", "world_size", "device", "executor", "detail")
+    rows = [
+        (r.role, r.worker, r.backend, str(r.world_size), r.device, r.executor, r.detail)
+        for r in plan(cfg)
+    ]
+    print_table(out, "resource plan", columns, rows)
+    _print_model_checks(cfg)
+    out.print("[green]recipe is valid[/green] (dry run: no model loaded, nothing written)")
+
+
+def _print_model_checks(cfg: Any) -> None:
+    """The model's size, and warnings the run would hit (a context shorter than max_length)."""
     from roll_core.errors import ModelError
+    from roll_core.models import model_summary
 
     try:
         summary = model_summary(cfg.model.path)
-        out.print("model: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
     except ModelError as e:  # e.g. a warm start that an earlier command will create
-        err.print(f"[yellow]warning:[/yellow] {e.message} A run needs it to exist.")
-    out.print("[green]recipe is valid[/green] (dry run: no model loaded, nothing written)")
+        _say("warning: ", f"{e.message} A run needs it to exist.", "yellow")
+        return
+    out.print("model: " + ", ".join(f"{k}={v}" for k, v in summary.items()), markup=False)
 
 
 def _run_training(
@@ -141,12 +147,11 @@ def _run_training(
 
 
 def _report(result: Any) -> None:
-    shown = {k: v for k, v in result.metrics.items() if k.startswith(("eval/", "train/loss"))}
-    out.print(
-        f"[green]run {result.run.id} finished[/green]: "
-        + "  ".join(f"{k} {v:.4g}" for k, v in shown.items() if isinstance(v, float))
-    )
-    out.print(f"run directory: {result.run.dir}")
+    from roll_core.tracking.console import format_metrics, summary_metrics
+
+    shown = format_metrics(summary_metrics(result.metrics))
+    _say(f"run {result.run.id} finished", f": {shown}" if shown else "", "green", console=out)
+    _say("", f"run directory: {result.run.dir}", console=out)
 
 
 @app.command()
@@ -247,38 +252,28 @@ def runs(
     """List runs: id, recipe, status, step, key metric, age."""
     import time
 
-    from rich.table import Table
-
     from roll_core.runs import list_runs
+    from roll_core.tracking.console import key_metric
 
-    table = Table(title=f"runs in {runs_dir}", title_justify="left")
-    for col in ("id", "pipeline", "recipe", "status", "step", "key metric", "age"):
-        table.add_column(col)
+    rows = []
     for run in list_runs(runs_dir)[:limit]:
         meta = run.meta()
-        metrics = meta.get("metrics") or {}
-        key = next(
+        rows.append(
             (
-                f"{k} {metrics[k]:.4g}"
-                for k in ("eval/exact_match", "eval/loss", "train/loss")
-                if k in metrics
-            ),
-            "",
+                run.id,
+                meta.get("pipeline", "?"),
+                str(meta.get("recipe") or ""),
+                meta.get("status", "?"),
+                f"{meta.get('step', 0)}/{_max_steps(run)}",
+                key_metric(meta.get("metrics") or {}),
+                _age(time.time() - meta.get("created", time.time())),
+            )
         )
-        step = f"{meta.get('step', 0)}/{_max_steps(run)}"
-        table.add_row(
-            run.id,
-            meta.get("pipeline", "?"),
-            str(meta.get("recipe") or ""),
-            meta.get("status", "?"),
-            step,
-            key,
-            _age(time.time() - meta.get("created", time.time())),
-        )
-    if table.row_count == 0:
-        out.print(f"no runs in {runs_dir}")
+    if not rows:
+        out.print(f"no runs in {runs_dir}", markup=False)
     else:
-        out.print(table)
+        columns = ("id", "pipeline", "recipe", "status", "step", "key metric", "age")
+        print_table(out, f"runs in {runs_dir}", columns, rows)
 
 
 def _max_steps(run: Any) -> str:
@@ -301,23 +296,22 @@ def _age(seconds: float) -> str:
 @handle_errors
 def models(debug: Debug = False) -> None:
     """List the built-in tiny models (use them as `model.path: builtin:NAME`)."""
-    from rich.table import Table
-
     from roll_core.models import BUILTIN_MODELS, model_summary
 
-    table = Table(title="built-in models", title_justify="left")
-    for col in ("name", "params", "layers", "hidden", "description"):
-        table.add_column(col)
+    rows = []
     for name, spec in BUILTIN_MODELS.items():
         s = model_summary(f"builtin:{name}")
-        table.add_row(
-            f"builtin:{name}",
-            f"{s.get('approx_params', 0):,}",
-            str(s.get("num_layers")),
-            str(s.get("hidden_size")),
-            spec.description,
+        rows.append(
+            (
+                f"builtin:{name}",
+                f"{s.get('approx_params', 0):,}",
+                str(s.get("num_layers")),
+                str(s.get("hidden_size")),
+                spec.description,
+            )
         )
-    out.print(table)
+    columns = ("name", "params", "layers", "hidden", "description")
+    print_table(out, "built-in models", columns, rows)
 
 
 @app.command()
@@ -392,17 +386,10 @@ def _root(
     """RL post-training of LLMs from one CLI."""
 
 
-def _quiet_libraries() -> None:
-    """Progress bars of datasets/transformers/hub are noise in a training log."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 def main() -> None:
-    _quiet_libraries()
+    from roll_core.tracking.quiet import quiet_third_party
+
+    quiet_third_party(debug="--debug" in sys.argv[1:] or os.environ.get("ROLL_DEBUG") == "1")
     app()
 
 

@@ -49,6 +49,13 @@ class CheckpointError(RollError):
     exit_code = 1
 
 
+class Interrupted(RollError):
+    """The user stopped a command (Ctrl-C / SIGTERM): not a failure. The CLI prints it as
+    ``stopped: ...`` (never ``error:``) and exits with 130."""
+
+    exit_code = 130
+
+
 class RunDirError(RollError):
     """A run directory that cannot be created or written."""
 

@@ -335,6 +335,12 @@ class TrackingConfig(Strict):
         "no network), wandb (when installed).",
     )
     project: str = Field(default="roll", description="Project name for SwanLab / W&B.")
+    time_split_every: int | None = Field(
+        default=10,
+        ge=1,
+        description="RL pipelines: print a line with the step's time split (rollout, "
+        "log-probs, train, sync) on the console every N steps; null: never.",
+    )
 
 
 class SFTConfig(Strict):

@@ -13,7 +13,11 @@ never loads weights, for ``--dry-run``.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import socket
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -79,8 +83,8 @@ def load_causal_lm(
 
     resolved = resolve_model_path(name_or_path)
 
-    def from_pretrained(path: str) -> PreTrainedModel:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    def from_pretrained(path: str, **kwargs: Any) -> PreTrainedModel:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
 
     model = _load("model", name_or_path, resolved, from_pretrained)
     return model.to(device)  # type: ignore[arg-type]
@@ -154,13 +158,49 @@ def _local_model_dir(name_or_path: str) -> Path:
     return path.resolve()
 
 
-def _load(what: str, name_or_path: str, resolved: str, loader: Callable[[str], _T]) -> _T:
+def _load(what: str, name_or_path: str, resolved: str, loader: Callable[..., _T]) -> _T:
     from huggingface_hub.errors import EntryNotFoundError
 
+    kwargs: dict[str, Any] = {}
+    if not Path(resolved).is_dir() and not _hub_offline():
+        host = hub_unreachable()
+        if host is not None:  # one try, not a minute of retries inside from_pretrained
+            if not _cached_hub_config(resolved):
+                raise ModelError(
+                    f"could not load the {what} of '{name_or_path}': the Hugging Face hub "
+                    f"({host}) cannot be reached and the model is not in the local cache.",
+                    hint="Check your network (or HF_ENDPOINT), download the model where the hub "
+                    "is reachable, or use a local model directory or a built-in model: "
+                    f"{_builtin_names()}.",
+                )
+            kwargs["local_files_only"] = True  # cached: use it without asking the hub
     try:
-        return loader(resolved)
+        return loader(resolved, **kwargs)
     except (OSError, ValueError, EntryNotFoundError) as err:
         raise _load_error(what, name_or_path, resolved, err) from err
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+@functools.cache
+def hub_unreachable() -> str | None:
+    """The hub's host when one TCP connection to it fails (within `HUB_PROBE_TIMEOUT_S`),
+    else None. Asked once per process, so an offline machine fails in seconds instead of
+    going through huggingface_hub's retries for every file of every model."""
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    parsed = urllib.parse.urlparse(endpoint)
+    host = parsed.hostname or "huggingface.co"
+    port = parsed.port or (80 if parsed.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except OSError:
+        return f"{host}:{port}"
+    return None
 
 
 def _load_error(what: str, name_or_path: str, resolved: str, err: Exception) -> ModelError:

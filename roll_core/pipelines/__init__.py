@@ -16,6 +16,8 @@ from roll_core.config.loader import apply_overrides, dump_config, read_yaml, sch
 from roll_core.pipelines import agentic, distill, dpo, rlvr, sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
 from roll_core.runs import Run
+from roll_core.tracking.progress import phase
+from roll_core.tracking.terminal import make_console
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,15 @@ def _execute(
     return RunResult(run=run, metrics=metrics)
 
 
+def _prepare(cfg: Any) -> Any:
+    """The pipeline's `prepare` (tokenizer, data, checks), shown as a phase on the console."""
+    with phase(make_console(stderr=True), "loading tokenizer and data"):
+        return PIPELINES[cfg.pipeline].prepare(cfg)
+
+
 def launch(cfg: Any, *, recipe: str | None, run_id: str | None = None) -> RunResult:
     """Create a run directory for `cfg` and run its pipeline."""
-    setup = PIPELINES[cfg.pipeline].prepare(cfg)
+    setup = _prepare(cfg)
     run = Run.create(
         cfg.runs_dir,
         config_yaml=dump_config(cfg),
@@ -131,7 +139,7 @@ def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = N
     """
     run = Run.open(runs_dir, run_id)
     cfg = load_run_config(run, list(overrides or []))
-    setup = PIPELINES[cfg.pipeline].prepare(cfg)
+    setup = _prepare(cfg)
     new_config = dump_config(cfg) if overrides else None
     return _execute(cfg, setup, run, resume=True, new_config=new_config)
 

@@ -21,6 +21,7 @@ Roles, weight sync, the update and the RL maths are those of `roll train rlvr`
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,9 +267,14 @@ class _RandomActor:
 
 
 def warm_start(
-    cfg: AgenticConfig, setup: AgenticSetup, clusters: dict[str, Cluster], specs: list[EnvSpec]
+    cfg: AgenticConfig,
+    setup: AgenticSetup,
+    clusters: dict[str, Cluster],
+    specs: list[EnvSpec],
+    advance: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
-    """SFT on random valid actions (the action format, not the task); returns its metrics."""
+    """SFT on random valid actions (the action format, not the task); returns its metrics.
+    ``advance`` is called after each step (progress)."""
     w = cfg.warm_start
     actor = clusters["actor_train"]
     losses = []
@@ -289,6 +295,7 @@ def warm_start(
         )
         out = actor.run_dp("train_step", batch)
         losses.append(sum(o["train/loss_sum"] for o in out) / max(1, int(resp.sum())))
+        advance()
     return {"warm_start/steps": float(w.steps), "warm_start/loss_last": losses[-1]}
 
 
@@ -300,7 +307,8 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
     )
     manager: EnvRolloutManager | None = None
     try:
-        clusters = rlvr.make_clusters(cfg, setup, executor)  # type: ignore[arg-type]
+        with loop.phase("loading models"):
+            clusters = rlvr.make_clusters(cfg, setup, executor)  # type: ignore[arg-type]
         manager = EnvRolloutManager(
             infer=clusters["actor_infer"],
             tokenizer=setup.tokenizer,
@@ -326,12 +334,14 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         evaluate = cfg.eval.every_steps and any(e.eval_episodes for e in cfg.envs)
         if start == 0 and cfg.warm_start.steps:
             if evaluate and cfg.warm_start.eval_before:
-                before = validate(cfg, manager, specs)
+                with loop.phase("evaluating"):
+                    before = validate(cfg, manager, specs)
                 loop.log_extra(
                     0, {k.replace("eval/", "eval_before_warm_start/"): v for k, v in before.items()}
                 )
             t = time.perf_counter()
-            metrics = warm_start(cfg, setup, clusters, specs)
+            with loop.phase("warm start (SFT on random valid actions)", cfg.warm_start.steps) as p:
+                metrics = warm_start(cfg, setup, clusters, specs, advance=p.advance)
             metrics["warm_start/seconds"] = time.perf_counter() - t
             loop.console_note(
                 f"warm start: {cfg.warm_start.steps} SFT steps on random valid actions, "
@@ -340,7 +350,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
             loop.log_extra(0, metrics)
         _sync(clusters, manager, start)
         if evaluate and start == 0:
-            loop.log_extra(0, validate(cfg, manager, specs))
+            loop.log_eval(0, lambda: validate(cfg, mgr, specs))
         for step in loop.steps(start, cfg.trainer.max_steps):
             metrics = _train_step(cfg, setup, clusters, manager, rl_state)
             metrics |= _sync(clusters, manager, step)

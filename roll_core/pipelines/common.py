@@ -20,18 +20,19 @@ from typing import Any
 
 from rich.console import Console
 
-from roll_core.errors import CheckpointError, RollError, UsageError
+from roll_core.errors import CheckpointError, Interrupted, UsageError
 from roll_core.runs import CheckpointManager, Run, atomic_write_text
 from roll_core.tracking import build_tracking
+from roll_core.tracking.console import summary_metrics
 from roll_core.tracking.jsonl import truncate_after
+from roll_core.tracking.progress import Phase, phase
+from roll_core.tracking.terminal import make_console
 
 TRAINER_STATE = "trainer_state.json"
 
 
-class RunInterrupted(RollError):
+class RunInterrupted(Interrupted):
     """The user stopped the run (Ctrl-C / SIGTERM); it can be resumed."""
-
-    exit_code = 130
 
 
 @dataclass
@@ -110,7 +111,7 @@ class DriverLoop:
         self.started = False
         self.run = run
         self.resume = resume
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.ckpts = CheckpointManager(run.checkpoints_dir, keep_last=cfg.checkpoint.keep_last)
         self.tracking: Any = None
         self._save_state: Callable[[Path], dict[str, Any]] | None = None
@@ -118,10 +119,25 @@ class DriverLoop:
         self._last_saved = -1
         self._last_evaluated = -1
         self.last_metrics: dict[str, float] = {}
+        self._summary: dict[str, float] = dict(run.meta().get("metrics") or {}) if resume else {}
         self._old_handlers: dict[int, Any] = {}
 
     def console_note(self, message: str) -> None:
-        self.console.print(f"[dim]{message}[/dim]")
+        self.console.print(message, style="dim", markup=False, highlight=False, soft_wrap=True)
+
+    def phase(
+        self, label: str, total: int | None = None, *, brief: bool = False
+    ) -> contextlib.AbstractContextManager[Phase]:
+        """``with loop.phase("loading models"):`` shows a phase that is not a training step
+        (``brief``: a recurring one, summarised only when it took a second or more)."""
+        live = self.tracking.live_progress() if self.tracking is not None else None
+        return phase(self.console, label, total=total, progress=live, brief=brief)
+
+    def log_eval(self, step: int, evaluate: Callable[[], dict[str, float]]) -> None:
+        """Run an evaluation outside a training step (e.g. before step 1) and log it."""
+        with self.phase("evaluating"):
+            metrics = evaluate()
+        self.log_extra(step, metrics)
 
     # ---- start / resume ----------------------------------------------------------------------
     def begin(
@@ -170,6 +186,7 @@ class DriverLoop:
             config=self.cfg.model_dump(mode="json"),
             total_steps=self.cfg.trainer.max_steps,
             start_step=start,
+            time_split_every=self.cfg.tracking.time_split_every,
             console=self.console,
         )
         self.started = True
@@ -225,7 +242,8 @@ class DriverLoop:
     ) -> None:
         """Evaluate, log and checkpoint as the schedule says for a finished step."""
         if evaluate is not None and self._due(step, self.cfg.eval.every_steps):
-            metrics = {**metrics, **evaluate(step)}
+            with self.phase("evaluating", brief=True):
+                metrics = {**metrics, **evaluate(step)}
             self._last_evaluated = step
         self.last_metrics = metrics
         if (
@@ -234,10 +252,10 @@ class DriverLoop:
             or any(k.startswith("eval/") for k in metrics)
         ):
             self.tracking.log(step, metrics)
-        key = {
-            k: v for k, v in metrics.items() if k in ("train/loss", "eval/loss", "eval/exact_match")
-        }
-        self.run.update_meta(step=step, metrics=key)
+        else:
+            self.tracking.tick(step)
+        self._summary.update(summary_metrics(metrics))  # `roll runs` shows the best of them
+        self.run.update_meta(step=step, metrics=self._summary)
         if self._due(step, self.cfg.checkpoint.every_steps):
             self.save(step)
 

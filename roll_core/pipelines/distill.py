@@ -224,8 +224,9 @@ def run(cfg: DistillConfig, setup: DistillSetup, loop: DriverLoop) -> dict[str, 
         ),
     )
     try:
-        info = actor.run("setup")[0]
-        tinfo = teacher.run("setup")[0]
+        with loop.phase("loading models (actor_train, teacher)"):
+            info = actor.run("setup")[0]
+            tinfo = teacher.run("setup")[0]
         loop.console_note(
             f"actor_train (student): {info['params']:,} parameters ({info['trainable']:,} "
             f"trained) on {info['device']}; teacher: {tinfo['params']:,} parameters"
@@ -260,7 +261,7 @@ def run(cfg: DistillConfig, setup: DistillSetup, loop: DriverLoop) -> dict[str, 
 
         start = loop.begin(save_state=save_state, load_state=load_state)
         if data.eval and not loop.resume:  # the starting point of every eval curve
-            loop.log_extra(0, evaluate(0))
+            loop.log_eval(0, lambda: evaluate(0))
         pad_id = tokenizer.pad_token_id
         for step in loop.steps(start, cfg.trainer.max_steps):
             t0 = time.perf_counter()

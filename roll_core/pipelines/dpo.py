@@ -323,12 +323,14 @@ def run(cfg: DPOConfig, setup: DPOSetup, loop: DriverLoop) -> dict[str, float]:
         },
     )
     try:
-        info = actor.run("setup")[0]
+        with loop.phase("loading model (actor_train)"):
+            info = actor.run("setup")[0]
         loop.console_note(
             f"actor_train: {info['params']:,} parameters ({info['trainable']:,} trained) "
             f"on {info['device']}"
         )
-        ref = reference_log_probs(cfg, setup, executor, actor, loop)
+        with loop.phase("reference log-probs"):
+            ref = reference_log_probs(cfg, setup, executor, actor, loop)
         params = dict(
             loss_type=cfg.dpo.loss,
             beta=cfg.dpo.beta,
@@ -368,7 +370,7 @@ def run(cfg: DPOConfig, setup: DPOSetup, loop: DriverLoop) -> dict[str, float]:
 
         start = loop.begin(save_state=save_state, load_state=load_state)
         if data.eval and not loop.resume:  # the starting point of every eval curve
-            loop.log_extra(0, evaluate(0))
+            loop.log_eval(0, lambda: evaluate(0))
         for step in loop.steps(start, cfg.trainer.max_steps):
             t0 = time.perf_counter()
             indices = next(loader)

@@ -393,7 +393,8 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
     )
     scheduler = None
     try:
-        clusters = make_clusters(cfg, setup, executor)
+        with loop.phase("loading models"):
+            clusters = make_clusters(cfg, setup, executor)
         scheduler = _make_scheduler(cfg, clusters, stream, rewards, params)
         rl_state = RLState(cfg.algorithm)
 
@@ -428,7 +429,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         start = loop.begin(save_state=save_state, load_state=load_state)
         sync_weights(clusters, version=start)
         if cfg.eval.every_steps and setup.eval and start == 0:
-            loop.log_extra(0, validate(cfg, setup, clusters, rewards))
+            loop.log_eval(0, lambda: validate(cfg, setup, clusters, rewards))
         for step in loop.steps(start, cfg.trainer.max_steps):
             metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state)
             metrics |= rewards.step_metrics()

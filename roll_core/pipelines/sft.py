@@ -196,7 +196,8 @@ def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
         },
     )
     try:
-        info = actor.run("setup")[0]
+        with loop.phase("loading model (actor_train)"):
+            info = actor.run("setup")[0]
         loop.console_note(f"actor_train: {info['params']:,} parameters on {info['device']}")
 
         save_state, load_state = actor_loader_state(

@@ -51,7 +51,12 @@ ALWAYS_ON = "jsonl"
 
 
 def _console(spec: TrackerSpec) -> Tracker:
-    return ConsoleTracker(spec.total_steps, start_step=spec.start_step, console=spec.console)
+    return ConsoleTracker(
+        spec.total_steps,
+        start_step=spec.start_step,
+        console=spec.console,
+        time_split_every=spec.time_split_every,
+    )
 
 
 def _jsonl(spec: TrackerSpec) -> Tracker:
@@ -104,6 +109,7 @@ def build_tracking(
     config: dict[str, Any],
     total_steps: int,
     start_step: int = 0,
+    time_split_every: int | None = None,
     console: Console | None = None,
 ) -> Tracking:
     """Open every tracker of a run; on resume (``start_step > 0``) cut metrics.jsonl back first.
@@ -123,6 +129,7 @@ def build_tracking(
         config=config,
         total_steps=total_steps,
         start_step=start_step,
+        time_split_every=time_split_every,
         console=console,
     )
     trackers: dict[str, Tracker] = {}

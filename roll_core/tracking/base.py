@@ -41,4 +41,5 @@ class TrackerSpec:
     config: dict[str, Any]
     total_steps: int
     start_step: int = 0
+    time_split_every: int | None = None
     console: Console | None = field(default=None, compare=False)

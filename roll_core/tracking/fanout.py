@@ -43,6 +43,27 @@ class Tracking:
                     raise
                 self._disable(name, "log", err)
 
+    def live_progress(self) -> Any:
+        """The live display of a tracker that has one on screen (the console bar), or None."""
+        for tracker in self._trackers.values():
+            live = getattr(tracker, "live_progress", None)
+            if live is not None:
+                return live
+        return None
+
+    def tick(self, step: int) -> None:
+        """A step that logs nothing: trackers with a ``tick`` (the console bar) advance."""
+        for name, tracker in list(self._trackers.items()):
+            tick = getattr(tracker, "tick", None)
+            if tick is None:
+                continue
+            try:
+                tick(int(step))
+            except Exception as err:
+                if name in self._critical:
+                    raise
+                self._disable(name, "tick", err)
+
     def close(self) -> None:
         """Close every tracker even if one fails; a critical tracker's error is re-raised."""
         error: Exception | None = None
