@@ -14,8 +14,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.text import Text
 
+from roll_cli.checks import check_recipe, resume_warnings
 from roll_cli.convert import convert_app
 from roll_core import __version__
+from roll_core.errors import RollError
 from roll_core.tracking.terminal import make_console, print_table
 
 app = typer.Typer(
@@ -105,6 +107,7 @@ def _print_plan(cfg: Any) -> None:
     from roll_core.pipelines import plan
     from roll_core.tracking.terminal import is_live
 
+    warnings = check_recipe(cfg)  # an error a run would hit stops here, before any output
     if is_live(out):
         out.print(Syntax(dump_config(cfg), "yaml", theme="ansi_dark", background_color="default"))
     else:
@@ -115,19 +118,19 @@ def _print_plan(cfg: Any) -> None:
         for r in plan(cfg)
     ]
     print_table(out, "resource plan", columns, rows)
-    _print_model_checks(cfg)
+    _print_model_summary(cfg, warnings)
     out.print("[green]recipe is valid[/green] (dry run: no model loaded, nothing written)")
 
 
-def _print_model_checks(cfg: Any) -> None:
-    """The model's size, and warnings the run would hit (a context shorter than max_length)."""
-    from roll_core.errors import ModelError
+def _print_model_summary(cfg: Any, warnings: list[str]) -> None:
+    """The model's size, then the warnings of `check_recipe` (see roll_cli/checks.py)."""
     from roll_core.models import model_summary
 
+    for warning in warnings:
+        _say("warning: ", warning, "yellow")
     try:
         summary = model_summary(cfg.model.path)
-    except ModelError as e:  # e.g. a warm start that an earlier command will create
-        _say("warning: ", f"{e.message} A run needs it to exist.", "yellow")
+    except RollError:  # not there yet: warned about above
         return
     out.print("model: " + ", ".join(f"{k}={v}" for k, v in summary.items()), markup=False)
 
@@ -142,6 +145,8 @@ def _run_training(
     if dry_run:
         _print_plan(cfg)
         return
+    for warning in check_recipe(cfg):
+        _say("warning: ", warning, "yellow")
     result = launch(cfg, recipe=str(recipe), run_id=run_id)
     _report(result)
 
@@ -238,7 +243,11 @@ def resume(
 ) -> None:
     """Continue a run in its own directory from its newest intact checkpoint."""
     from roll_core.pipelines import resume as resume_run
+    from roll_core.runs import Run
 
+    if overrides:
+        for warning in resume_warnings(Run.open(runs_dir, run_id).config_path, overrides):
+            _say("warning: ", warning, "yellow")
     _report(resume_run(run_id, runs_dir=runs_dir, overrides=overrides or []))
 
 

@@ -51,7 +51,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict, in place."""
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict, in place.
+
+    A numeric part indexes a list that is already there: ``envs.0.eval_episodes=16`` sets
+    ``eval_episodes`` of the first env; an index past the end is an error naming the length.
+    """
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
@@ -63,18 +67,48 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = yaml.safe_load(raw) if raw else ""
         except yaml.YAMLError:
             value = raw
-        node = data
+        node: Any = data
         parts = key.split(".")
-        for depth, part in enumerate(parts[:-1]):
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            if isinstance(node, list):
+                index = _list_index(item, parts[:depth], part, len(node))
+                if last:
+                    node[index] = value
+                else:
+                    node = node[index]
+                continue
+            if last:
+                node[part] = value
+                break
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
-            if not isinstance(child, dict):
+            if not isinstance(child, dict | list):
                 prefix = ".".join(parts[: depth + 1])
                 raise ConfigError(f"override {item!r}: {prefix} is a value, not a section.")
             node = child
-        node[parts[-1]] = value
     return data
+
+
+def _list_index(item: str, path: list[str], part: str, length: int) -> int:
+    """The list index ``part`` of an override, checked against the list's ``length``."""
+    where = ".".join(path)
+    valid = f"0 to {length - 1}" if length else "none: the list is empty"
+    if not part.isdigit():
+        raise ConfigError(
+            f"override {item!r}: {where} is a list, so the next part must be an index "
+            f"({valid}), not {part!r}.",
+            hint=f"Example: `{where}.0.<key>=value` changes the first item.",
+        )
+    index = int(part)
+    if index >= length:
+        raise ConfigError(
+            f"override {item!r}: {where} has {length} item(s), so index {index} does not exist "
+            f"(valid: {valid}).",
+            hint="Add the item to the recipe file; overrides change items, they do not add them.",
+        )
+    return index
 
 
 def _model_in(ann: Any) -> tuple[type[BaseModel] | None, bool]:

@@ -99,7 +99,7 @@ def model_summary(name_or_path: str) -> dict[str, Any]:
     """What is known about a model without loading weights (nor, for builtins, writing files).
 
     Returns ``name``, ``source`` (builtin / local / hub) and ``architecture``, ``num_layers``,
-    ``hidden_size``, ``vocab_size``, ``approx_params``; these are ``None`` when unknown (a hub
+    ``hidden_size``, ``vocab_size``, ``approx_params``, ``context`` (max positions); these are ``None`` when unknown (a hub
     id not in the local Hugging Face cache: the network is never used).
     """
     source = _classify(name_or_path)
@@ -257,6 +257,7 @@ def _summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:
         "hidden_size": text.get("hidden_size"),
         "vocab_size": text.get("vocab_size"),
         "approx_params": _approx_params(text),
+        "context": text.get("max_position_embeddings"),
     }
 
 

@@ -55,8 +55,8 @@ def print_table(
         return
     cells = [list(columns), *[list(row) for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    console.print(title, markup=False, highlight=False)
+    console.print(title, markup=False, highlight=False, soft_wrap=True)
     for row in cells:
         padded = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)]
         line = "  ".join([*padded, row[-1]]).rstrip()
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -158,3 +158,27 @@ def test_typo_under_a_mapping_key_is_suggested(tmp_path: Path) -> None:
         match=r"reward\.domains\.math\.rewardz: unknown key; did you mean reward\.domains\.math\.rewards\?",
     ):
         load_recipe(p)
+
+
+def test_override_indexes_list_items() -> None:
+    data: dict = {"envs": [{"name": "sokoban", "eval_episodes": 4}, {"name": "frozen_lake"}]}
+    apply_overrides(data, ["envs.0.eval_episodes=16", "envs.1.max_turns=3", "tags.x=1"])
+    assert data["envs"][0] == {"name": "sokoban", "eval_episodes": 16}
+    assert data["envs"][1] == {"name": "frozen_lake", "max_turns": 3}
+    data = {"rollout": {"stop": ["a", "b"]}}
+    apply_overrides(data, ["rollout.stop.1=c"])
+    assert data["rollout"]["stop"] == ["a", "c"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("envs.2.eval_episodes=1", r"envs has 2 item\(s\), so index 2 does not exist \(valid: 0 to 1\)"),
+        ("envs.first.eval_episodes=1", r"envs is a list, so the next part must be an index"),
+        ("envs.0.name.x=1", r"envs\.0\.name is a value, not a section"),
+    ],
+)
+def test_bad_list_override_is_a_clear_error(override: str, message: str) -> None:
+    data: dict = {"envs": [{"name": "sokoban"}, {"name": "frozen_lake"}]}
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(data, [override])

@@ -1,0 +1,127 @@
+"""Checks `roll validate` / `--dry-run` and every training command make before a run: the
+names and paths a run would trip over, found without loading a model.
+
+* every model location of the recipe (``model.path``, ``model.tokenizer``, the distillation
+  ``teacher``, the PPO ``critic.model_path``) is looked up the way the run looks it up: an
+  unknown ``builtin:`` name or a directory that is not a model is an error; a local path that
+  does not exist yet is a warning (an earlier command, e.g. the SFT warm start, may create it);
+* every agentic env is built and reset once, as the run does before it starts;
+* the sequence the recipe asks for must fit the model's context (``max_position_embeddings``):
+  a longer one is a warning, since positions past the context are untrained.
+* `resume_warnings`: a resume override that changes batch sizes (or the data, or the seed)
+  gives a run that no longer matches one that never stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from roll_core.errors import ModelError
+
+BITWISE_KEYS: tuple[str, ...] = (
+    "seed",
+    "data.",
+    "trainer.micro_batch_size",
+    "trainer.grad_accum_steps",
+    "trainer.mini_batches",
+    "trainer.ppo_epochs",
+    "rollout.n",
+    "rollout.prompts_per_step",
+    "rollout.groups_per_step",
+    "actor_train.world_size",
+    "envs.",
+)
+"""Override keys (or key prefixes) whose change makes the resumed steps compute something else
+than the run that never stopped would have."""
+
+
+def model_locations(cfg: Any) -> list[tuple[str, str]]:
+    """(key, location) of every model or tokenizer the recipe loads."""
+    found = [("model.path", cfg.model.path)]
+    if cfg.model.tokenizer:
+        found.append(("model.tokenizer", cfg.model.tokenizer))
+    teacher = getattr(cfg, "teacher", None)
+    if teacher is not None:
+        found.append(("teacher.path", teacher.path))
+        if teacher.tokenizer:
+            found.append(("teacher.tokenizer", teacher.tokenizer))
+    critic = getattr(cfg, "critic", None)
+    if critic is not None and getattr(critic, "model_path", None):
+        found.append(("critic.model_path", critic.model_path))
+    return found
+
+
+def check_recipe(cfg: Any) -> list[str]:
+    """Raise the error a run would hit early; return warnings (see the module docstring)."""
+    from roll_core.models import model_summary
+
+    warnings: list[str] = []
+    for key, location in model_locations(cfg):
+        try:
+            summary = model_summary(location)
+        except ModelError as err:  # unknown builtin, a file, no config.json: the run fails too
+            if location.startswith("builtin:") or Path(location).expanduser().exists():
+                raise ModelError(f"{key}: {err.message}", hint=err.hint) from None
+            warnings.append(f"{key}: {err.message} A run needs it to exist.")
+            continue
+        if key == "model.path":
+            warnings += context_warnings(cfg, summary.get("context"))
+    for entry in getattr(cfg, "envs", None) or []:
+        from roll_core.envs import make_env
+
+        make_env(entry.env, **entry.options).reset(0)
+    return warnings
+
+
+def context_warnings(cfg: Any, context: int | None) -> list[str]:
+    """A warning when the longest sequence the recipe asks for exceeds the model's context."""
+    if not context:
+        return []
+    data, rollout = getattr(cfg, "data", None), getattr(cfg, "rollout", None)
+    asks: list[tuple[str, int]] = []
+    if data is not None and getattr(data, "max_length", None):
+        asks.append(("data.max_length", data.max_length))
+    if data is not None and getattr(data, "max_prompt_length", None) and rollout is not None:
+        total = data.max_prompt_length + rollout.max_new_tokens
+        asks.append(("data.max_prompt_length + rollout.max_new_tokens", total))
+    if rollout is not None and getattr(rollout, "max_context", None):
+        asks.append(("rollout.max_context", rollout.max_context))
+    return [
+        f"{key} = {value} exceeds the model's context ({context} tokens, "
+        "max_position_embeddings): positions past it were never trained."
+        for key, value in asks
+        if value > context
+    ]
+
+
+def resume_warnings(config_path: Path, overrides: list[str]) -> list[str]:
+    """Warnings for overrides that change what the resumed steps compute (batch sizes...)."""
+    from roll_core.config.loader import apply_overrides, read_yaml
+
+    before = read_yaml(config_path)
+    after = apply_overrides(read_yaml(config_path), list(overrides))
+    out = []
+    for item in overrides:
+        key = item.partition("=")[0]
+        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in BITWISE_KEYS):
+            continue
+        old, new = _get(before, key), _get(after, key)
+        if old != new:
+            out.append(
+                f"{key} changes from {old!r} to {new!r}: the resumed steps will not match a "
+                "run that never stopped (resume is exact only with the same batch sizes, "
+                "data and seed)."
+            )
+    return out
+
+
+def _get(data: Any, key: str) -> Any:
+    for part in key.split("."):
+        if isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        elif isinstance(data, dict):
+            data = data.get(part)
+        else:
+            return None
+    return data
