@@ -163,6 +163,8 @@ def test_ctrl_c_marks_interrupted_and_prints_resume(roll, tiny_recipe, cli_env, 
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "roll resume ctrl-c-03" in stderr
+    assert "stopped: run ctrl-c-03 stopped at step" in stderr  # asked for: not an error
+    assert "error:" not in stderr
     assert "Traceback" not in stderr
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["status"] == "interrupted"
