@@ -32,7 +32,9 @@ data_app = typer.Typer(help="Make the small datasets the tiny recipes use.", no_
 app.add_typer(data_app, name="data")
 app.add_typer(convert_app, name="convert")
 train_app = typer.Typer(
-    help="Reinforcement learning: `roll train rlvr RECIPE`.", no_args_is_help=True
+    help="Reinforcement learning: `roll train rlvr RECIPE` (verifiable rewards: GRPO, DAPO, "
+    "PPO) and `roll train agentic RECIPE` (multi-turn text environments).",
+    no_args_is_help=True,
 )
 app.add_typer(train_app, name="train")
 

@@ -302,6 +302,11 @@ def warm_start(
 # ---- the loop -----------------------------------------------------------------------------------
 def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, float]:
     specs = env_specs(cfg)
+    loop.console_note(
+        "envs: "
+        + ", ".join(f"{e.tag or e.env} ({e.groups_per_step} groups/step)" for e in cfg.envs)
+        + f"; group size {cfg.rollout.group_size}, context {setup.max_context} tokens"
+    )
     executor = make_executor(
         cfg.executor.type, address=cfg.executor.ray_address, num_cpus=cfg.executor.num_cpus
     )

@@ -44,8 +44,15 @@ def test_a_piped_dry_run_prints_the_plan_rows_whole(roll, tiny_recipe) -> None:
     lines = res.stdout.splitlines()
     assert "resource plan" in lines
     header = next(line for line in lines if line.startswith("role "))
-    assert header.split() == ["role", "worker", "backend", "world_size", "device", "executor",
-                              "detail"]
+    assert header.split() == [
+        "role",
+        "worker",
+        "backend",
+        "world_size",
+        "device",
+        "executor",
+        "detail",
+    ]
     row = next(line for line in lines if line.startswith("actor_train "))
     assert row.split()[:6] == ["actor_train", "ActorTrain", "torch", "1", "auto", "local"]
     assert row.endswith("  micro_batch 8 x accum 2 = global batch 16")  # the detail, uncut

@@ -173,7 +173,10 @@ def test_override_indexes_list_items() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("envs.2.eval_episodes=1", r"envs has 2 item\(s\), so index 2 does not exist \(valid: 0 to 1\)"),
+        (
+            "envs.2.eval_episodes=1",
+            r"envs has 2 item\(s\), so index 2 does not exist \(valid: 0 to 1\)",
+        ),
         ("envs.first.eval_episodes=1", r"envs is a list, so the next part must be an index"),
         ("envs.0.name.x=1", r"envs\.0\.name is a value, not a section"),
     ],

@@ -225,3 +225,24 @@ def test_failed_build_closes_what_it_opened(
     with pytest.raises(ConfigError):
         _build(tmp_path, ["console", "wandb"])
     assert closed == ["console"]
+
+
+def test_tick_reaches_only_trackers_that_have_one_and_a_failing_one_is_dropped() -> None:
+    class Ticker(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ticks: list[int] = []
+
+        def tick(self, step: int) -> None:
+            self.ticks.append(step)
+            assert type(step) is int
+
+    class BadTicker(Ticker):
+        def tick(self, step: int) -> None:
+            raise RuntimeError("no screen")
+
+    ticker, plain, bad = Ticker(), Recorder(), BadTicker()
+    tracking = Tracking({"console": ticker, "jsonl": plain, "bad": bad}, critical=("jsonl",))
+    tracking.tick(np.int64(3))  # type: ignore[arg-type]
+    assert ticker.ticks == [3] and plain.logged == [] and tracking.disabled == ["bad"]
+    assert tracking.live_progress() is None  # no tracker draws a live display

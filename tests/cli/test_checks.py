@@ -1,0 +1,68 @@
+"""`roll validate` checks: model names and paths, env names, context, resume overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from roll_cli.checks import check_recipe, context_warnings, resume_warnings
+from roll_core.config import load_recipe
+from roll_core.errors import ConfigError, ModelError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recipe(tmp_path: Path, name: str, *overrides: str):
+    return load_recipe(ROOT / "recipes" / name, list(overrides))
+
+
+def test_unknown_builtin_is_an_error_and_a_missing_dir_a_warning(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=r"model\.path: unknown built-in model 'builtin:nope'"):
+        check_recipe(recipe(tmp_path, "tiny-arith-sft.yaml", "model.path=builtin:nope"))
+    missing = str(tmp_path / "not-yet")
+    warnings = check_recipe(recipe(tmp_path, "tiny-arith-sft.yaml", f"model.path={missing}"))
+    assert warnings == [
+        f"model.path: model path not found: {missing} (resolved to {missing}). "
+        "A run needs it to exist."
+    ]
+    (tmp_path / "empty").mkdir()  # exists but is no model: the run would fail, so do we
+    with pytest.raises(ModelError, match="has no config.json"):
+        check_recipe(recipe(tmp_path, "tiny-arith-sft.yaml", f"model.path={tmp_path}/empty"))
+
+
+def test_teacher_path_is_checked_too(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=r"teacher\.path: unknown built-in model"):
+        check_recipe(recipe(tmp_path, "tiny-distill.yaml", "teacher.path=builtin:nope"))
+
+
+def test_env_names_are_built_as_the_run_builds_them(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown env 'sokobam'. Did you mean 'sokoban'"):
+        check_recipe(recipe(tmp_path, "tiny-sokoban.yaml", "envs.0.env=sokobam"))
+    assert check_recipe(recipe(tmp_path, "tiny-sokoban.yaml", "envs.0.eval_episodes=3")) == []
+
+
+def test_context_warning(tmp_path: Path) -> None:
+    cfg = recipe(tmp_path, "tiny-arith-sft.yaml", "data.max_length=600")
+    # builtin:tiny-qwen3 has max_position_embeddings 512 < 600
+    assert check_recipe(cfg) == [
+        "data.max_length = 600 exceeds the model's context (512 tokens, "
+        "max_position_embeddings): positions past it were never trained."
+    ]
+    rl = recipe(tmp_path, "tiny-arith-rlvr.yaml", "model.path=builtin:tiny-qwen3")
+    assert context_warnings(rl, 70) == [  # 64 prompt + 8 new tokens = 72 > 70
+        "data.max_prompt_length + rollout.max_new_tokens = 72 exceeds the model's context "
+        "(70 tokens, max_position_embeddings): positions past it were never trained."
+    ]
+    assert context_warnings(rl, 72) == [] and context_warnings(rl, None) == []
+
+
+def test_resume_warns_only_for_overrides_that_change_batches(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({"seed": 0, "trainer": {"max_steps": 10, "micro_batch_size": 8}})
+    )
+    assert resume_warnings(config, ["trainer.max_steps=20", "trainer.micro_batch_size=8"]) == []
+    (warning,) = resume_warnings(config, ["trainer.micro_batch_size=4", "trainer.max_steps=20"])
+    assert warning.startswith("trainer.micro_batch_size changes from 8 to 4: the resumed steps")
