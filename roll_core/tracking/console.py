@@ -9,8 +9,8 @@ steps since the first one this process ran, times the steps left: it shows from 
 step on, and a first step slowed by compilation or warm-up does not skew it.
 
 When the console is not a terminal (CI, a pipe, a log file, a subprocess) nothing is redrawn:
-a plain line with the same content is printed every ``plain_every`` steps (about 20 lines per
-run by default), on the last step and at close. Either way, eval metrics are printed as one
+a plain line with the same content is printed on logged steps every ``plain_every`` steps
+(about 20 lines per run by default), on the last step and at close. Either way, eval metrics are printed as one
 line without repeats (`eval_metrics`), and RL steps get a time split line every
 ``time_split_every`` steps (`time_split_line`)::
 
@@ -128,10 +128,14 @@ class ConsoleTracker:
             self._print(split)
             self._last_split = step
         self._shown.update(bar_metrics(metrics))
-        self.tick(step)
+        self._advance(step, logged=True)
 
     def tick(self, step: int) -> None:
-        """Advance the bar to ``step`` (a step that logged nothing still moves the bar)."""
+        """Advance the bar to ``step``: a step that logged nothing still moves the bar and the
+        ETA (off a terminal no line is printed for it: its metrics would be stale)."""
+        self._advance(step, logged=False)
+
+    def _advance(self, step: int, *, logged: bool) -> None:
         now = self._clock()
         if step > self._start_step and (self._first is None or step <= self._first[0]):
             self._first = (step, now)  # the first step this process ran: ETA from the next
@@ -140,7 +144,7 @@ class ConsoleTracker:
             self._task, completed=step, metrics=self._metrics_text(), eta=_clock_text(self.eta())
         )
         due = step % self.plain_every == 0 or step >= self.total_steps
-        if not self._live and due and step > self._start_step:
+        if not self._live and due and logged and step > self._start_step:
             self._print_plain()
 
     def eta(self) -> float | None:
