@@ -119,6 +119,9 @@ def test_hub_failure_becomes_model_error(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", offline)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    # the one-try probe says the hub answers; from_pretrained then fails (a connection drop)
+    monkeypatch.setattr("roll_core.models.loading.hub_unreachable", lambda: None)
     for load in (load_tokenizer, load_causal_lm):
         with pytest.raises(ModelError, match="hub could not be reached") as err:
             load("some-org/some-model")
@@ -150,6 +153,7 @@ def test_summary_of_builtin_writes_nothing(cache_dir: Path) -> None:
         "hidden_size": 256,
         "vocab_size": 320,
         "approx_params": 3_230_208,
+        "context": 1024,
     }
     assert not cache_dir.exists()
 

@@ -84,6 +84,11 @@ def test_train_agentic_two_steps_mixed_envs(roll, tmp_path: Path) -> None:
     assert (run / "checkpoints" / "step-000002").is_dir()
     state = json.loads((run / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
     assert state["rollout"]["next_group_seed"] == {"frozen_lake": 4, "sokoban": 2}
+    # the console: the start-up line, the warm start as a counted phase, the key metric
+    assert "envs: frozen_lake (2 groups/step), sokoban (1 groups/step)" in res.stderr
+    assert "warm start (SFT on random valid actions) (1): done in " in res.stderr
+    meta = json.loads((run / "meta.json").read_text())
+    assert "eval/success_rate" in meta["metrics"] and "rollout/success_rate" in meta["metrics"]
 
 
 @pytest.mark.slow
