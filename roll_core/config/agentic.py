@@ -81,11 +81,12 @@ class AgenticRolloutConfig(Strict):
     episode_timeout_s: float = Field(
         default=600.0, gt=0, description="An episode longer than this (wall clock) ends."
     )
-    max_replacements: int = Field(
-        default=2,
+    max_replacements: int | None = Field(
+        default=None,
         ge=0,
         description="Per group: episodes that raised or timed out are replaced by a fresh env "
-        "instance on the same seed at most this many times.",
+        "instance on the same seed at most this many times. None: group_size (a run then "
+        "tolerates episode fault rates up to ~30%, see docs/agentic.md).",
     )
     max_concurrent_episodes: int = Field(
         default=64, ge=1, description="Episode threads running at once."

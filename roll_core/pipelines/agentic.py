@@ -36,6 +36,7 @@ from roll_core.config.agentic import AgenticConfig, EnvEntry
 from roll_core.data import Batch
 from roll_core.engine import Cluster, make_executor
 from roll_core.envs import get_env_class, make_env
+from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.errors import ConfigError
 from roll_core.models import load_tokenizer, resolve_model_path
 from roll_core.pipelines import rlvr
@@ -139,17 +140,25 @@ class AgenticSetup:
     max_context: int
 
 
-def _check_env(entry: EnvEntry) -> None:
+def _check_env(entry: EnvEntry, timeout: float) -> None:
     """Build and reset each env once, so a bad name or option fails before a run exists."""
     get_env_class(entry.env)
     env = make_env(entry.env, **entry.options)
-    env.reset(0)
+    try:
+        call_with_timeout(env.reset, 0, timeout=timeout)
+    except Exception as err:  # noqa: BLE001 - the user's env raised or hung
+        raise EnvFault(
+            f"env {entry.name}: reset(seed=0) failed before training started: "
+            f"{describe_fault(err)}",
+            hint=f"Run `roll debug-env {entry.env}` to reproduce it; raise "
+            "rollout.step_timeout_s if the reset is slow rather than hung.",
+        ) from None
 
 
 def prepare(cfg: AgenticConfig) -> AgenticSetup:
     check_algorithm(cfg)
     for entry in cfg.envs:
-        _check_env(entry)
+        _check_env(entry, cfg.rollout.step_timeout_s)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(
         resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
@@ -193,7 +202,7 @@ def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
         max_context=setup.max_context,
         step_timeout_s=r.step_timeout_s,
         episode_timeout_s=r.episode_timeout_s,
-        max_replacements=r.max_replacements,
+        max_replacements=r.group_size if r.max_replacements is None else r.max_replacements,
         max_concurrent_episodes=r.max_concurrent_episodes,
         chunk_size=r.chunk_size,
         max_chunks_in_flight=r.max_chunks_in_flight,
@@ -216,53 +225,95 @@ def validate(
     for entry, spec in zip(cfg.envs, specs, strict=True):
         seeds = [cfg.eval.seed_start + i for i in range(entry.eval_episodes)]
         trajs += manager.run_episodes(spec, seeds, params)
-    return episode_metrics(trajs, prefix="eval")
+    metrics = episode_metrics(trajs, prefix="eval")  # a failed episode counts as a failure
+    metrics["eval/env_errors"] = float(sum(t.status == "error" for t in trajs))
+    metrics["eval/env_timeouts"] = float(sum(t.status == "timeout" for t in trajs))
+    return metrics
 
 
 # ---- warm start -------------------------------------------------------------------------------
 def demonstrations(
-    cfg: AgenticConfig, setup: AgenticSetup, specs: list[EnvSpec], *, count: int, offset: int
+    cfg: AgenticConfig,
+    setup: AgenticSetup,
+    specs: list[EnvSpec],
+    *,
+    count: int,
+    offset: int,
+    faults: dict[str, float] | None = None,
 ) -> list[Trajectory]:
     """`count` episodes per env played by a uniformly random *valid* action policy, in the
-    rollout's prompt format; each response is the action text + eos."""
+    rollout's prompt format; each response is the action text + eos.
+
+    Env calls run under ``rollout.step_timeout_s`` as in training; an episode whose env raises
+    or hangs is counted in `faults` (``warm_start/env_errors`` / ``env_timeouts``) and replaced
+    by another seed; :class:`EnvFault` once more than ``count`` + (episodes completed) have
+    failed, i.e. when more than half of an env's episodes fail.
+    """
     chat = ChatFormat(setup.tokenizer)
     s = settings(cfg, setup)
+    faults = {} if faults is None else faults
     out = []
     for spec in specs:
-        for k in range(count):
-            actor = _RandomActor(spec, chat, DEMO_SEED_START + offset + k)
-            traj = Trajectory(tag=spec.tag, group=k, seed=actor.seed, index=0)
-            out.append(
-                play_episode(
-                    traj,
-                    spec,
-                    chat=chat,
-                    settings=s,
-                    max_new_tokens=cfg.rollout.max_new_tokens,
-                    generate=actor.generate,
-                    env_call=actor.env_call,
+        failed: list[str] = []
+        slot = 0
+        while slot < count:
+            # a replaced episode plays another seed, outside every slot's first seed
+            seed = DEMO_SEED_START + 1_000_000 * len(failed) + offset + slot
+            actor = _RandomActor(spec, chat, seed, s.step_timeout_s)
+            traj = Trajectory(tag=spec.tag, group=slot, seed=seed, index=0)
+            try:
+                out.append(
+                    play_episode(
+                        traj,
+                        spec,
+                        chat=chat,
+                        settings=s,
+                        max_new_tokens=cfg.rollout.max_new_tokens,
+                        generate=actor.generate,
+                        env_call=actor.env_call,
+                    )
                 )
-            )
+                slot += 1
+            except Exception as err:  # noqa: BLE001 - the env raised or hung: count, replace
+                kind = "env_timeouts" if isinstance(err, EnvTimeout) else "env_errors"
+                faults[f"warm_start/{kind}"] = faults.get(f"warm_start/{kind}", 0.0) + 1
+                failed.append(describe_fault(err))
+                if len(failed) > count + slot:  # more than half of the episodes failed
+                    raise EnvFault(
+                        f"warm start: env {spec.tag} failed {len(failed)} random-action "
+                        f"episodes while {slot} completed (step timeout "
+                        f"rollout.step_timeout_s={s.step_timeout_s:g}s). First error: "
+                        f"{failed[0]}",
+                        hint="Fix the env (`roll debug-env ENV --policy random` shows the "
+                        "error), raise rollout.step_timeout_s if its steps are slow, or set "
+                        "warm_start.steps: 0.",
+                        metrics=faults,
+                    ) from None
     return out
 
 
 class _RandomActor:
     """Plays a uniformly random valid action each turn (the response is its text + eos)."""
 
-    def __init__(self, spec: EnvSpec, chat: ChatFormat, seed: int) -> None:
-        self.spec, self.chat, self.seed = spec, chat, seed
+    def __init__(self, spec: EnvSpec, chat: ChatFormat, seed: int, timeout: float) -> None:
+        self.spec, self.chat, self.seed, self.timeout = spec, chat, seed, timeout
         self.rng = np.random.default_rng(seed)
         self.env: Any = None
 
     def env_call(self, fn: Any, *args: Any) -> Any:
-        result = fn(*args)
+        result = call_with_timeout(fn, *args, timeout=self.timeout)
         if fn is self.spec.factory:
             self.env = result
         return result
 
     def generate(self, prompt: list[int], turn: int) -> Completion:
         eos = [self.chat.eos_id] if self.chat.eos_id is not None else []
-        ids = self.chat.encode(self.env.random_action(self.rng)) + eos
+        ids = (
+            self.chat.encode(
+                call_with_timeout(self.env.random_action, self.rng, timeout=self.timeout)
+            )
+            + eos
+        )
         return Completion(0, ids, [0.0] * len(ids), "stop", -1)
 
 
@@ -278,9 +329,10 @@ def warm_start(
     w = cfg.warm_start
     actor = clusters["actor_train"]
     losses = []
+    faults: dict[str, float] = {"warm_start/env_errors": 0.0, "warm_start/env_timeouts": 0.0}
     per_env = max(1, w.episodes_per_step // len(specs))
     for k in range(w.steps):
-        demos = demonstrations(cfg, setup, specs, count=per_env, offset=k * per_env)
+        demos = demonstrations(cfg, setup, specs, count=per_env, offset=k * per_env, faults=faults)
         build = step_batch if cfg.rollout.mode == "step" else trajectory_batch
         batch = build([[t] for t in demos], pad_id=setup.tokenizer.pad_token_id)
         resp = batch.tensors["response_mask"]
@@ -296,7 +348,7 @@ def warm_start(
         out = actor.run_dp("train_step", batch)
         losses.append(sum(o["train/loss_sum"] for o in out) / max(1, int(resp.sum())))
         advance()
-    return {"warm_start/steps": float(w.steps), "warm_start/loss_last": losses[-1]}
+    return {"warm_start/steps": float(w.steps), "warm_start/loss_last": losses[-1], **faults}
 
 
 # ---- the loop -----------------------------------------------------------------------------------
@@ -346,7 +398,9 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
                 )
             t = time.perf_counter()
             with loop.phase("warm start (SFT on random valid actions)", cfg.warm_start.steps) as p:
-                metrics = warm_start(cfg, setup, clusters, specs, advance=p.advance)
+                metrics = _logging_faults(
+                    loop, 0, lambda: warm_start(cfg, setup, clusters, specs, advance=p.advance)
+                )
             metrics["warm_start/seconds"] = time.perf_counter() - t
             loop.console_note(
                 f"warm start: {cfg.warm_start.steps} SFT steps on random valid actions, "
@@ -357,7 +411,9 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         if evaluate and start == 0:
             loop.log_eval(0, lambda: validate(cfg, mgr, specs))
         for step in loop.steps(start, cfg.trainer.max_steps):
-            metrics = _train_step(cfg, setup, clusters, manager, rl_state)
+            metrics = _logging_faults(
+                loop, step, lambda: _train_step(cfg, setup, clusters, manager, rl_state)
+            )
             metrics |= _sync(clusters, manager, step)
             loop.end_step(
                 step,
@@ -369,6 +425,16 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         if manager is not None:
             manager.close()
         executor.shutdown()
+
+
+def _logging_faults(loop: DriverLoop, step: int, fn: Any) -> dict[str, float]:
+    """``fn()``; when env faults stop the run, their counters are logged first."""
+    try:
+        result: dict[str, float] = fn()
+        return result
+    except EnvFault as err:
+        loop.log_extra(step, err.metrics)
+        raise
 
 
 def _sync(

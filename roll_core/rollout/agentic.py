@@ -43,16 +43,13 @@ from typing import Any
 
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.envs.base import TextEnv
+from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.errors import RollError
 from roll_core.rollout.agentic_chat import ChatFormat, TokenTrace, first_messages
 
 
 class EpisodeCancelled(Exception):
     """The episode's group completed (or the manager closed) while it was running."""
-
-
-class EnvTimeout(Exception):
-    """An env call ran past its timeout."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +121,7 @@ class RolloutSettings:
     max_context: int = 512
     step_timeout_s: float = 30.0
     episode_timeout_s: float = 600.0
-    max_replacements: int = 2
+    max_replacements: int = 4
     max_concurrent_episodes: int = 64
     chunk_size: int = 8
     max_chunks_in_flight: int = 1
@@ -240,30 +237,6 @@ class _Router:
         for _, _, waiter in pending:
             if waiter.set_running_or_notify_cancel():
                 waiter.set_exception(EpisodeCancelled("router closed"))
-
-
-def call_with_timeout(fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
-    """``fn(*args)`` on a daemon thread; EnvTimeout if it has not returned after ``timeout`` s.
-
-    A hung call cannot be killed (it is a thread); it is abandoned and its env is never used
-    again.
-    """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
-            box["error"] = err
-
-    thread = threading.Thread(target=target, name="env-call", daemon=True)
-    thread.start()
-    thread.join(max(0.0, timeout))
-    if thread.is_alive():
-        raise EnvTimeout(f"env call did not return within {timeout:.3g}s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def window_prompt(
@@ -436,6 +409,7 @@ class EnvRolloutManager:
         self.active: list[_Group] = []
         self.fatal: BaseException | None = None
         self.counters: dict[str, float] = {}
+        self.first_fault: dict[str, str] = {}  # tag -> the first env fault of the run
         self.version = 0
         self.running: dict[int, _Episode] = {}
         self.barrier = _TurnBarrier() if settings.turn_barrier else None
@@ -465,12 +439,7 @@ class EnvRolloutManager:
                     dropped += 1
                     extra_budget[tag] -= 1
                     if extra_budget[tag] < 0:
-                        raise RollError(
-                            f"env {tag}: too many env groups failed (every episode of a group "
-                            "raised or timed out); see the env_errors / env_timeouts metrics.",
-                            hint="Fix the env, or raise rollout.step_timeout_s / "
-                            "rollout.max_replacements.",
-                        )
+                        raise self._fault_stop(tag, dropped)
                 elif (
                     min(t.min_version for t in group.kept)
                     < self.version - self.s.async_generation_ratio
@@ -609,14 +578,14 @@ class EnvRolloutManager:
         except EpisodeCancelled:
             ep.traj.status = "cancelled"
         except EnvTimeout as err:
-            ep.traj.status, ep.traj.error = "timeout", str(err)
+            ep.traj.status, ep.traj.error = "timeout", describe_fault(err)
         except _GenerationFailed as err:
             ep.traj.status, ep.traj.error = "gen_error", str(err.cause)
             with self.cond:
                 self.fatal = err.cause
                 self.cond.notify_all()
         except Exception as err:  # noqa: BLE001 - an env that raises ends its episode
-            ep.traj.status, ep.traj.error = "error", f"{type(err).__name__}: {err}"
+            ep.traj.status, ep.traj.error = "error", describe_fault(err)
         ep.traj.wall_s = time.perf_counter() - start
         self._episode_ended(group, ep)
 
@@ -679,6 +648,8 @@ class EnvRolloutManager:
             group.ended.append(traj)
             if group.counted:
                 self._count(traj)
+                if traj.status in ("error", "timeout"):
+                    self.first_fault.setdefault(traj.tag, traj.error)
             if group.finished:
                 pass
             elif traj.ok:
@@ -697,6 +668,26 @@ class EnvRolloutManager:
                 self.active.remove(group)
                 self.completed.append(group)
             self.cond.notify_all()
+
+    def _fault_stop(self, tag: str, failed_groups: int) -> EnvFault:
+        """The error that stops the run when env `tag` fails more groups than a step allows;
+        it carries the rollout counters of the step so far (to be logged before stopping)."""
+        metrics = self._counters_metrics()
+        metrics[f"rollout/{tag}/groups_dropped_failed"] = float(failed_groups)
+        errors = int(metrics.get(f"rollout/{tag}/env_errors", 0))
+        timeouts = int(metrics.get(f"rollout/{tag}/env_timeouts", 0))
+        done = int(metrics.get(f"rollout/{tag}/episodes_completed", 0))
+        return EnvFault(
+            f"env {tag} failed too often: in this step {errors + timeouts} of its episodes "
+            f"failed ({errors} raised, {timeouts} timed out) and {done} completed, so {failed_groups} groups could "
+            f"not be completed with rollout.max_replacements={self.s.max_replacements} "
+            f"replacements each. First error: {self.first_fault.get(tag, '?')}",
+            hint="Fix the env (`roll debug-env` plays it and shows the error), or raise "
+            "rollout.max_replacements (more failed episodes per group) or, if its steps are "
+            "slow rather than hung, rollout.step_timeout_s / rollout.episode_timeout_s. The fault counts are in "
+            "metrics.jsonl (rollout/env_errors, rollout/env_timeouts).",
+            metrics=metrics,
+        )
 
     # ---- counters ----------------------------------------------------------------------------------
     def _count_key(self, key: str, value: float = 1.0) -> None:
