@@ -17,6 +17,7 @@ import pytest
 
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.envs import FrozenLakeEnv, TextEnv, Transition, parse_choice
+from roll_core.envs.faults import EnvFault
 from roll_core.errors import RollError
 from roll_core.models import load_tokenizer, materialize_builtin
 from roll_core.rollout.agentic import (
@@ -166,10 +167,18 @@ def test_too_many_failed_groups_is_an_error(tokenizer: Any) -> None:
     spec = corridor_spec({k: "raise" for k in range(100)}, groups=1)
     mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec], group_size=1, max_replacements=1)
     try:
-        with pytest.raises(RollError, match="too many env groups failed"):
+        with pytest.raises(EnvFault, match="env corridor failed too often") as info:
             mgr.next_batch(1)
     finally:
         mgr.close()
+    # 1 group needed, 2*1+2 failed groups allowed: the 5th failed group (2 episodes each:
+    # the first and its one replacement) stops the step, so at least 10 episodes raised
+    err = info.value
+    assert isinstance(err, RollError) and err.metrics["rollout/corridor/env_errors"] >= 10
+    assert err.metrics["rollout/env_errors"] == err.metrics["rollout/corridor/env_errors"]
+    assert "First error: RuntimeError: env crashed (at " in err.message
+    assert "test_agentic.py:" in err.message and "in on_step)" in err.message  # where
+    assert "rollout.max_replacements" in str(err.hint)
 
 
 def test_redundancy_keeps_the_first_g_and_cancels_the_rest(tokenizer: Any) -> None:
