@@ -311,16 +311,31 @@ class SokobanEnv(TextEnv):
     )
 
     room: Room
-    reference_solution: list[str] | None
+    _start: Room  # the room at reset
+    _solution: list[str] | None
+    _solved_start = False  # whether _solution is known for _start
+
+    @property
+    def reference_solution(self) -> list[str] | None:
+        """A solution of the room as it was at reset (None: none found).
+
+        Generated rooms come with theirs; for a ``room=`` level it is searched (BFS, up to
+        200k states) on first use only, so a reset never runs the solver.
+        """
+        if not self._solved_start:
+            self._solution, self._solved_start = solve(self._start), True
+        return self._solution
 
     def on_reset(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
         o = self.options
         if o.room is not None:
-            self.room = Room.from_text(o.room)
-            self.reference_solution = solve(self.room)
+            room = Room.from_text(o.room)
+            if not (self._solved_start and room == self._start):  # the same level: keep it
+                self._start, self._solved_start = room, False
+            self.room = room
         else:
             try:
-                self.room, self.reference_solution = generate_room(
+                self.room, self._solution = generate_room(
                     rng,
                     width=o.width,
                     height=o.height,
@@ -332,6 +347,7 @@ class SokobanEnv(TextEnv):
                     f"env sokoban: {err}.",
                     hint="Use a larger room, fewer boxes or a larger search_depth/max_steps.",
                 ) from None
+            self._start, self._solved_start = self.room, True
         info = {"boxes_on_target": self.room.boxes_on_target, "num_boxes": len(self.room.boxes)}
         return self.room.render(), info
 

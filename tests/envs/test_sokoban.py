@@ -177,3 +177,27 @@ def test_bad_options_are_named() -> None:
         make_env("sokoban", width=5, height=5, num_boxes=4)
     with pytest.raises(ConfigError, match="exactly one player"):
         make_env("sokoban", room="#####\n#_$.#\n#####")
+
+
+def test_a_given_room_is_solved_only_when_its_solution_is_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import roll_core.envs.sokoban as sokoban
+
+    calls: list[Room] = []
+
+    def counting_solve(room: Room, **kw: int) -> list[str] | None:
+        calls.append(room)
+        return solve(room, **kw)
+
+    monkeypatch.setattr(sokoban, "solve", counting_solve)
+    env = make_env("sokoban", room="######\n#_.__#\n#@$__#\n#____#\n######")
+    for seed in range(3):
+        env.reset(seed)
+        env.step("Up")  # the room changes; the reference is still the start's
+    assert calls == []  # no BFS on reset
+    env.reset(0)
+    assert env.reference_solution == ["Down", "Right", "Up"]
+    assert env.reference_solution == ["Down", "Right", "Up"] and len(calls) == 1  # cached
+    env.reset(1)
+    assert env.reference_solution == ["Down", "Right", "Up"] and len(calls) == 1  # same level
