@@ -97,9 +97,35 @@ def debug_env(
         float,
         typer.Option("--temperature", min=0.0, help="Model sampling temperature (0: greedy)."),
     ] = 1.0,
+    step_timeout: Annotated[
+        float,
+        typer.Option(
+            "--step-timeout",
+            min=0.0,
+            help="Seconds an env reset/step may take before it is reported as hung (0: no limit).",
+        ),
+    ] = 30.0,
+    list_options: Annotated[
+        bool,
+        typer.Option(
+            "--options", help="List the env's options (name, type, default, meaning) and exit."
+        ),
+    ] = False,
     debug: Debug = False,
 ) -> None:
-    """Play an env in the terminal or watch a random or model policy play it (no Ray)."""
+    """Play an env in the terminal or watch a random or model policy play it (no Ray).
+
+    Keys (--policy human, at a terminal):
+      arrow keys:   move (sokoban, frozen_lake)
+      other keys:   start a typed action; Enter sends it
+      while typing: Backspace, Delete, Left/Right, Home/End, Ctrl-A/E/U/W,
+                    Up/Down (earlier actions)
+      paste:        shown as it arrives; a pasted line with Enter is sent
+      q, Ctrl-D:    quit
+    Free-text envs (tool_use) read every action as such a line.
+    Without a terminal, each line of stdin is one action.
+    `roll debug-env ENV --options` lists the env's options.
+    """
     from roll_core.envs import get_env_class, parse_option_args
     from roll_core.envs.play import (
         Episode,
@@ -115,6 +141,9 @@ def debug_env(
 
     cls = get_env_class(env)
     name = env_id(cls)
+    if list_options:
+        _print_options(cls)
+        return
     kwargs = parse_option_args(options or [])
     validate_options(cls, kwargs)
     chosen = _choose_policy(policy, model, replay, record)
@@ -167,6 +196,7 @@ def debug_env(
                 on_prompt=printer.prompt,
                 on_turn=printer.turn,
                 model=model if chosen == "model" else None,
+                step_timeout=step_timeout or None,
             )
             printer.end(episode)
             if replay is not None:
@@ -182,6 +212,20 @@ def debug_env(
         if sink is not None:
             sink.close()
     printer.summary(summarize(played), record, replay)
+
+
+def _print_options(cls: Any) -> None:
+    from rich.table import Table
+
+    from roll_core.envs.registry import describe_options, env_id
+
+    table = Table(title=f"options of {env_id(cls)}", title_justify="left")
+    for col in ("option", "type", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for name, type_name, default, description in describe_options(cls):
+        table.add_row(name, type_name, repr(default), description)
+    out.print(table)
+    out.print(f"Give them as name=value: roll debug-env {env_id(cls)} NAME=VALUE ...", style="dim")
 
 
 def _open_record(path: Path | None) -> IO[str] | None:
@@ -236,16 +280,9 @@ def _choose_policy(
 
 
 # ---- human play ------------------------------------------------------------------------------
-_ESCAPES: Mapping[bytes, str] = {
-    b"\x1b[A": "up",
-    b"\x1b[B": "down",
-    b"\x1b[C": "right",
-    b"\x1b[D": "left",
-    b"\x1bOA": "up",
-    b"\x1bOB": "down",
-    b"\x1bOC": "right",
-    b"\x1bOD": "left",
-}
+# Names of the keys an escape sequence may stand for (CSI ``ESC [ params final`` or SS3
+# ``ESC O final``); keys without a name here are read whole and ignored.
+_KEY_NAMES: Mapping[str, str] = {"A": "up", "B": "down", "C": "right", "D": "left"}
 
 
 class HumanPolicy:
@@ -256,6 +293,12 @@ class HumanPolicy:
     terminal, each line of stdin is one action. For key play the terminal stays in cbreak
     mode (keys are read one by one, not echoed) from the first episode until :meth:`close`,
     so keys pressed while a turn is printed are neither echoed nor lost.
+
+    Typed actions are read with GNU readline (Python's ``input``): line editing (Backspace,
+    Delete, arrows, Home/End, Ctrl-A/E/U/W), a history of earlier actions, and echo of pasted
+    text, with no new dependency and nothing that takes over the screen (prompt_toolkit
+    would, and rich prints every turn). The key that started a typed action, and whatever was
+    pasted with it, is handed to readline as the line's start, so it is shown and editable.
     """
 
     name = "human"
@@ -264,6 +307,11 @@ class HumanPolicy:
         self.stream = stream
         self.keys: Mapping[str, str] = {}
         self._saved: list[Any] | None = None  # terminal attributes to restore
+
+    @property
+    def _editing(self) -> bool:
+        """Whether typed lines go through readline (stdin and stdout are a terminal)."""
+        return self.stream is sys.stdin and self.stream.isatty() and sys.stdout.isatty()
 
     def start(self, env: Any, seed: int) -> None:
         self.keys = env.key_actions
@@ -290,7 +338,10 @@ class HumanPolicy:
             return self._read_key_action()
         return self._read_line("action (Enter to send, Ctrl-D quits)> ")
 
-    def _read_line(self, prompt: str, prefix: str = "") -> str | None:
+    def _read_line(self, prompt: str, start: str = "") -> str | None:
+        """One typed line (``start``: text already typed, shown and editable); None at EOF."""
+        if self._editing:
+            return _edit_line(prompt, start)
         if prompt:
             out.print(prompt, end="", style="bold")
         line = self.stream.readline()
@@ -299,7 +350,7 @@ class HumanPolicy:
             return None
         if not self.stream.isatty():  # no terminal echoed it: show what was read
             out.print(Text(line.rstrip("\n")))
-        return prefix + line.rstrip("\n")
+        return start + line.rstrip("\n")
 
     def _read_key_action(self) -> str | None:
         import termios
@@ -319,32 +370,109 @@ class HumanPolicy:
             if key in self.keys:
                 out.print(self.keys[key])
                 return self.keys[key]
-            if key in ("\r", "\n") or key.startswith("\x1b"):
-                continue
-            if key.isprintable():  # a typed action: the rest of the line in canonical mode
-                out.print(key, end="")
-                assert self._saved is not None
-                termios.tcsetattr(fd, termios.TCSANOW, self._saved)
-                try:
-                    return self._read_line("", prefix=key)
-                finally:
-                    tty.setcbreak(fd)
+            if len(key) != 1 or not key.isprintable():
+                continue  # Enter, Backspace, PgUp, Delete, ...: nothing to act on yet
+            typed = key + _pending(fd)  # the rest of a paste arrives with its first key
+            line, ended, _ = typed.replace("\n", "\r").partition("\r")
+            if ended:  # a pasted action with its Enter: it is complete
+                shown = _printable(line)
+                out.print(Text(shown))
+                return shown
+            assert self._saved is not None
+            termios.tcsetattr(fd, termios.TCSANOW, self._saved)
+            try:
+                out.print()  # readline redraws the prompt with the text typed so far
+                return self._read_line("action> ", _printable(line))
+            finally:
+                tty.setcbreak(fd)
+
+
+def _edit_line(prompt: str, start: str) -> str | None:
+    """``input(prompt)`` with readline editing, the line pre-filled with ``start``."""
+    import readline
+
+    def prefill() -> None:
+        readline.insert_text(start)
+        readline.redisplay()
+
+    readline.set_pre_input_hook(prefill if start else None)
+    sys.stdout.flush()
+    try:
+        # \001 and \002 tell readline the bold escapes take no room on the screen
+        return input(f"\001\x1b[1m\002{prompt}\001\x1b[0m\002")
+    except EOFError:  # Ctrl-D on an empty line
+        out.print()
+        return None
+    finally:
+        readline.set_pre_input_hook(None)
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters dropped and Backspace applied (a pasted line)."""
+    kept: list[str] = []
+    for ch in text:
+        if ch in ("\x7f", "\b"):
+            if kept:
+                kept.pop()
+        elif ch.isprintable():
+            kept.append(ch)
+    return "".join(kept)
+
+
+def _pending(fd: int) -> str:
+    """Bytes already waiting on ``fd`` (the rest of a paste or of fast typing), decoded."""
+    data = b""
+    while select.select([fd], [], [], 0.02)[0]:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
 
 
 def _read_key(fd: int) -> str:
-    """One key press from a terminal in cbreak mode: ``up``/``down``/``left``/``right`` or a
-    character (an escape sequence's bytes arrive together, within 50 ms)."""
+    """One key press from a terminal in cbreak mode: a character, ``up``/``down``/``left``/
+    ``right``, or another escape sequence read whole (``\x1b[5~`` for PgUp, ``\x1b[3~`` for
+    Delete, ...) so that none of its bytes is taken for a typed key."""
     data = os.read(fd, 1)
-    if data == b"\x1b":
-        while len(data) < 3 and select.select([fd], [], [], 0.05)[0]:
-            data += os.read(fd, 1)
-        return _ESCAPES.get(data, data.decode(errors="replace"))
     if not data:
         return ""
+    if data == b"\x1b":
+        return _read_escape(fd)
     if data[0] >= 0x80:  # the rest of a UTF-8 character
         while select.select([fd], [], [], 0.01)[0] and len(data) < 4:
             data += os.read(fd, 1)
     return data.decode(errors="replace")
+
+
+def _read_escape(fd: int) -> str:
+    """The rest of an escape sequence after ESC (its bytes arrive together, within 50 ms).
+
+    CSI (``ESC [``) runs to a final byte in ``@``..``~`` after any parameter bytes; SS3
+    (``ESC O``) is one more byte; ``ESC x`` is Alt+x; a lone ESC is the Escape key.
+    """
+
+    def byte() -> bytes:
+        return os.read(fd, 1) if select.select([fd], [], [], 0.05)[0] else b""
+
+    intro = byte()
+    if intro == b"[":
+        body = b""
+        while True:
+            b = byte()
+            if not b:
+                break
+            body += b
+            if 0x40 <= b[0] <= 0x7E:
+                break
+        seq = "\x1b[" + body.decode(errors="replace")
+        params, final = body[:-1], body[-1:].decode(errors="replace")
+        plain = params in (b"", b"1") or params.startswith(b"1;")  # 1;5: with Ctrl etc.
+        return _KEY_NAMES[final] if final in _KEY_NAMES and plain else seq
+    if intro == b"O":
+        final = byte().decode(errors="replace")
+        return _KEY_NAMES.get(final, "\x1bO" + final)
+    return "\x1b" + intro.decode(errors="replace")
 
 
 # ---- output ----------------------------------------------------------------------------------

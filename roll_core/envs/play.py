@@ -18,8 +18,9 @@ from typing import IO, Any, Protocol
 import numpy as np
 
 from roll_core.envs.base import TextEnv
+from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.envs.registry import env_id
-from roll_core.errors import DataError, UsageError
+from roll_core.errors import DataError, RollError, UsageError
 
 RECORDING_FORMAT = "roll-env-episode"
 RECORDING_VERSION = 1
@@ -121,7 +122,7 @@ class RandomPolicy:
         self._rng = np.random.default_rng(0)
 
     def start(self, env: TextEnv, seed: int) -> None:
-        if type(env).random_action is TextEnv.random_action and not env.valid_actions():
+        if type(env).random_action is TextEnv.random_action and not env_call(env, "valid_actions"):
             raise UsageError(
                 f"env {env_id(type(env))} has no finite action set, so it cannot be "
                 "played at random.",
@@ -133,7 +134,7 @@ class RandomPolicy:
 
     def act(self, observation: str) -> str | None:
         assert self._env is not None, "start() first"
-        return self._env.random_action(self._rng)
+        return str(env_call(self._env, "random_action", self._rng))
 
     def turn_info(self) -> dict[str, Any]:
         return {}
@@ -171,13 +172,17 @@ def play_episode(
     on_prompt: Callable[[int, str], None] | None = None,
     on_turn: Callable[[int, Turn], None] | None = None,
     model: str | None = None,
+    step_timeout: float | None = None,
 ) -> Episode:
     """Play one episode of ``env`` seeded by ``seed``; the callbacks see it as it happens.
 
     ``on_start(episode)`` after reset, ``on_prompt(turn_number, observation)`` before the
     policy acts and ``on_turn(turn_number, turn)`` after each step (turns count from 1).
+    An exception raised by the env's ``reset``/``step``, or one that runs longer than
+    ``step_timeout`` seconds (None: no limit), becomes an :class:`EnvFault` naming the env's
+    error and the line that raised it.
     """
-    observation, _ = env.reset(seed)
+    observation, _ = env_call(env, "reset", seed, timeout=step_timeout)
     episode = Episode(
         env=env_id(type(env)),
         options=env.options.model_dump(mode="json"),
@@ -198,7 +203,7 @@ def play_episode(
         if response is None:
             episode.aborted = True
             break
-        result = env.step(response)
+        result = env_call(env, "step", response, timeout=step_timeout)
         turn = Turn(
             prompt=observation,
             response=response,
@@ -214,6 +219,28 @@ def play_episode(
             on_turn(number, turn)
         observation = result.observation
     return episode
+
+
+def env_call(env: TextEnv, method: str, *args: Any, timeout: float | None = None) -> Any:
+    """``env.method(*args)``; the env's own exceptions and hangs become :class:`EnvFault`."""
+    name = env_id(type(env))
+    try:
+        fn = getattr(env, method)
+        return fn(*args) if timeout is None else call_with_timeout(fn, *args, timeout=timeout)
+    except RollError:
+        raise  # already a user-facing error (e.g. options that cannot make a room)
+    except EnvTimeout:
+        raise EnvFault(
+            f"env {name}: {method}() did not return within {timeout:g}s (the step timeout).",
+            hint="The env hangs or is slow; fix it, or give --step-timeout more seconds "
+            "(0: no limit).",
+        ) from None
+    except Exception as err:
+        raise EnvFault(
+            f"env {name} raised an exception in {method}(): {describe_fault(err)}",
+            hint="This is an error in the env's code, not in roll; rerun with --debug for the "
+            "full traceback.",
+        ) from err
 
 
 def check_replay(recorded: Episode, replayed: Episode, *, index: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -277,3 +278,85 @@ def test_human_quits_with_q(cli_env: dict[str, str]) -> None:
     assert term.proc.returncode == 0, output
     assert "episode 1: quit, return +0.00, 1 turn" in output and "1 turns" not in output
     assert "episode 2/3" not in output and "1 episode: " in output
+
+
+def test_human_keys_pgup_delete_backspace_and_a_paste(cli_env: dict[str, str]) -> None:
+    term = _Pty(["debug-env", "sokoban", "--seed", "5"], {**cli_env, "TERM": "xterm"})
+    term.expect(PROMPT)
+    term.send(b"\x1b[5~")  # PgUp and Delete at the move prompt: read whole and ignored,
+    term.send(b"\x1b[3~")  # so no `~` becomes part of an action
+    time.sleep(0.3)
+    term.send(b"x")  # starts a typed action, edited by readline ...
+    term.expect(b"action> ")
+    term.send(b"\x7f")  # ... whose first character Backspace erases
+    time.sleep(0.3)
+    term.send(b"Lefx\x7ft\r")
+    term.expect(b"action Left")
+    term.expect(PROMPT)
+    term.send(b"Right\r")  # a paste: one write, echoed and sent with its Enter
+    term.expect(b"action Right")
+    term.expect(PROMPT)
+    term.send(b"q")
+    output = term.finish()
+    assert term.proc.returncode == 0, output
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output)  # without the colour codes
+    assert "quits)> Right" in plain  # the pasted text was shown where it was typed
+    assert "invalid action:" not in output and "~" not in output
+    assert "episode 1: quit" in output and "2 turns" in output
+
+
+def test_options_lists_types_and_defaults(cli_env: dict[str, str]) -> None:
+    res = _run(["debug-env", "frozen_lake", "--options"], cli_env)
+    assert res.returncode == 0, res.stderr
+    lines = {line.split("│")[1].strip(): line for line in res.stdout.splitlines() if "│" in line}
+    assert "size" in lines and "int" in lines["size"] and "4" in lines["size"]
+    assert "is_slippery" in lines and "bool" in lines["is_slippery"]
+
+
+def test_help_lists_the_keys(cli_env: dict[str, str]) -> None:
+    res = _run(["debug-env", "--help"], cli_env)
+    assert res.returncode == 0, res.stderr
+    for text in ("arrow keys:", "Backspace, Delete", "paste:", "q, Ctrl-D:", "--options"):
+        assert text in res.stdout, text
+
+
+def test_an_env_that_raises_is_reported_as_the_env_s_error(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "bad_env.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            from roll_core.envs import TextEnv
+
+            class Bad(TextEnv):
+                def on_reset(self, rng):
+                    return "start", {}
+                def parse_action(self, text):
+                    return text
+                def on_step(self, action):
+                    if action == "hang":
+                        time.sleep(60)
+                    raise KeyError("no such lever: " + action)
+                def render(self):
+                    return "bad"
+            """
+        )
+    )
+    res = _run(
+        ["debug-env", "bad_env:Bad", "--policy", "human"], cli_env, cwd=tmp_path, stdin="pull\n"
+    )
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 1, res.stderr
+    assert "bug in roll" not in err
+    assert "env bad_env:Bad raised an exception in step(): KeyError: 'no such lever: pull'" in err
+    assert "(at bad_env.py:13, in on_step)" in err
+    start = time.monotonic()
+    res = _run(
+        ["debug-env", "bad_env:Bad", "--policy", "human", "--step-timeout", "0.5"],
+        cli_env,
+        cwd=tmp_path,
+        stdin="hang\n",
+    )
+    assert res.returncode == 1 and time.monotonic() - start < 30, res.stderr
+    assert "step() did not return within 0.5s" in " ".join(res.stderr.split())
