@@ -27,7 +27,7 @@ class EnvEntry(Strict):
     )
     tag: str | None = Field(default=None, description="Name in metrics (default: `env`).")
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Env options (see `roll debug-env ENV --help-env`)."
+        default_factory=dict, description="Env options (`roll debug-env ENV --options` lists them)."
     )
     system_prompt: str | None = Field(
         default=None,
