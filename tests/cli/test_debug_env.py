@@ -360,3 +360,18 @@ def test_an_env_that_raises_is_reported_as_the_env_s_error(
     )
     assert res.returncode == 1 and time.monotonic() - start < 30, res.stderr
     assert "step() did not return within 0.5s" in " ".join(res.stderr.split())
+
+
+def test_free_text_env_lines_are_edited_with_readline(cli_env: dict[str, str]) -> None:
+    term = _Pty(["debug-env", "tool_use"], {**cli_env, "TERM": "xterm"})
+    term.expect(b"action (Enter to send, Ctrl-D quits)> ")
+    # type; Left past `</answer>`, Backspace the stray `y`; Left twice, Delete the stray `x`;
+    # End, Enter
+    term.send(b"<answer>4x2y</answer>")
+    time.sleep(0.2)
+    term.send(b"\x1b[D" * 9 + b"\x7f" + b"\x1b[D" * 2 + b"\x1b[3~" + b"\x1b[F" + b"\r")
+    term.expect(b"reward")
+    term.send(b"\x04")  # Ctrl-D quits
+    output = term.finish()
+    assert term.proc.returncode == 0, output
+    assert "<answer>42</answer>" in output, output[-2000:]
