@@ -23,6 +23,13 @@ the mean step time, and each arm's speedup over ``sync``.
 
     python benchmarks/agentic_async.py [--steps 8] [--latency-scale 0.02]
                                        [--arms sync,async,async-overlap,async-redundant]
+                                       [--task coin|frozenlake] [--warm-start-steps 40]
+
+``--task frozenlake`` runs the same arms on a real task instead: recipes/tiny-frozenlake.yaml
+(format warm start, step-wise GiGPO) on ``SlowFrozenLake``, FrozenLake whose every step sleeps
+the same heavy-tailed latency, and also prints each arm's held-out success (128 maps, after the
+warm start and after the last step), so whether learning survives the asynchrony is measured
+next to the speedup (the last validation's time is left out of the speed window).
 
 The latency is seeded, so every arm sees the same distribution; timings are wall clock on a
 shared machine (see docs/agentic.md).
@@ -43,7 +50,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from roll_core.envs import EnvOptions, TextEnv, Transition
+from roll_core.envs import EnvOptions, FrozenLakeEnv, TextEnv, Transition
+from roll_core.envs.frozen_lake import FrozenLakeOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLL = str(Path(sys.executable).with_name("roll"))
@@ -92,6 +100,37 @@ class SlowEnv(TextEnv):
         return f"turn {self.t}"
 
 
+class SlowFrozenLakeOptions(FrozenLakeOptions):
+    """FrozenLake's options plus SlowEnv's latency."""
+
+    latency_scale_s: float = 0.02
+    pareto_shape: float = 1.2
+    latency_cap_s: float = 4.0
+
+
+class SlowFrozenLake(FrozenLakeEnv):
+    """The real task (``--task frozenlake``): FrozenLake whose every step first sleeps
+    ``scale * (1 + Pareto(shape))`` seconds (capped), as SlowEnv; maps and moves are those of
+    ``frozen_lake`` (the latency generator is drawn after the map)."""
+
+    name = ""
+    Options = SlowFrozenLakeOptions
+    options: SlowFrozenLakeOptions
+    _instances = 0
+
+    def on_reset(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
+        observation, info = super().on_reset(rng)
+        SlowFrozenLake._instances += 1
+        self.latency_rng = np.random.default_rng([int(rng.integers(1 << 31)), self._instances])
+        return observation, info
+
+    def on_step(self, action: str) -> Transition:
+        o = self.options
+        delay = o.latency_scale_s * (1.0 + self.latency_rng.pareto(o.pareto_shape))
+        time.sleep(min(o.latency_cap_s, delay))
+        return super().on_step(action)
+
+
 ARMS: dict[str, dict[str, Any]] = {
     "sync": {"turn_barrier": True, "async_generation_ratio": 0, "group_size_redundancy": 0},
     "async": {"turn_barrier": False, "async_generation_ratio": 0, "group_size_redundancy": 0},
@@ -108,11 +147,19 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def recipe(tmp: Path, arm: str, steps: int, latency: float) -> Path:
-    data = {
+def recipe(tmp: Path, arm: str, steps: int, latency: float, task: str, warm: int) -> Path:
+    data = _frozenlake(steps, latency, warm) if task == "frozenlake" else _coin(steps, latency)
+    data["name"] = f"bench-agentic-{task}-{arm}"
+    data["runs_dir"] = str(tmp / "runs")
+    data["rollout"].update(ARMS[arm])
+    path = tmp / f"{arm}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _coin(steps: int, latency: float) -> dict[str, Any]:
+    return {
         "pipeline": "agentic",
-        "name": f"bench-agentic-{arm}",
-        "runs_dir": str(tmp / "runs"),
         "model": {"path": "builtin:tiny-qwen3"},
         "envs": [
             {
@@ -129,7 +176,6 @@ def recipe(tmp: Path, arm: str, steps: int, latency: float) -> Path:
             "max_new_tokens": 4,
             "chunk_size": 32,
             "step_timeout_s": 30,
-            **ARMS[arm],
         },
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
         "trainer": {"max_steps": steps, "micro_batch_size": 16},
@@ -138,17 +184,32 @@ def recipe(tmp: Path, arm: str, steps: int, latency: float) -> Path:
         "checkpoint": {"every_steps": 1000, "export_final": False},
         "tracking": {"backends": ["jsonl"]},
     }
-    path = tmp / f"{arm}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
-def run_arm(
-    tmp: Path, arm: str, steps: int, latency: float, env: dict[str, str]
-) -> dict[str, float]:
+def _frozenlake(steps: int, latency: float, warm: int) -> dict[str, Any]:
+    """recipes/tiny-frozenlake.yaml on SlowFrozenLake, validated after the warm start and at
+    the last step (128 held-out maps)."""
+    data = yaml.safe_load((ROOT / "recipes" / "tiny-frozenlake.yaml").read_text())
+    env = data["envs"][0]
+    env["env"] = "benchmarks.agentic_async:SlowFrozenLake"
+    env["options"] = {**env["options"], "latency_scale_s": latency}
+    data["rollout"]["step_timeout_s"] = 30
+    data["warm_start"]["steps"] = warm
+    data["trainer"]["max_steps"] = steps
+    data["eval"]["every_steps"] = steps
+    data["actor_train"]["num_threads"] = data["actor_infer"]["num_threads"] = 1
+    data["checkpoint"] = {"every_steps": 1000, "export_final": False}
+    data["tracking"] = {"backends": ["jsonl"]}
+    return dict(data)
+
+
+def run_arm(tmp: Path, arm: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, float]:
     start = time.perf_counter()
+    path = recipe(
+        tmp, arm, max(3, args.steps), args.latency_scale, args.task, args.warm_start_steps
+    )
     res = subprocess.run(
-        [ROLL, "train", "agentic", str(recipe(tmp, arm, steps, latency)), "--run-id", arm],
+        [ROLL, "train", "agentic", str(path), "--run-id", arm],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -162,8 +223,11 @@ def run_arm(
     timed = [r for r in rows if r["step"] > 0]
     # From the start of the first step (the time of its row minus its duration) to the end of
     # the last: an async arm's pipeline fill is paid inside the window, and the work it does
-    # ahead of the last step (groups generated but never trained) counts as a cost.
+    # ahead of the last step (groups generated but never trained) counts as a cost. The
+    # validation at the last step is not training: its time is left out.
     wall = timed[-1]["time"] - (timed[0]["time"] - timed[0]["perf/step_s"])
+    wall -= timed[-1].get("eval/wall_s", 0.0)
+    evals = [r for r in rows if "eval/success_rate" in r]
     episodes = sum(r["perf/samples"] for r in timed)
     return {
         "episodes_per_s": episodes / wall,
@@ -181,6 +245,9 @@ def run_arm(
         )
         / episodes,
         "process_s": time.perf_counter() - start,
+        # held-out success after the warm start (step 0) and after the last step
+        "success_start": evals[0]["eval/success_rate"] if evals else float("nan"),
+        "success_end": evals[-1]["eval/success_rate"] if len(evals) > 1 else float("nan"),
     }
 
 
@@ -191,6 +258,16 @@ def main() -> None:
     parser.add_argument(
         "--latency-scale", type=float, default=0.02, help="seconds; latency = scale x (1 + Pareto)"
     )
+    parser.add_argument(
+        "--task",
+        choices=("coin", "frozenlake"),
+        default="coin",
+        help="coin: SlowEnv (no learning, speed only); frozenlake: recipes/tiny-frozenlake.yaml "
+        "on FrozenLake with the same latency, held-out success per arm",
+    )
+    parser.add_argument(
+        "--warm-start-steps", type=int, default=40, help="frozenlake: format warm-up SFT steps"
+    )
     args = parser.parse_args()
     arms = args.arms.split(",")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -198,7 +275,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for arm in arms:
             print(f"arm {arm} ...", flush=True)
-            results[arm] = run_arm(Path(tmp), arm, max(3, args.steps), args.latency_scale, env)
+            results[arm] = run_arm(Path(tmp), arm, args, env)
     base = results.get("sync", next(iter(results.values())))["episodes_per_s"]
     print(
         f"\n{'arm':<18}{'episodes/s':>12}{'step s':>9}{'rollout s':>11}{'env share':>11}"
@@ -210,6 +287,10 @@ def main() -> None:
             f"{r['env_share']:>11.2f}{r['stale_dropped']:>7.0f}{r['run_per_trained']:>13.2f}"
             f"{r['episodes_per_s'] / base:>8.2f}x"
         )
+    if args.task == "frozenlake":
+        print(f"\n{'arm':<18}{'held-out success after warm start':>35}{'after last step':>17}")
+        for arm, r in results.items():
+            print(f"{arm:<18}{r['success_start']:>35.1%}{r['success_end']:>17.1%}")
 
 
 if __name__ == "__main__":

@@ -221,6 +221,7 @@ def validate(
         temperature=cfg.eval.temperature,
         stop=tuple(cfg.rollout.stop),
     )
+    start = time.perf_counter()
     trajs: list[Trajectory] = []
     for entry, spec in zip(cfg.envs, specs, strict=True):
         seeds = [cfg.eval.seed_start + i for i in range(entry.eval_episodes)]
@@ -228,6 +229,7 @@ def validate(
     metrics = episode_metrics(trajs, prefix="eval")  # a failed episode counts as a failure
     metrics["eval/env_errors"] = float(sum(t.status == "error" for t in trajs))
     metrics["eval/env_timeouts"] = float(sum(t.status == "timeout" for t in trajs))
+    metrics["eval/wall_s"] = time.perf_counter() - start
     return metrics
 
 
