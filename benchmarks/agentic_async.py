@@ -228,9 +228,9 @@ def run_arm(tmp: Path, arm: str, args: argparse.Namespace, env: dict[str, str]) 
     wall = timed[-1]["time"] - (timed[0]["time"] - timed[0]["perf/step_s"])
     wall -= timed[-1].get("eval/wall_s", 0.0)
     evals = [r for r in rows if "eval/success_rate" in r]
-    data = yaml.safe_load(path.read_text())  # episodes trained per step (step mode trains
-    per_step = data["rollout"]["group_size"] * data["envs"][0]["groups_per_step"]  # turns)
-    episodes = per_step * len(timed)
+    # episodes trained per step (in step mode perf/samples counts turns, not episodes)
+    data = yaml.safe_load(path.read_text())
+    episodes = data["rollout"]["group_size"] * data["envs"][0]["groups_per_step"] * len(timed)
     return {
         "episodes_per_s": episodes / wall,
         "step_s": wall / len(timed),
