@@ -45,3 +45,39 @@ def test_agentic_benchmark_prints_every_arm() -> None:
     assert rows["sync"][2] == "1.00"  # the baseline's own ratio
     assert float(rows["sync"][1]) == 1.0  # lockstep runs exactly the episodes it trains
     assert float(rows["async-redundant"][1]) > 1.0  # redundancy runs extra episodes
+
+
+def success_rows(stdout: str) -> dict[str, tuple[str, str]]:
+    """The held-out success table of `--task frozenlake`: arm -> (after warm start, at end)."""
+    return {
+        m.group(1): (m.group(2), m.group(3))
+        for m in re.finditer(r"^(sync|async-redundant)\s+([\d.]+)%\s+([\d.]+)%$", stdout, re.M)
+    }
+
+
+@pytest.mark.slow
+def test_agentic_benchmark_on_frozenlake_prints_success_per_arm() -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/agentic_async.py",
+            "--task",
+            "frozenlake",
+            "--steps",
+            "3",
+            "--warm-start-steps",
+            "2",
+            "--arms",
+            "sync,async-redundant",
+            "--latency-scale",
+            "0.002",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = success_rows(res.stdout)
+    assert set(rows) == {"sync", "async-redundant"}, res.stdout
+    assert "speedup" in res.stdout and "held-out success after warm start" in res.stdout
