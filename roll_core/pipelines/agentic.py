@@ -37,7 +37,7 @@ from roll_core.data import Batch
 from roll_core.engine import Cluster, make_executor
 from roll_core.envs import get_env_class, make_env
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
-from roll_core.errors import ConfigError
+from roll_core.errors import ConfigError, RollError
 from roll_core.models import load_tokenizer, resolve_model_path
 from roll_core.pipelines import rlvr
 from roll_core.pipelines.common import DriverLoop, RolePlan
@@ -146,6 +146,8 @@ def _check_env(entry: EnvEntry, timeout: float) -> None:
     env = make_env(entry.env, **entry.options)
     try:
         call_with_timeout(env.reset, 0, timeout=timeout)
+    except RollError:
+        raise  # already a user-facing error (e.g. options that cannot make a room)
     except Exception as err:  # noqa: BLE001 - the user's env raised or hung
         raise EnvFault(
             f"env {entry.name}: reset(seed=0) failed before training started: "
