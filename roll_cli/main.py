@@ -263,12 +263,19 @@ def runs(
     """List runs: id, recipe, status, step, key metric, age."""
     import time
 
+    from roll_core.errors import RollError
     from roll_core.runs import list_runs
     from roll_core.tracking.console import key_metric
 
     rows = []
     for run in list_runs(runs_dir)[:limit]:
-        meta = run.meta()
+        try:
+            meta = run.meta()
+        except (RollError, OSError) as e:  # one damaged run must not hide the others
+            rows.append((run.id, "?", "", "damaged", "?", "", ""))
+            text = e.message if isinstance(e, RollError) else f"run {run.id}: {e}"
+            err.print(f"[yellow]warning:[/yellow] {text}", highlight=False, soft_wrap=True)
+            continue
         rows.append(
             (
                 run.id,

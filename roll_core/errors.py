@@ -60,3 +60,17 @@ class RunDirError(RollError):
     """A run directory that cannot be created or written."""
 
     exit_code = 1
+
+
+class WorkerDiedError(RollError):
+    """A worker process (a Ray actor or a local subprocess rank) died: killed, out of memory,
+    or crashed below Python. The run's driver adds the last good checkpoint and the resume
+    command to the message."""
+
+    exit_code = 1
+
+    def __init__(self, role: str, rank: int, detail: str) -> None:
+        self.role = role
+        self.rank = rank
+        self.detail = detail
+        super().__init__(f"worker {role} rank {rank} died ({detail}).")

@@ -20,7 +20,9 @@ from typing import Any, Protocol
 
 from roll_core.data import Batch
 from roll_core.engine.dispatch import split_by_tokens
+from roll_core.engine.process import chain_future
 from roll_core.engine.worker import Worker
+from roll_core.errors import WorkerDiedError
 
 
 class Handle(Protocol):
@@ -89,13 +91,25 @@ class Cluster:
             address, port = self.run_one(0, "dist_endpoint")
             self.dist_backend = self.run("init_process_group", address, port)[0]
 
+    def _gather(self, futures: list[Any]) -> list[Any]:
+        try:
+            return self.executor.gather(futures)
+        except WorkerDiedError as err:
+            raise self._named(err) from None
+
+    def _named(self, err: BaseException) -> BaseException:
+        """A worker death as this cluster's: `worker actor_train rank 1 died (...)`."""
+        if isinstance(err, WorkerDiedError) and not err.role:
+            return WorkerDiedError(self.name, err.rank, err.detail)
+        return err
+
     def run_one(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call `method` on one rank only and wait (not for collective methods)."""
-        return self.executor.gather([self.handles[rank].submit(method, *args, **kwargs)])[0]
+        return self._gather([self.handles[rank].submit(method, *args, **kwargs)])[0]
 
     def run(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` on every rank with the same arguments; results in rank order."""
-        return self.executor.gather([h.submit(method, *args, **kwargs) for h in self.handles])
+        return self._gather([h.submit(method, *args, **kwargs) for h in self.handles])
 
     def run_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Rank 0's result. In a process group every rank is called (the method may be a
@@ -110,7 +124,7 @@ class Cluster:
         Used by the rollout scheduler to keep every rank busy while results stream back.
         Errors surface from `future.result()` (a worker's RollError as itself).
         """
-        return self.handles[rank].submit_async(method, *args, **kwargs)
+        return chain_future(self.handles[rank].submit_async(method, *args, **kwargs), self._named)
 
     def run_dp(self, method: str, batch: Batch, **kwargs: Any) -> list[Any]:
         """Split `batch` into one contiguous shard per rank and call `method` on each.
@@ -122,7 +136,7 @@ class Cluster:
         futures = [
             h.submit(method, shard, **kwargs) for h, shard in zip(self.handles, shards, strict=True)
         ]
-        return self.executor.gather(futures)
+        return self._gather(futures)
 
 
 def _rank_resources(

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from roll_core.engine.process import ProcessHandle
+from roll_core.engine.process import ProcessHandle, chain_future
 from roll_core.engine.worker import Worker
-from roll_core.errors import ConfigError, RollError
+from roll_core.errors import ConfigError, RollError, WorkerDiedError
+
+_DEATH_GRACE_S = 10.0
+"""How long a failed gather waits for the other ranks, to report a death before its echoes."""
 
 
 class _LocalHandle:
@@ -62,23 +65,41 @@ class LocalExecutor:
         return _LocalHandle(worker_cls(rank=rank, world_size=world_size, **kwargs))
 
     def gather(self, futures: list[Any]) -> list[Any]:
+        pending = [f for f in futures if isinstance(f, Future)]
+        done, _ = wait(pending, return_when=FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in done):
+            # A rank that died makes its peers in a collective fail too, often first: wait a
+            # moment for every rank and report the death, the cause, before their errors.
+            done, _ = wait(pending, timeout=_DEATH_GRACE_S)
+            errors = [f.exception() for f in done if f.exception() is not None]
+            raise next((e for e in errors if isinstance(e, WorkerDiedError)), errors[0])
         return [f.result() if isinstance(f, Future) else f for f in futures]
 
     def shutdown(self) -> None:
+        # After a death the survivors' group is broken: do not wait long for a polite stop.
+        broken = any(not handle.alive for handle in self._processes)
         for handle in self._processes:
-            handle.close()
+            handle.close(timeout=2.0 if broken else 30.0)
         self._processes.clear()
 
 
 class _RayHandle:
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Any, rank: int) -> None:
         self.actor = actor
+        self.rank = rank
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.actor.call.remote(method, *args, **kwargs)
 
     def submit_async(self, method: str, *args: Any, **kwargs: Any) -> Future:
-        return self.actor.call.remote(method, *args, **kwargs).future()
+        from ray.exceptions import RayActorError
+
+        def died(err: BaseException) -> BaseException:
+            if isinstance(err, RayActorError):
+                return WorkerDiedError("", self.rank, f"Ray actor {type(err).__name__}")
+            return err
+
+        return chain_future(self.actor.call.remote(method, *args, **kwargs).future(), died)
 
 
 class RayExecutor:
@@ -91,6 +112,7 @@ class RayExecutor:
 
         self._ray = ray
         self._started_here = False
+        self._ranks: dict[str, int] = {}  # actor id -> rank, to name a dead actor
         if not ray.is_initialized():
             os.environ.setdefault("RAY_DEDUP_LOGS", "0")
             try:
@@ -145,7 +167,8 @@ class RayExecutor:
             options["runtime_env"] = {"env_vars": env_vars}
         actor_cls = self._ray.remote(worker_cls)
         actor = actor_cls.options(**options).remote(rank=rank, world_size=world_size, **kwargs)
-        return _RayHandle(actor)
+        self._ranks[actor._actor_id.hex()] = rank
+        return _RayHandle(actor, rank)
 
     def _placement_group(self, num_nodes: int, gpus_per_node: int) -> Any:
         """One placement group for the whole run: bundle k = all GPUs of node k."""
@@ -167,15 +190,41 @@ class RayExecutor:
         return pgs[key]
 
     def gather(self, futures: list[Any]) -> list[Any]:
-        from ray.exceptions import RayTaskError
+        from ray.exceptions import RayActorError, RayTaskError
 
         try:
             return self._ray.get(futures)
+        except RayActorError as err:
+            raise self.death(err) from None
         except RayTaskError as err:
+            # A peer's death makes the survivors of a collective fail too: report the death.
+            dead = self._first_death(futures)
+            if dead is not None:
+                raise dead from None
             # A user-fixable error inside a worker surfaces as itself, not as a Ray traceback.
             if isinstance(err.cause, RollError):
                 raise err.cause from None
             raise
+
+    def death(self, err: Any) -> WorkerDiedError:
+        """A dead Ray actor (RayActorError) as a WorkerDiedError naming its rank."""
+        actor_id = getattr(err, "actor_id", None)
+        rank = self._ranks.get(actor_id, -1) if isinstance(actor_id, str) else -1
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return WorkerDiedError("", rank, f"Ray actor {type(err).__name__}: {first[:300]}")
+
+    def _first_death(self, futures: list[Any]) -> WorkerDiedError | None:
+        from ray.exceptions import RayActorError
+
+        ready, _ = self._ray.wait(futures, num_returns=len(futures), timeout=_DEATH_GRACE_S)
+        for ref in ready:
+            try:
+                self._ray.get(ref)
+            except RayActorError as err:
+                return self.death(err)
+            except Exception:  # noqa: BLE001 - only deaths matter here
+                continue
+        return None
 
     def shutdown(self) -> None:
         if self._started_here and self._ray.is_initialized():

@@ -20,7 +20,7 @@ from typing import Any
 
 import cloudpickle
 
-from roll_core.errors import RollError
+from roll_core.errors import RollError, WorkerDiedError
 
 _STOP = "__stop__"
 
@@ -70,6 +70,39 @@ def _error(err: BaseException) -> bytes:
     return cloudpickle.dumps(("err", WorkerProcessError(f"worker process failed:\n{text}")))
 
 
+def chain_future(fut: Future, translate: Any) -> Future:
+    """A Future with `fut`'s result, or its exception passed through `translate`."""
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        if f.cancelled():
+            out.cancel()
+            return
+        err = f.exception()
+        if err is None:
+            out.set_result(f.result())
+        else:
+            out.set_exception(translate(err))
+
+    out.set_running_or_notify_cancel()
+    fut.add_done_callback(done)
+    return out
+
+
+def exit_reason(code: int | None) -> str:
+    """`exited with code 1`, `was killed by SIGKILL`, ... for a process's exit code."""
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (the kernel's out-of-memory killer, or a kill by hand)" if code == -9 else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
 class ProcessHandle:
     """One rank in a spawned subprocess."""
 
@@ -79,6 +112,7 @@ class ProcessHandle:
             # e.g. a test module that a fresh interpreter cannot import by name: send the
             # class by value
             cloudpickle.register_pickle_by_value(module)
+        self.rank = int(kwargs.get("rank", 0))
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         old = {k: os.environ.get(k) for k in env}
@@ -103,8 +137,9 @@ class ProcessHandle:
         try:
             status, value = cloudpickle.loads(self._conn.recv_bytes())
         except (EOFError, ConnectionResetError, OSError):
-            raise WorkerProcessError(
-                f"worker process {self._proc.pid} exited (code {self._proc.exitcode})."
+            self._proc.join(5)  # reap it, for its exit code
+            raise WorkerDiedError(
+                "", self.rank, f"process {self._proc.pid} {exit_reason(self._proc.exitcode)}"
             ) from None
         if status == "err":
             raise value
@@ -119,6 +154,10 @@ class ProcessHandle:
         return self._pool.submit(self._roundtrip, method, args, kwargs)
 
     submit_async = submit
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.is_alive()
 
     def close(self, timeout: float = 30.0) -> None:
         if self._proc.is_alive():

@@ -16,6 +16,7 @@ from roll_core.config.loader import apply_overrides, dump_config, read_yaml, sch
 from roll_core.pipelines import agentic, distill, dpo, rlvr, sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
 from roll_core.runs import Run
+from roll_core.runs.failure import explain_failure
 from roll_core.tracking.progress import phase
 from roll_core.tracking.terminal import make_console
 
@@ -97,8 +98,16 @@ def _execute(
         if resume and not loop.started:  # a refused resume leaves the run as it was
             loop.close(None)
             raise
-        loop.close("failed")
-        run.update_meta(error=f"{type(err).__name__}: {err}"[:2000])
+        problems = loop.close_failed(err)
+        clear = explain_failure(
+            err,
+            run_dir=run.dir,
+            last_checkpoint=loop.last_checkpoint(),
+            resume_command=loop.resume_command(),
+            problems=problems,
+        )
+        if clear is not None:
+            raise clear from err
         raise
     return RunResult(run=run, metrics=metrics)
 

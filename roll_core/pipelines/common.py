@@ -22,6 +22,7 @@ from rich.console import Console
 
 from roll_core.errors import CheckpointError, Interrupted, UsageError
 from roll_core.runs import CheckpointManager, Run, atomic_write_text
+from roll_core.runs.export import FINAL, export_atomic
 from roll_core.tracking import build_tracking
 from roll_core.tracking.console import summary_metrics
 from roll_core.tracking.jsonl import truncate_after
@@ -157,18 +158,16 @@ class DriverLoop:
                         f"[yellow]checkpoint {name} is damaged ({reason}); "
                         f"falling back to {found.path.name}.[/yellow]"
                     )
+                if found.note:
+                    self.console.print(f"[yellow]{found.note}[/yellow]")
                 state = json.loads((found.path / TRAINER_STATE).read_text())
                 load_state(found.path, state)
                 start = found.step
                 self._last_saved = start
                 if start >= self.cfg.trainer.max_steps:
-                    raise UsageError(
-                        f"run {self.run.id} already reached trainer.max_steps="
-                        f"{self.cfg.trainer.max_steps} ({found.path.name}); nothing to resume.",
-                        hint=f"To train further: roll resume {self.run.id} "
-                        f"trainer.max_steps=N (N > {start}).",
-                    )
-                self.console_note(f"resumed from {found.path.name}")
+                    self._check_unfinished(found.path.name, start)
+                else:
+                    self.console_note(f"resumed from {found.path.name}")
             else:
                 self.console_note("no checkpoint was saved yet: starting again from step 0")
             if self.new_config is not None:
@@ -191,6 +190,27 @@ class DriverLoop:
         )
         self.started = True
         return start
+
+    def _check_unfinished(self, ckpt: str, start: int) -> None:
+        """At max_steps: go on to the final export if the run never finished, else refuse."""
+        meta = self.run.meta()
+        final = self.run.dir / FINAL
+        if meta.get("status") == "finished" and (
+            final.is_dir() or not self.cfg.checkpoint.export_final
+        ):
+            raise UsageError(
+                f"run {self.run.id} already reached trainer.max_steps="
+                f"{self.cfg.trainer.max_steps} ({ckpt}); nothing to resume.",
+                hint=f"To train further: roll resume {self.run.id} "
+                f"trainer.max_steps=N (N > {start}).",
+            )
+        self.last_metrics = dict(meta.get("metrics") or {})
+        self.console.print(
+            f"[yellow]{ckpt} is the last step (trainer.max_steps={self.cfg.trainer.max_steps}) "
+            f"but the run stopped before it finished (status {meta.get('status')!r}, "
+            f"final/ {'present' if final.is_dir() else 'missing'}): finishing it from "
+            f"{ckpt}.[/yellow]"
+        )
 
     def _install_signal_handlers(self) -> None:
         def request_stop(signum: int, frame: Any) -> None:
@@ -277,17 +297,41 @@ class DriverLoop:
 
     def finish(self, *, export: Callable[[Path], Any] | None) -> dict[str, float]:
         if export is not None and self.cfg.checkpoint.export_final:
-            final = self.run.dir / "final"
-            export(final)
+            final = export_atomic(self.run.dir / FINAL, export)
             self.console_note(f"final model (Hugging Face format): {final}")
         self.close("finished")
         return dict(self.last_metrics)
+
+    def last_checkpoint(self) -> str | None:
+        """The newest intact checkpoint's directory name, for failure messages."""
+        try:
+            found = self.ckpts.find_resumable()
+        except (RollError, OSError):
+            return None
+        return found.path.name if found else None
 
     def close(self, status: str | None) -> None:
         """Stop trackers and handlers; record `status` (None: leave the run's status alone)."""
         self._restore_signal_handlers()
         if self.tracking is not None:
-            self.tracking.close()
-            self.tracking = None
+            tracking, self.tracking = self.tracking, None
+            tracking.close()
         if status is not None:
             self.run.update_meta(status=status)
+
+    def close_failed(self, err: BaseException) -> list[str]:
+        """Mark the run failed after `err` without raising again (the disk may be full or
+        read-only); return what could not be done, for the error message."""
+        problems = []
+        self._restore_signal_handlers()
+        if self.tracking is not None:
+            tracking, self.tracking = self.tracking, None
+            try:
+                tracking.close()
+            except Exception as close_err:  # noqa: BLE001 - reported in the message
+                problems.append(f"closing the trackers failed too ({close_err})")
+        try:
+            self.run.update_meta(status="failed", error=f"{type(err).__name__}: {err}"[:2000])
+        except Exception as meta_err:  # noqa: BLE001 - reported in the message
+            problems.append(f"meta.json could not be marked failed ({meta_err})")
+        return problems

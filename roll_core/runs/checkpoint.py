@@ -87,6 +87,8 @@ class Resumable:
     path: Path
     step: int
     skipped: list[tuple[str, str]]
+    note: str | None = None
+    """What a fallback did that the caller should say (e.g. a missing `latest` pointer)."""
 
 
 class CheckpointManager:
@@ -143,6 +145,16 @@ class CheckpointManager:
         name = pointer.read_text().strip()
         return self.root / name if name else None
 
+    def _pointer_note(self, pointed: Path | None, chosen: Path) -> str | None:
+        if pointed is not None:
+            return None  # the pointer was used, or the skipped list says why not
+        pointer = self.root / LATEST
+        what = "is empty" if pointer.is_file() else "is missing"
+        return (
+            f"checkpoints/{LATEST} {what}; using the newest complete checkpoint, {chosen.name} "
+            "(it will be rewritten at the next save)."
+        )
+
     def find_resumable(self) -> Resumable | None:
         """The newest intact checkpoint (the `latest` one first), or None when there is none."""
         candidates: list[Path] = []
@@ -155,7 +167,8 @@ class CheckpointManager:
             reason = verify(cand) if cand.is_dir() else "directory is missing"
             if reason is None:
                 manifest = json.loads((cand / MANIFEST).read_text())
-                return Resumable(path=cand, step=int(manifest["step"]), skipped=skipped)
+                note = self._pointer_note(pointed, cand)
+                return Resumable(path=cand, step=int(manifest["step"]), skipped=skipped, note=note)
             skipped.append((cand.name, reason))
         if skipped:
             raise CheckpointError(

@@ -14,6 +14,7 @@ Run ids are short and typeable: `<adjective>-<noun>-<2 digits>`, e.g. `brisk-ott
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -55,11 +56,16 @@ def new_run_id(runs_dir: Path, rng: random.Random | None = None) -> str:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a file so readers see the old or the new content, never a torn one."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:  # name the file the caller meant, not the temporary one
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OSError(err.errno, err.strerror, str(path)) from err
 
 
 def _git_sha() -> str | None:
@@ -163,11 +169,30 @@ class Run:
                 f"no run {run_id!r} in {root.resolve()}.{listing}",
                 hint="`roll runs` lists runs; pass `--runs-dir` if they live elsewhere.",
             )
+        run.meta()  # a damaged meta.json is refused before anything is loaded or written
         return run
 
     # ---- meta ------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
-        return json.loads((self.dir / "meta.json").read_text())
+        """meta.json as a dict; a damaged one is a RunDirError for this run only (an OSError,
+        e.g. a deleted run directory, propagates for the caller to explain)."""
+        path = self.dir / "meta.json"
+        try:
+            meta = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            reason = f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+        except UnicodeDecodeError:
+            reason = "not valid JSON (not UTF-8 text)"
+        else:
+            if isinstance(meta, dict) and isinstance(meta.get("resumes", []), list):
+                return meta
+            reason = "not a JSON object with the run's fields"
+        raise RunDirError(
+            f"run {self.id}: {path} is damaged: {reason}. Nothing was changed; the run's "
+            "checkpoints, metrics and config.yaml are untouched.",
+            hint="Repair meta.json by hand (it holds the status, step and command of the run) "
+            "or move the run directory out of the runs directory.",
+        )
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         atomic_write_text(self.dir / "meta.json", json.dumps(meta, indent=2) + "\n")
@@ -182,7 +207,7 @@ class Run:
 
     def record_resume(self, *, command: list[str], from_step: int, checkpoint: str | None) -> None:
         meta = self.meta()
-        meta["resumes"].append(
+        meta.setdefault("resumes", []).append(
             {
                 "time": time.time(),
                 "command": command,
@@ -200,4 +225,12 @@ def list_runs(runs_dir: str | Path) -> list[Run]:
     if not root.is_dir():
         return []
     runs = [Run(p) for p in root.iterdir() if (p / "meta.json").is_file()]
-    return sorted(runs, key=lambda r: r.meta().get("created", 0), reverse=True)
+    return sorted(runs, key=_created, reverse=True)
+
+
+def _created(run: Run) -> float:
+    """When `run` was created (a run with a damaged meta.json sorts by its directory's mtime)."""
+    try:
+        return float(run.meta().get("created", 0))
+    except (RunDirError, TypeError, ValueError):
+        return run.dir.stat().st_mtime

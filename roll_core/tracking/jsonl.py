@@ -45,9 +45,12 @@ class JsonlTracker:
         if clash:
             raise ValueError(f"metric keys {clash} are reserved in {self.path.name}")
         record = {"step": int(step), "time": time.time(), **metrics}
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as err:  # name the file: a bare "No space left on device" names none
+            raise OSError(err.errno, err.strerror, str(self.path)) from err
 
     def close(self) -> None:
         """Close the file; later `log` calls raise."""
