@@ -29,7 +29,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             hint="Pass the path of a YAML recipe, e.g. `roll sft recipes/tiny-arith-sft.yaml`.",
         )
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_text()
+        _reject_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), (), p)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -48,6 +50,33 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"not a {type(data).__name__}."
         )
     return data
+
+
+def _reject_duplicate_keys(node: Any, path: tuple[str, ...], source: Path) -> None:
+    """A key given twice in one mapping (a repeated `max_steps:` or a second `trainer:`
+    section) is an error naming both lines; YAML loaders would keep the last one silently."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _reject_duplicate_keys(item, (*path, str(i)), source)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+        line = key_node.start_mark.line + 1
+        if key is not None and key != "<<":
+            if key in seen:
+                what = "section" if isinstance(value_node, yaml.MappingNode) else "key"
+                dotted = ".".join((*path, key))
+                raise ConfigError(
+                    f"{source}: {what} {dotted} is given twice (line {seen[key]} and line "
+                    f"{line}); YAML would silently keep only the second.",
+                    hint="Merge the two sections into one."
+                    if what == "section"
+                    else "Delete the one you do not mean.",
+                )
+            seen[key] = line
+        _reject_duplicate_keys(value_node, (*path, key or "?"), source)
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -103,8 +103,10 @@ def _load_local(path: Path, *, split: str, key: str) -> datasets.Dataset:
         builder, files = _directory_files(path, split=split, key=key)
     else:
         builder, files = _builder_for(path, key=key), [path]
+    for f in files:
+        check_text_rows(f, key=key)
     try:
-        return datasets.load_dataset(
+        ds = datasets.load_dataset(
             builder, data_files={split: [str(f) for f in files]}, split=split
         )
     except Exception as err:  # any parse failure of user data
@@ -112,6 +114,51 @@ def _load_local(path: Path, *, split: str, key: str) -> datasets.Dataset:
             f"Could not read {_names([str(f) for f in files])} as {builder}: {_reason(err)}",
             hint=f"Fix the file or set {key} to a different one.",
         ) from err
+    if len(ds) == 0:
+        raise DataError(
+            f"{_names([str(f) for f in files])} has no rows.",
+            hint=f"Point {key} at a file with data.",
+        )
+    return ds
+
+
+MAX_ROW_BYTES = 8 * 1024 * 1024
+"""The largest row (one line of a jsonl/csv file) read: 8 MiB of text is millions of tokens,
+far past any model's context; a larger row is a broken file, refused before it is parsed."""
+
+
+def check_text_rows(path: Path, *, key: str, limit: int = MAX_ROW_BYTES) -> None:
+    """Refuse an empty file, or a line-based file (jsonl, json lines, csv) with a line longer
+    than `limit`, by streaming it in 1 MiB chunks: no row is ever held whole. Parquet and
+    single JSON documents (a `[...]` array) are not line-based and are not scanned."""
+    if path.suffix.lower() == ".parquet":
+        return
+    line, current, seen_text = 1, 0, False
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            if not seen_text:
+                stripped = chunk.lstrip()
+                if stripped[:1] == b"[":
+                    return  # one JSON document: datasets reads it whole anyway
+                seen_text = bool(stripped)
+            parts = chunk.split(b"\n")
+            for i, part in enumerate(parts):
+                current += len(part)
+                if current > limit:
+                    raise DataError(
+                        f"{str(path)!r}: line {line} (one row) is over {limit // 2**20} MiB "
+                        f"(at least {current:,} bytes); roll reads rows of at most "
+                        f"{limit // 2**20} MiB.",
+                        hint=f"Remove or split that row, or set {key} to another file.",
+                    )
+                if i < len(parts) - 1:
+                    line += 1
+                    current = 0
+    if not seen_text:
+        raise DataError(
+            f"{str(path)!r} is empty: it has no rows.",
+            hint=f"Point {key} at a file with data (a json/jsonl/parquet/csv file).",
+        )
 
 
 def _builder_for(path: Path, *, key: str) -> str:

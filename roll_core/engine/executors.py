@@ -165,10 +165,24 @@ class RayExecutor:
             env_vars["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
         if isolated or "gpu_ids" in resources:
             options["runtime_env"] = {"env_vars": env_vars}
+        self._check_cpus(float(options["num_cpus"]))
         actor_cls = self._ray.remote(worker_cls)
         actor = actor_cls.options(**options).remote(rank=rank, world_size=world_size, **kwargs)
         self._ranks[actor._actor_id.hex()] = rank
         return _RayHandle(actor, rank)
+
+    def _check_cpus(self, cpus: float) -> None:
+        """Refuse an actor the cluster can never hold (its CPUs all taken by our own actors)
+        instead of waiting for it forever."""
+        self._cpus_held = getattr(self, "_cpus_held", 0.0) + cpus
+        total = float(self._ray.cluster_resources().get("CPU", 0.0))
+        if cpus and self._cpus_held > total:
+            raise ConfigError(
+                f"the run's Ray actors need {self._cpus_held:g} CPUs in all (1 per rank), but "
+                f"the Ray cluster has {total:g}; the next one would wait for resources forever.",
+                hint="Lower the world_size of a role, raise executor.num_cpus, or join a larger "
+                "cluster with executor.ray_address.",
+            )
 
     def _placement_group(self, num_nodes: int, gpus_per_node: int) -> Any:
         """One placement group for the whole run: bundle k = all GPUs of node k."""

@@ -7,6 +7,7 @@ A recipe has a GPU plan when a role asks for CUDA, a role has a device_mapping, 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from roll_core.engine.placement import (
     span,
     train_memory,
 )
+from roll_core.errors import ConfigError
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _SHORT = {"params": "params", "grads": "grads", "optimizer": "optim", "kv_cache": "kv"}
@@ -186,3 +188,74 @@ def cluster_placement(cfg: Any, role: str) -> dict[str, Any]:
         "gpu_ids": list(gp.placement.roles[role].ranks),
         "gpus_per_node": cfg.executor.gpus_per_node,
     }
+
+
+# ---- can the executor place every rank? (CPU recipes; GPU recipes are placed above) --------
+
+_CLUSTER_WORKERS = ("ActorTrain", "ActorInfer", "Reference", "Critic", "Teacher")
+"""Plan rows that are Clusters of ranks (not thread pools such as rewards or envs)."""
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (the affinity mask, e.g. a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _ranks(rows: list[Any], *, process_groups_only: bool) -> list[tuple[str, int]]:
+    """(role, ranks) of every cluster in the plan; a LoRA reference shares actor_train's."""
+    out = []
+    for row in rows:
+        if row.worker not in _CLUSTER_WORKERS:
+            continue
+        if row.worker == "ActorTrain" and row.role != "actor_train":
+            continue
+        if process_groups_only and not (
+            row.worker == "ActorTrain" and (row.world_size > 1 or row.backend != "torch")
+        ):
+            continue
+        out.append((row.role, row.world_size))
+    return out
+
+
+def check_capacity(cfg: Any, rows: list[Any]) -> None:
+    """Refuse a CPU recipe whose ranks the executor cannot place, before anything starts.
+
+    `local`: ranks in a torch.distributed group each get a process that computes in lock-step
+    with the others; more of them than this machine's CPUs is refused. `ray` (a local
+    cluster): every rank is an actor holding 1 CPU for the whole run, so the ranks of all roles
+    together must fit in `executor.num_cpus` (or this machine's CPUs); more would wait for
+    resources forever. A joined cluster (`executor.ray_address`) is checked against its
+    resources when it is joined (RayExecutor). GPU recipes are placed by gpu_plan.
+    """
+    ex = cfg.executor
+    if ex.num_gpus or any(row.device == "cuda" for row in rows):
+        return
+    if ex.type == "ray":
+        if ex.ray_address:
+            return
+        roles = _ranks(rows, process_groups_only=False)
+        capacity = ex.num_cpus or available_cpus()
+        where = (
+            f"executor.num_cpus={ex.num_cpus}"
+            if ex.num_cpus
+            else f"this machine's {capacity} CPUs (executor.num_cpus unset)"
+        )
+        fix = "Raise executor.num_cpus, lower the world_size of a role, or join a larger "
+        fix += "cluster with executor.ray_address."
+    else:
+        roles = _ranks(rows, process_groups_only=True)
+        capacity = available_cpus()
+        where = f"this machine's {capacity} CPUs"
+        fix = "Lower actor_train.world_size, or run on Ray across machines (executor.type: ray "
+        fix += "with executor.ray_address)."
+    need = sum(n for _, n in roles)
+    if need > capacity:
+        parts = " + ".join(f"{role} {n}" for role, n in roles)
+        raise ConfigError(
+            f"the resource plan needs {need} CPU ranks ({parts}), more than the {ex.type} "
+            f"executor can place on {where}; the run would wait for them forever or crawl.",
+            hint=fix,
+        )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_core.config.loader import apply_overrides, dump_config, read_yaml, schema_for, validate
+from roll_core.engine.resource_plan import check_capacity
 from roll_core.pipelines import agentic, distill, dpo, rlvr, sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
 from roll_core.runs import Run
@@ -51,6 +52,7 @@ def plan(cfg: Any) -> list[RolePlan]:
     the placement per node and the memory estimate per GPU (roll_core/engine/placement.py);
     an impossible placement raises ConfigError."""
     rows = PIPELINES[cfg.pipeline].plan(cfg)
+    check_capacity(cfg, rows)
     return rows + gpu_plan_rows(cfg)
 
 
@@ -120,6 +122,7 @@ def _prepare(cfg: Any) -> Any:
 
 def launch(cfg: Any, *, recipe: str | None, run_id: str | None = None) -> RunResult:
     """Create a run directory for `cfg` and run its pipeline."""
+    check_capacity(cfg, PIPELINES[cfg.pipeline].plan(cfg))
     setup = _prepare(cfg)
     run = Run.create(
         cfg.runs_dir,
@@ -148,6 +151,7 @@ def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = N
     """
     run = Run.open(runs_dir, run_id)
     cfg = load_run_config(run, list(overrides or []))
+    check_capacity(cfg, PIPELINES[cfg.pipeline].plan(cfg))
     setup = _prepare(cfg)
     new_config = dump_config(cfg) if overrides else None
     return _execute(cfg, setup, run, resume=True, new_config=new_config)
