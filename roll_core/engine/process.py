@@ -98,7 +98,7 @@ def exit_reason(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        hint = " (the kernel's out-of-memory killer, or a kill by hand)" if code == -9 else ""
+        hint = ": often the kernel's out-of-memory killer, or a kill by hand" if code == -9 else ""
         return f"was killed by {name}{hint}"
     return f"exited with code {code}"
 

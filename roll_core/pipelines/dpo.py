@@ -21,14 +21,11 @@ so a resumed run does not recompute them.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.config.preference import DPOConfig
@@ -43,10 +40,18 @@ from roll_core.pipelines.common import (
     actor_loader_state,
     evaluate_exact_match,
 )
+from roll_core.pipelines.dpo_reference import (
+    REFERENCE_CACHE,
+    fill_reference,
+    fingerprint,
+    first_uses,
+    missing,
+    read_cache,
+    timed,
+    write_cache,
+)
 from roll_core.workers.actor_train import ActorTrain
 from roll_core.workers.reference import Reference
-
-REFERENCE_CACHE = "reference_logps.safetensors"
 
 
 def plan(cfg: DPOConfig) -> list[RolePlan]:
@@ -169,39 +174,34 @@ def prepare_data(cfg: DPOConfig, tokenizer: Any) -> DPOData:
     return data
 
 
-def _fingerprint(pairs: list[Pair]) -> str:
-    h = hashlib.sha256()
-    for pair in pairs:
-        for side in ("chosen", "rejected"):
-            h.update(repr((pair[side]["input_ids"], pair[side]["loss_mask"])).encode())
-    return h.hexdigest()
-
-
 def reference_log_probs(
     cfg: DPOConfig, setup: DPOSetup, executor: Any, actor: Cluster, loop: DriverLoop
 ) -> dict[str, torch.Tensor]:
-    """Summed response log-probs of every train and eval sequence under the reference policy,
-    ``[2 * pairs]`` per split (chosen, rejected interleaved), from the run's cache if it has
-    them for exactly these pairs."""
+    """Summed response log-probs under the reference policy (roll_core/pipelines/
+    dpo_reference.py): ``train`` ``[2 * pairs]`` (NaN for pairs this run never uses) and
+    ``eval``, rows chosen_i, rejected_i; read from the run's checksummed cache when it has
+    them, the missing ones computed (only the pairs of steps 1..max_steps)."""
     data = setup.data
-    splits = {"train": data.train, "eval": data.eval}
-    fingerprint = _fingerprint(data.train + data.eval)
+    steps = list(
+        first_uses(
+            len(data.train),
+            cfg.trainer.global_batch_size(cfg.actor_train.world_size),
+            seed=cfg.seed,
+            shuffle=cfg.data.shuffle,
+            max_steps=cfg.trainer.max_steps,
+        )
+    )
+    fp = fingerprint(data.train + data.eval)
     cache = loop.run.dir / REFERENCE_CACHE
-    if cache.is_file():
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(cache), framework="pt") as f:
-                same = (f.metadata() or {}).get("fingerprint") == fingerprint
-            if same:
-                cached = load_file(str(cache))
-                loop.console_note(f"reference log-probs: read from {cache.name}")
-                return cached
-        except Exception as err:  # a damaged cache is recomputed, never trusted
-            loop.console_note(
-                f"reference log-probs: {cache.name} is unreadable ({err}); recomputing"
-            )
+    cached, why = read_cache(cache, fp)
+    if why:
+        loop.console.print(f"[yellow]reference log-probs: {why}.[/yellow]")
+    todo = missing(cached, steps, len(data.eval))
+    if cached is not None and todo == 0:
+        loop.console_note(f"reference log-probs: read from {cache.name}")
+        return cached
     role = cfg.actor_train
+    ref: Cluster | None = None
     if role.lora is None:
         ref = Cluster(
             "reference",
@@ -216,31 +216,24 @@ def reference_log_probs(
             ),
         )
         ref.run("setup")
-
-        def compute(batch: Batch) -> torch.Tensor:
-            return ref.run_rank0("log_probs", batch)
-
-    else:
-
-        def compute(batch: Batch) -> torch.Tensor:
-            return actor.run_rank0("reference_log_probs", batch)
-
-    start = time.perf_counter()
-    out: dict[str, torch.Tensor] = {}
-    pad_id = setup.tokenizer.pad_token_id
-    for split, pairs in splits.items():
-        parts = [torch.zeros(0)]
-        for i in range(0, len(pairs), cfg.eval.batch_size):
-            batch = collate_pairs(pairs[i : i + cfg.eval.batch_size], pad_id=pad_id)
-            per_token = compute(batch)
-            parts.append((per_token * batch.tensors["loss_mask"][:, 1:]).sum(-1))
-        out[split] = torch.cat(parts).contiguous()
-    tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
-    save_file(out, str(tmp), metadata={"fingerprint": fingerprint})
-    os.replace(tmp, cache)
-    n = len(data.train) + len(data.eval)
+    scorer = ref if ref is not None else actor
+    method = "log_probs" if ref is not None else "reference_log_probs"
+    (out, scored), seconds = timed(
+        lambda: fill_reference(
+            cached,
+            train=data.train,
+            eval_pairs=data.eval,
+            steps=steps,
+            batch_size=cfg.eval.batch_size,
+            pad_id=setup.tokenizer.pad_token_id,
+            compute=lambda batch: scorer.run_rank0(method, batch),
+        )
+    )
+    write_cache(cache, out, fp)
     loop.console_note(
-        f"reference log-probs: {n} pairs in {time.perf_counter() - start:.1f}s "
+        f"reference log-probs: {scored} pairs in {seconds:.1f}s (the {len(data.eval)} eval "
+        f"pairs and the train pairs of steps 1-{cfg.trainer.max_steps}, not all "
+        f"{len(data.train)}) "
         + ("(policy with adapters disabled)" if role.lora else "(frozen copy, now released)")
     )
     return out

@@ -112,3 +112,54 @@ def test_dpo_bad_input_and_pairs_generator(roll, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     first = json.loads((tmp_path / "pairs" / "test.jsonl").read_text().splitlines()[0])
     assert first == json.loads((PAIRS / "test.jsonl").read_text().splitlines()[0])
+
+
+def test_dpo_reference_cache_is_lazy_checksummed_and_export_resumable(roll, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    sections = {
+        "data": {
+            "train": {"path": str(PAIRS / "train.jsonl"), "max_rows": 64},
+            "eval": {"path": str(PAIRS / "test.jsonl"), "max_rows": 8},
+            "max_length": 64,
+        },
+        "trainer": {"max_steps": 4, "micro_batch_size": 4, "grad_accum_steps": 2},
+        # a constant LR: the schedule does not depend on max_steps, so pieces equal one run
+        "actor_train": {"num_threads": 1, "optim": {"lr": 3.0e-3, "scheduler": "constant"}},
+        "eval": {"every_steps": None},
+        "checkpoint": {"every_steps": 1, "keep_last": 2},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    # Straight 4 steps, SIGKILLed between the last checkpoint and the published export.
+    straight = dpo_recipe(tmp_path, **sections)
+    res = roll(
+        "dpo", str(straight), "--run-id", "dpo-export-03", env={"ROLL_DEBUG_KILL_IN_EXPORT": "1"}
+    )
+    assert res.returncode == -signal.SIGKILL
+    # 8 pairs per step x 4 steps = 32 of the 64 train pairs (first epoch: no repeats) + 8 eval
+    assert "reference log-probs: 40 pairs" in res.stderr
+    res = roll("resume", "dpo-export-03", "--runs-dir", str(runs))
+    assert res.returncode == 0, res.stderr
+    assert "step-000004 is the last step" in res.stderr
+    assert "reference log-probs: read from" in res.stderr
+    assert json.loads((runs / "dpo-export-03" / "meta.json").read_text())["status"] == "finished"
+
+    # The same run in three pieces: 2 steps, extended to 3 (scores only step 3's 8 new pairs),
+    # then a flipped bit in the cache (said, recomputed), extended to 4: the same bytes.
+    res = roll("dpo", str(dpo_recipe(tmp_path, **sections)), "--run-id", "dpo-lazy-04",
+               "trainer.max_steps=2")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "reference log-probs: 24 pairs" in res.stderr  # 16 train + 8 eval
+    res = roll("resume", "dpo-lazy-04", "trainer.max_steps=3", "--runs-dir", str(runs))
+    assert res.returncode == 0, res.stderr
+    assert "reference log-probs: 8 pairs" in res.stderr
+    cache = runs / "dpo-lazy-04" / "reference_logps.safetensors"
+    raw = bytearray(cache.read_bytes())
+    raw[-3] ^= 0x01
+    cache.write_bytes(bytes(raw))
+    res = roll("resume", "dpo-lazy-04", "trainer.max_steps=4", "--runs-dir", str(runs))
+    assert res.returncode == 0, res.stderr
+    assert "reference_logps.safetensors is damaged (checksum mismatch); recomputing" in " ".join(
+        res.stderr.split()
+    )
+    assert "reference log-probs: 40 pairs" in res.stderr
+    assert same_bytes(runs / "dpo-lazy-04", runs / "dpo-export-03")
