@@ -185,3 +185,16 @@ def test_bad_list_override_is_a_clear_error(override: str, message: str) -> None
     data: dict = {"envs": [{"name": "sokoban"}, {"name": "frozen_lake"}]}
     with pytest.raises(ConfigError, match=message):
         apply_overrides(data, [override])
+
+
+def test_duplicate_keys_and_sections_name_both_lines(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"key trainer.max_steps is given twice \(line 2 and"):
+        load_recipe(write(tmp_path, "trainer:\n  max_steps: 5\n  max_steps: 6\n"))
+    text = "pipeline: sft\ntrainer: {max_steps: 5}\nmodel: {path: x}\ntrainer:\n  lr: 1\n"
+    with pytest.raises(ConfigError, match=r"section trainer is given twice \(line 2 and line 4\)"):
+        load_recipe(write(tmp_path, text))
+    with pytest.raises(ConfigError, match=r"key envs.1.name is given twice \(line 3 and line 4\)"):
+        load_recipe(write(tmp_path, "envs:\n  - {name: a}\n  - name: b\n    name: c\n"))
+    # the same key in two different sections is fine
+    cfg = load_recipe(write(tmp_path, MINIMAL + "eval: {max_new_tokens: 5}\n"), expected="sft")
+    assert cfg.eval.max_new_tokens == 5

@@ -113,3 +113,23 @@ def test_require_columns() -> None:
         DataError, match=r"no column 'answer'; its columns are 'prompt', 'response'"
     ):
         require_columns(ds, ["prompt", "answer"], what="The data")
+
+
+def test_check_text_rows_streams_long_lines_and_empty_files(tmp_path: Path) -> None:
+    from roll_core.data.sources import check_text_rows
+
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text('{"a": 1}\n' * 3)
+    check_text_rows(ok, key="k", limit=16)
+    long = tmp_path / "long.jsonl"
+    # line 2 is 9 + 1 + 20 = 30 bytes ('{"a": "' + 20 x + '"}'), over a 16-byte limit
+    long.write_text('{"a": 1}\n{"a": "' + "x" * 20 + '"}\n')
+    with pytest.raises(DataError, match="line 2 \\(one row\\)"):
+        check_text_rows(long, key="k", limit=16)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n \n")
+    with pytest.raises(DataError, match="is empty"):
+        check_text_rows(blank, key="k")
+    array = tmp_path / "arr.json"
+    array.write_text("[" + '{"a": 1},' * 10 + '{"a": 1}]')  # one document: not line-scanned
+    check_text_rows(array, key="k", limit=16)
