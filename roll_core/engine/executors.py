@@ -71,7 +71,7 @@ class LocalExecutor:
             # A rank that died makes its peers in a collective fail too, often first: wait a
             # moment for every rank and report the death, the cause, before their errors.
             done, _ = wait(pending, timeout=_DEATH_GRACE_S)
-            errors = [f.exception() for f in done if f.exception() is not None]
+            errors = [e for f in done if (e := f.exception()) is not None]
             raise next((e for e in errors if isinstance(e, WorkerDiedError)), errors[0])
         return [f.result() if isinstance(f, Future) else f for f in futures]
 
@@ -167,7 +167,7 @@ class RayExecutor:
             options["runtime_env"] = {"env_vars": env_vars}
         self._check_cpus(float(options["num_cpus"]))
         actor_cls = self._ray.remote(worker_cls)
-        actor = actor_cls.options(**options).remote(rank=rank, world_size=world_size, **kwargs)
+        actor: Any = actor_cls.options(**options).remote(rank=rank, world_size=world_size, **kwargs)
         self._ranks[actor._actor_id.hex()] = rank
         return _RayHandle(actor, rank)
 
