@@ -94,8 +94,9 @@ class DPOConfig(Strict):
     """`roll dpo`: direct preference optimisation (DPO, IPO, cDPO) on chosen/rejected pairs.
 
     `trainer.micro_batch_size` counts pairs (two sequences each). The reference policy is the
-    starting model: a frozen copy computes every pair's reference log-probs once before the first
-    step (or, under `actor_train.lora`, the policy itself with its adapters disabled).
+    starting model: a frozen copy computes the reference log-probs of the pairs the run uses once
+    before the first step (or, under `actor_train.lora`, the policy itself with its adapters
+    disabled).
     """
 
     pipeline: Literal["dpo"] = Field(

@@ -2,7 +2,7 @@
 
 The driver loop::
 
-    ref = reference.log_probs(every pair)              # once, before step 1; cached in the run
+    ref = reference.log_probs(pairs the run uses)      # once, before step 1; cached in the run
     for step in run.steps(max_steps):                  # resumes after the saved step
         pairs = next(loader)                           # loader position is checkpointed
         batch = collate_pairs(pairs) + ref[pairs]      # rows chosen_0, rejected_0, chosen_1, ...
@@ -13,10 +13,11 @@ The driver loop::
     export final model (merged when LoRA)
 
 The reference policy is the starting model. Without LoRA a `Reference` worker loads a frozen
-copy, computes every pair's summed response log-probs once and is dropped before training, so
-training holds one model. Under `actor_train.lora` the policy itself computes them with its
-adapters disabled: no second copy at all. The values go to `runs/<id>/reference_logps.safetensors`
-so a resumed run does not recompute them.
+copy, computes the summed response log-probs of the pairs this run will use (every eval pair,
+the train pairs of steps 1..max_steps) and is dropped before training, so training holds one
+model. Under `actor_train.lora` the policy itself computes them with its adapters disabled: no
+second copy at all. The values go to the run's checksummed `reference_logps.safetensors`
+(roll_core/pipelines/dpo_reference.py) so a resumed run does not recompute them.
 """
 
 from __future__ import annotations
