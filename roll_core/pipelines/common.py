@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from roll_core.errors import CheckpointError, Interrupted, UsageError
+from roll_core.errors import CheckpointError, Interrupted, RollError, UsageError
 from roll_core.runs import CheckpointManager, Run, atomic_write_text
 from roll_core.runs.export import FINAL, export_atomic
 from roll_core.tracking import build_tracking
