@@ -59,9 +59,11 @@ def agg_loss(
         global_num_seqs: rows with at least one response token in the whole global batch
             (``seq-mean-*``); None uses this batch's count.
 
-    Rows without any response token contribute 0 and are not counted as sequences (verl counts
-    them in the ``seq-mean`` denominators; here a fully masked row, e.g. a filtered sample,
-    does not dilute the loss). An empty batch gives 0, never NaN.
+    Rows without any response token (e.g. a response dropped by ``overlong.mode: filter``)
+    contribute 0 and are not counted as sequences, so they do not dilute the loss; current verl
+    does the same (its ``seq_mask``), earlier verl releases counted them. ``global_num_seqs``
+    must count the same way (the RL pipelines pass the rows with a response token). An empty
+    batch gives 0, never NaN.
     """
     if mode not in LOSS_AGG_MODES:
         raise unknown_name_error(

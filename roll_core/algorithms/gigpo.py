@@ -14,10 +14,16 @@ Each training sample is one *step* of an episode. Two relative advantages are co
 
 The step's advantage is ``A = A^E + omega * A^S``.
 
-Departures: a step whose anchor group holds only itself gets ``A^S = 0`` (there is nothing to
-compare it with; verl-agent's implementation gives it its raw return ``R_t``); standard
-deviations are the unbiased (n - 1) ones, as in verl-agent; the episode level weights each
-*episode* once, however many steps it has.
+A step whose anchor group holds only itself gets ``A^S = 0``, as in verl-agent's reference
+implementation (its ``step_norm_reward`` subtracts the singleton's own mean). Standard
+deviations are the unbiased (n - 1) ones, as in verl-agent.
+
+Normalisation: ``norm="group"`` (roll's default) divides by the group's standard deviation,
+as the paper's equations are written; verl-agent defaults to ``remove_std=True`` (no division:
+``norm="none"`` here), which keeps a group whose returns are nearly equal from being scaled up.
+roll defaults to the paper's form; ``gigpo.norm: none`` gives the reference code's.
+
+Departure: the episode level weights each *episode* once, however many steps it has.
 """
 
 from __future__ import annotations

@@ -227,7 +227,7 @@ def decoupled_ppo(
     behaviour_log_probs: torch.Tensor | None = None,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
-    behaviour_cap: float | None = 5.0,
+    behaviour_cap: float = 5.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Decoupled PPO (Fu et al. 2025, AReaL, arXiv 2505.24298, sec. 5.1, eq. 5): the proximal
     policy that the clip trusts is separate from the behaviour policy that sampled the tokens.
@@ -237,7 +237,10 @@ def decoupled_ppo(
     async training). ``w = exp(old_logp - behaviour_logp)`` (no gradient) corrects for the
     off-policy sampling; ``r = exp(logp - old_logp)`` is clipped as in PPO:
     ``loss = w * max(-A*r, -A*clip(r, 1 - clip_low, 1 + clip_high))``. Tokens whose ``w``
-    exceeds ``behaviour_cap`` get weight 0 (as AReaL masks them); null: no cap. Without
+    exceeds ``behaviour_cap`` get weight 0 (as AReaL masks them); ``math.inf``: no cap (through
+    :func:`policy_loss` a None argument means "the default", as for every registered loss, so
+    None keeps the cap of 5). Not to be combined with ``tis_cap``: ``w`` already is the
+    train/inference correction (the recipe schema rejects the pair). Without
     ``behaviour_log_probs`` the behaviour policy is the proximal one (``w = 1``: plain PPO).
 
     Metrics: ``actor/clipfrac``, ``actor/behav_weight_mean`` / ``_max`` (over kept tokens),
@@ -248,7 +251,7 @@ def decoupled_ppo(
         behaviour_log_probs = old_log_probs
     log_w = (old_log_probs - behaviour_log_probs).detach().clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     weight = torch.exp(log_w)
-    capped = weight > behaviour_cap if behaviour_cap is not None else torch.zeros_like(log_w) > 0
+    capped = weight > behaviour_cap
     weight = torch.where(capped, torch.zeros_like(weight), weight)
     ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     unclipped = -advantages * ratio
@@ -321,6 +324,11 @@ def policy_loss(
         ``actor/tis_weight_mean`` and ``actor/tis_capfrac``.
     """
     fn = POLICY_LOSSES.get(name)
+    if tis_cap is not None and name == "decoupled_ppo":
+        raise ValueError(
+            "tis_cap with decoupled_ppo would apply exp(old - infer) twice (its behaviour "
+            "weight is that correction already): drop tis_cap"
+        )
     inputs = dict(
         log_probs=log_probs,
         old_log_probs=old_log_probs,

@@ -2,12 +2,9 @@
 
 from roll_core.config.agentic import AgenticConfig
 from roll_core.config.loader import apply_overrides, dump_config, load_recipe, read_yaml, validate
+from roll_core.config.recipes import PIPELINES
 from roll_core.config.rlvr import RLVRConfig
-from roll_core.config.schema import PIPELINES, SFTConfig
-
-# Pipelines whose schema imports schema.py register here (schema.py cannot import them).
-PIPELINES["rlvr"] = RLVRConfig
-PIPELINES["agentic"] = AgenticConfig
+from roll_core.config.schema import SFTConfig
 
 __all__ = [
     "PIPELINES",

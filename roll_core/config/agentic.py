@@ -6,16 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from roll_core.config.algorithm import AlgorithmConfig
-from roll_core.config.rlvr import ActorInferConfig, RLTrainerConfig
-from roll_core.config.schema import (
-    ActorTrainConfig,
-    CheckpointConfig,
-    ExecutorConfig,
-    ModelConfig,
-    Strict,
-    TrackingConfig,
-)
+from roll_core.config.rlvr import RLConfig, SamplingConfig
+from roll_core.config.schema import Strict
 
 
 class EnvEntry(Strict):
@@ -44,7 +36,7 @@ class EnvEntry(Strict):
         return self.tag or self.env.rsplit(":", 1)[-1].lower()
 
 
-class AgenticRolloutConfig(Strict):
+class AgenticRolloutConfig(SamplingConfig):
     """Env-level async rollout: groups, redundancy, timeouts, routing, paradigm."""
 
     mode: Literal["trajectory", "step"] = Field(
@@ -65,10 +57,6 @@ class AgenticRolloutConfig(Strict):
         default=2, ge=0, description="Step mode: earlier (observation, action) turns in a prompt."
     )
     max_new_tokens: int = Field(default=32, ge=1, description="Longest response per turn.")
-    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(default=0, ge=0, description="Top-k sampling (0: off).")
-    stop: list[str] = Field(default_factory=list, description="Stop strings (eos always stops).")
     max_context: int | None = Field(
         default=None,
         ge=16,
@@ -157,38 +145,21 @@ class AgenticEvalConfig(Strict):
     temperature: float = Field(default=0.0, ge=0, description="0: greedy decoding.")
 
 
-class AgenticConfig(Strict):
+class AgenticConfig(RLConfig):
     """`roll train agentic`: multi-turn RL in text environments (StarPO / GiGPO)."""
 
     pipeline: Literal["agentic"] = Field(
         default="agentic", description="Which pipeline this recipe is for."
     )
-    name: str = Field(default="agentic", description="Human name of the experiment.")
-    seed: int = Field(default=0, description="Seed for env seeds, sampling and shuffling.")
-    runs_dir: str = Field(default="runs", description="Parent directory of run directories.")
-    model: ModelConfig = Field(description="The initial policy (and the reference).")
     envs: list[EnvEntry] = Field(min_length=1, description="Environments (mixed if several).")
     rollout: AgenticRolloutConfig = Field(
         default_factory=AgenticRolloutConfig, description="Rollout."
     )
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
     gigpo: GiGPOConfig = Field(default_factory=GiGPOConfig, description="Step-mode advantages.")
     warm_start: WarmStartConfig = Field(
         default_factory=WarmStartConfig, description="Format warm-up."
     )
-    trainer: RLTrainerConfig = Field(description="Driver loop.")
-    actor_train: ActorTrainConfig = Field(
-        default_factory=ActorTrainConfig, description="Training role."
-    )
-    actor_infer: ActorInferConfig = Field(
-        default_factory=ActorInferConfig, description="Inference role."
-    )
     eval: AgenticEvalConfig = Field(default_factory=AgenticEvalConfig, description="Validation.")
-    checkpoint: CheckpointConfig = Field(
-        default_factory=CheckpointConfig, description="Checkpoints."
-    )
-    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Executor.")
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
 
     @model_validator(mode="after")
     def _checks(self) -> AgenticConfig:

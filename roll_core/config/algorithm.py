@@ -43,6 +43,7 @@ PresetName = Literal[
     "topr",
     "cispo",
     "lite_ppo",
+    "raft_plus_plus",
 ]
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
@@ -95,7 +96,7 @@ class KLConfig(Strict):
         return self
 
 
-class RewardConfig(Strict):
+class ScoreConfig(Strict):
     """Normalising and clipping the per-sample scores before advantages are computed."""
 
     normalize: Literal["none", "batch", "group", "running"] = Field(
@@ -249,6 +250,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "clip_high": 0.2,
         "kl": {"coef": 0.0},
     },
+    "raft_plus_plus": {
+        "adv_estimator": "reinforce",
+        "gamma": 1.0,
+        "policy_loss": "ppo",
+        "loss_agg_mode": "seq-mean-token-sum",
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "dual_clip_c": 3.0,
+        "reward": {"normalize": "none", "clip": 10.0},
+        "advantage": {"whiten": False, "clip": 2.0},
+        "kl": {"coef": 0.001, "use_as": "loss"},
+    },
 }
 """Preset name -> the algorithm keys it sets (recipe keys override them)."""
 
@@ -284,7 +297,8 @@ class AlgorithmConfig(Strict):
     preset: PresetName | None = Field(
         default=None,
         description="Named recipe of the keys below (ppo, grpo, dr_grpo, dapo, gspo, "
-        "reinforce_plus_plus, rloo, topr, cispo, lite_ppo; values in docs/algorithms.md). "
+        "reinforce_plus_plus, rloo, topr, cispo, lite_ppo, raft_plus_plus; values in "
+        "docs/algorithms.md). "
         "Keys set in the recipe override the preset.",
     )
     adv_estimator: AdvEstimatorName = Field(
@@ -345,14 +359,15 @@ class AlgorithmConfig(Strict):
         default=None,
         gt=0,
         description="Truncated importance sampling between the inference and train engines: "
-        "weight each token by min(pi_old / pi_infer, tis_cap) (e.g. 2.0; null: off).",
+        "weight each token by min(pi_old / pi_infer, tis_cap) (e.g. 2.0; null: off). Not with "
+        "`policy_loss: decoupled_ppo`, whose behaviour weight is already that correction.",
     )
     entropy_coef: float = Field(
         default=0.0, ge=0, description="Entropy bonus coefficient (0: off)."
     )
     kl: KLConfig = Field(default_factory=KLConfig, description="KL to the reference model.")
-    reward: RewardConfig = Field(
-        default_factory=RewardConfig, description="Score normalisation and clipping."
+    reward: ScoreConfig = Field(
+        default_factory=ScoreConfig, description="Score normalisation and clipping."
     )
     advantage: AdvantageConfig = Field(
         default_factory=AdvantageConfig, description="Advantage whitening and clipping."
@@ -400,6 +415,13 @@ class AlgorithmConfig(Strict):
             raise ValueError(
                 "dr_grpo is grpo without the std division; for "
                 f"norm_adv_by_std: {self.norm_adv_by_std} use adv_estimator: grpo"
+            )
+        if self.tis_cap is not None and self.policy_loss == "decoupled_ppo":
+            raise ValueError(
+                "tis_cap with policy_loss decoupled_ppo would correct for the inference engine "
+                "twice: decoupled_ppo already weights every token by pi_old / pi_behaviour "
+                "(capped), computed from the same log-probs. Remove tis_cap, or use "
+                "policy_loss ppo with tis_cap"
             )
         if self.dual_clip_c is not None and self.policy_loss != "ppo":
             raise ValueError(

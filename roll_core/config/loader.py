@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from roll_core.config.schema import PIPELINES, Strict
+from roll_core.config.recipes import PIPELINES
+from roll_core.config.schema import Strict
 from roll_core.errors import ConfigError, UsageError
 
 C = TypeVar("C", bound=BaseModel)

@@ -9,16 +9,11 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from roll_core.config.schema import (
-    ActorTrainConfig,
-    CheckpointConfig,
     DatasetSource,
-    EvalConfig,
-    ExecutorConfig,
     ModelConfig,
     SFTDataConfig,
     Strict,
-    TrackingConfig,
-    TrainerConfig,
+    SupervisedConfig,
 )
 
 
@@ -90,7 +85,7 @@ class DPOLossConfig(Strict):
         return self
 
 
-class DPOConfig(Strict):
+class DPOConfig(SupervisedConfig):
     """`roll dpo`: direct preference optimisation (DPO, IPO, cDPO) on chosen/rejected pairs.
 
     `trainer.micro_batch_size` counts pairs (two sequences each). The reference policy is the
@@ -102,29 +97,8 @@ class DPOConfig(Strict):
     pipeline: Literal["dpo"] = Field(
         default="dpo", description="Which pipeline this recipe is for."
     )
-    name: str = Field(default="dpo", description="Human name of the experiment.")
-    seed: int = Field(default=0, description="Seed for initialisation, shuffling and sampling.")
-    runs_dir: str = Field(
-        default="runs", description="Parent directory of run directories (`runs/<run-id>/`)."
-    )
-    model: ModelConfig = Field(description="Starting policy, also the reference policy.")
     data: PreferenceDataConfig = Field(description="Preference pairs.")
     dpo: DPOLossConfig = Field(default_factory=DPOLossConfig, description="The DPO objective.")
-    trainer: TrainerConfig = Field(description="Driver loop.")
-    actor_train: ActorTrainConfig = Field(
-        default_factory=ActorTrainConfig, description="The training role."
-    )
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
-    checkpoint: CheckpointConfig = Field(
-        default_factory=CheckpointConfig, description="Checkpoints and export."
-    )
-    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Executor.")
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
-
-    @model_validator(mode="after")
-    def _eval_needs_data(self) -> DPOConfig:
-        _check_eval(self.eval, has_eval_data=self.data.eval is not None)
-        return self
 
 
 class DistillLossConfig(Strict):
@@ -162,7 +136,7 @@ class DistillLossConfig(Strict):
     )
 
 
-class DistillConfig(Strict):
+class DistillConfig(SupervisedConfig):
     """`roll distill`: train a student to match a frozen teacher's next-token distributions on
     a dataset's prompts and responses (SFT data formats).
 
@@ -174,43 +148,21 @@ class DistillConfig(Strict):
     pipeline: Literal["distill"] = Field(
         default="distill", description="Which pipeline this recipe is for."
     )
-    name: str = Field(default="distill", description="Human name of the experiment.")
-    seed: int = Field(default=0, description="Seed for initialisation, shuffling and sampling.")
-    runs_dir: str = Field(
-        default="runs", description="Parent directory of run directories (`runs/<run-id>/`)."
-    )
-    model: ModelConfig = Field(description="The student: the model that is trained.")
     teacher: ModelConfig = Field(
         description="The teacher: frozen, on the same device as the student. "
-        "`teacher.gradient_checkpointing` is ignored (no backward pass)."
+        "`teacher.gradient_checkpointing` must stay false (no backward pass)."
     )
     data: SFTDataConfig = Field(description="Prompts and responses the student learns on.")
     distill: DistillLossConfig = Field(
         default_factory=DistillLossConfig, description="The distillation objective."
     )
-    trainer: TrainerConfig = Field(description="Driver loop.")
-    actor_train: ActorTrainConfig = Field(
-        default_factory=ActorTrainConfig, description="The training role."
-    )
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
-    checkpoint: CheckpointConfig = Field(
-        default_factory=CheckpointConfig, description="Checkpoints and export."
-    )
-    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Executor.")
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
 
     @model_validator(mode="after")
-    def _eval_needs_data(self) -> DistillConfig:
-        _check_eval(self.eval, has_eval_data=self.data.eval is not None)
+    def _teacher_is_frozen(self) -> DistillConfig:
+        if self.teacher.gradient_checkpointing:
+            raise ValueError(
+                "teacher.gradient_checkpointing is set, but the frozen teacher runs no backward "
+                "pass, so it would have no effect: remove it (model.gradient_checkpointing "
+                "applies to the student)"
+            )
         return self
-
-
-def _check_eval(cfg: EvalConfig, *, has_eval_data: bool) -> None:
-    if cfg.every_steps is not None and not has_eval_data:
-        raise ValueError("eval.every_steps is set but data.eval is not: add data.eval.path")
-    if cfg.exact_match and not has_eval_data:
-        raise ValueError("eval.exact_match is true but data.eval is not set: add data.eval.path")
-
-
-PREFERENCE_PIPELINES: dict[str, type[Strict]] = {"dpo": DPOConfig, "distill": DistillConfig}
-"""Added to roll_core.config.schema.PIPELINES."""

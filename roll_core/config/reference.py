@@ -8,7 +8,7 @@ import typing
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from roll_core.config.schema import PIPELINES
+from roll_core.config.recipes import PIPELINES
 
 
 def _type_name(ann: object) -> str:

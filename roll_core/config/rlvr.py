@@ -8,16 +8,7 @@ from pydantic import Field, model_validator
 
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.config.reward import RewardConfig
-from roll_core.config.schema import (
-    ActorTrainConfig,
-    CheckpointConfig,
-    DatasetSource,
-    ExecutorConfig,
-    ModelConfig,
-    OptimConfig,
-    Strict,
-    TrackingConfig,
-)
+from roll_core.config.schema import DatasetSource, OptimConfig, RunConfig, Strict
 
 
 class RLDataConfig(Strict):
@@ -40,11 +31,9 @@ class RLDataConfig(Strict):
     )
 
 
-class RolloutConfig(Strict):
-    """Sample-level rollout: replication, routing, sampling, dynamic sampling."""
+class SamplingConfig(Strict):
+    """How responses are sampled: the part every RL rollout section shares."""
 
-    n: int = Field(default=8, ge=1, description="Samples per prompt (the group size).")
-    prompts_per_step: int = Field(default=16, ge=1, description="Groups kept per training step.")
     max_new_tokens: int = Field(default=256, ge=1, description="Longest response in tokens.")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature (0: greedy).")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
@@ -52,6 +41,13 @@ class RolloutConfig(Strict):
     stop: list[str] = Field(
         default_factory=list, description="Stop strings (the eos token always stops)."
     )
+
+
+class RolloutConfig(SamplingConfig):
+    """Sample-level rollout: replication, routing, sampling, dynamic sampling."""
+
+    n: int = Field(default=8, ge=1, description="Samples per prompt (the group size).")
+    prompts_per_step: int = Field(default=16, ge=1, description="Groups kept per training step.")
     chunk_size: int = Field(
         default=16,
         ge=1,
@@ -250,43 +246,45 @@ class CriticConfig(Strict):
     )
 
 
-class RLVRConfig(Strict):
+class RLConfig(RunConfig):
+    """The sections of the RL pipelines (rlvr, agentic): rollout, algorithm, the RL roles."""
+
+    rollout: SamplingConfig = Field(default_factory=SamplingConfig, description="Rollout.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
+    trainer: RLTrainerConfig = Field(description="Driver loop.")
+    actor_infer: ActorInferConfig = Field(
+        default_factory=ActorInferConfig, description="Inference role."
+    )
+
+
+class RLVRConfig(RLConfig):
     """`roll train rlvr`: RL with verifiable rewards (GRPO, DAPO, PPO-family presets)."""
 
     pipeline: Literal["rlvr"] = Field(
         default="rlvr", description="Which pipeline this recipe is for."
     )
-    name: str = Field(default="rlvr", description="Human name of the experiment.")
-    seed: int = Field(default=0, description="Seed for shuffling and sampling.")
-    runs_dir: str = Field(default="runs", description="Parent directory of run directories.")
-    model: ModelConfig = Field(description="The initial policy (and the reference).")
     data: RLDataConfig = Field(description="Prompts and answers.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout.")
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Rewards per domain.")
-    trainer: RLTrainerConfig = Field(description="Driver loop.")
-    actor_train: ActorTrainConfig = Field(
-        default_factory=ActorTrainConfig, description="Training role."
-    )
-    actor_infer: ActorInferConfig = Field(
-        default_factory=ActorInferConfig, description="Inference role."
-    )
     critic: CriticConfig | None = Field(
         default=None,
         description="The value model; required by `algorithm.adv_estimator: gae` (the ppo "
-        "preset), ignored otherwise. `critic: {}` takes every default.",
+        "preset), an error with any other estimator (no critic would be built). `critic: {}` "
+        "takes every default.",
     )
     eval: RLEvalConfig = Field(default_factory=RLEvalConfig, description="Validation.")
-    checkpoint: CheckpointConfig = Field(
-        default_factory=CheckpointConfig, description="Checkpoints."
-    )
-    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Executor.")
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
 
     @model_validator(mode="after")
     def _checks(self) -> RLVRConfig:
         if self.eval.every_steps is not None and self.data.eval is None:
             raise ValueError("eval.every_steps is set but data.eval is not: add data.eval.path")
+        if self.critic is not None and not self.algorithm.uses_critic:
+            raise ValueError(
+                f"critic: the section is set but algorithm.adv_estimator="
+                f"{self.algorithm.adv_estimator} uses no critic, so none would be built: remove "
+                "the section (critic=null on the command line) or use adv_estimator gae (the "
+                "ppo preset)"
+            )
         rows = self.rollout.n * self.rollout.prompts_per_step
         if rows % self.trainer.mini_batches:
             raise ValueError(

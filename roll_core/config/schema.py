@@ -322,6 +322,23 @@ class ExecutorConfig(Strict):
         description="Memory of one GPU; `--dry-run` flags GPUs whose estimate exceeds it.",
     )
 
+    @model_validator(mode="after")
+    def _ray_keys_need_ray(self) -> ExecutorConfig:
+        for key in ("ray_address", "num_cpus"):
+            if self.type == "local" and getattr(self, key) is not None:
+                raise ValueError(
+                    f"executor.{key} only applies to the Ray executor and executor.type is "
+                    f"local, so it would have no effect: set executor.type: ray or remove "
+                    f"executor.{key}"
+                )
+        if self.ray_address is not None and self.num_cpus is not None:
+            raise ValueError(
+                "executor.num_cpus sizes a Ray cluster roll starts itself; with "
+                "executor.ray_address roll joins a running one whose CPUs are fixed (`ray start "
+                "--num-cpus`), so it would have no effect: remove one of the two"
+            )
+        return self
+
 
 TrackerName = Literal["console", "jsonl", "tensorboard", "swanlab", "wandb"]
 
@@ -343,26 +360,28 @@ class TrackingConfig(Strict):
     )
 
 
-class SFTConfig(Strict):
-    """`roll sft`: supervised fine-tuning with the loss on response tokens."""
+class RunConfig(Strict):
+    """The sections every recipe has, whatever its pipeline."""
 
-    pipeline: Literal["sft"] = Field(
-        default="sft", description="Which pipeline this recipe is for."
+    pipeline: str = Field(description="Which pipeline this recipe is for.")
+    name: str | None = Field(
+        default=None,
+        description="Human name of the experiment, shown by `roll runs` (None: the pipeline's "
+        "name).",
     )
-    name: str = Field(
-        default="sft", description="Human name of the experiment, shown by `roll runs`."
+    seed: int = Field(
+        default=0, description="Seed for initialisation, shuffling, sampling and env seeds."
     )
-    seed: int = Field(default=0, description="Seed for initialisation, shuffling and sampling.")
     runs_dir: str = Field(
         default="runs", description="Parent directory of run directories (`runs/<run-id>/`)."
     )
-    model: ModelConfig = Field(description="Model to fine-tune.")
-    data: SFTDataConfig = Field(description="Training and evaluation data.")
-    trainer: TrainerConfig = Field(description="Driver loop.")
+    model: ModelConfig = Field(
+        description="The model that is trained: the starting policy, which is also the "
+        "reference policy of DPO and of KL terms (the student in `roll distill`)."
+    )
     actor_train: ActorTrainConfig = Field(
         default_factory=ActorTrainConfig, description="The training role."
     )
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoints and export."
     )
@@ -370,20 +389,34 @@ class SFTConfig(Strict):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Trackers.")
 
     @model_validator(mode="after")
-    def _eval_needs_data(self) -> SFTConfig:
-        if self.eval.every_steps is not None and self.data.eval is None:
+    def _default_name(self) -> RunConfig:
+        if self.name is None:
+            self.name = self.pipeline
+        return self
+
+
+class SupervisedConfig(RunConfig):
+    """The sections of the supervised pipelines (sft, dpo, distill): batches of a dataset."""
+
+    trainer: TrainerConfig = Field(description="Driver loop.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+
+    @model_validator(mode="after")
+    def _eval_needs_data(self) -> SupervisedConfig:
+        has_eval_data = getattr(self, "data").eval is not None  # noqa: B009 - data is per pipeline
+        if self.eval.every_steps is not None and not has_eval_data:
             raise ValueError("eval.every_steps is set but data.eval is not: add data.eval.path")
-        if self.eval.exact_match and self.data.eval is None:
+        if self.eval.exact_match and not has_eval_data:
             raise ValueError(
                 "eval.exact_match is true but data.eval is not set: add data.eval.path"
             )
         return self
 
 
-PIPELINES: dict[str, type[Strict]] = {"sft": SFTConfig}
-"""Recipe schema per pipeline name (the recipe's `pipeline:` key)."""
+class SFTConfig(SupervisedConfig):
+    """`roll sft`: supervised fine-tuning with the loss on response tokens."""
 
-# dpo and distill (their module imports this one, so it is imported once the classes exist)
-from roll_core.config.preference import PREFERENCE_PIPELINES  # noqa: E402
-
-PIPELINES.update(PREFERENCE_PIPELINES)
+    pipeline: Literal["sft"] = Field(
+        default="sft", description="Which pipeline this recipe is for."
+    )
+    data: SFTDataConfig = Field(description="Training and evaluation data.")

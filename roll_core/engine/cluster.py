@@ -1,7 +1,10 @@
 """A Cluster is N ranks of one Worker class, run by an executor.
 
-`cluster.run(method, ...)` calls every rank with the same arguments; `cluster.run_dp(method,
-batch)` splits a Batch across ranks (data parallel), calls, and returns the per-rank results.
+`cluster.method(...)` calls a worker method the way the method declares with
+`@dispatch(...)` (roll_core/engine/worker.py): on every rank with the same arguments, split
+data-parallel over the ranks, on rank 0, or scattered one item per rank. The explicit forms
+underneath are `cluster.run(method, ...)` (every rank), `cluster.run_dp(method, batch)` (a
+Batch split across ranks, the per-rank results returned) and `cluster.run_rank0`.
 The calls read the same with the `local` executor (instances in this process, no Ray) and the
 `ray` executor (one Ray actor per rank).
 
@@ -14,14 +17,15 @@ returns rank 0's answer."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol
 
 from roll_core.data import Batch
 from roll_core.engine.dispatch import split_by_tokens
 from roll_core.engine.process import chain_future
-from roll_core.engine.worker import Worker
+from roll_core.engine.worker import Worker, dispatch_mode
 from roll_core.errors import WorkerDiedError
 
 
@@ -71,6 +75,7 @@ class Cluster:
         the executor pins the rank to them (CUDA_VISIBLE_DEVICES; on Ray, the node's bundle
         of one placement group over the cluster). None: no pinning."""
         self.name = name
+        self.worker_cls = worker_cls
         self.executor = executor
         self.world_size = world_size
         self.distributed = worker_cls.needs_process_group(world_size, worker_kwargs or {})
@@ -102,6 +107,37 @@ class Cluster:
         if isinstance(err, WorkerDiedError) and not err.role:
             return WorkerDiedError(self.name, err.rank, err.detail)
         return err
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        """`cluster.train_step(batch)`: the worker method, dispatched as it declares."""
+        worker_cls = self.__dict__.get("worker_cls")
+        if method.startswith("_") or worker_cls is None:
+            raise AttributeError(method)
+        mode = dispatch_mode(worker_cls, method)
+        if mode is None:
+            raise AttributeError(
+                f"{worker_cls.__name__}.{method} is not a cluster method (no @dispatch)"
+            )
+        calls: dict[str, Callable[..., Any]] = {
+            "all": self.run,
+            "dp": self.run_dp,
+            "rank0": self.run_rank0,
+            "scatter": self.run_scatter,
+        }
+        return functools.partial(calls[mode], method)
+
+    def run_scatter(self, method: str, items: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Call `method` on rank r with `items[r]` (one item per rank); results in rank order."""
+        if len(items) != self.world_size:
+            raise ValueError(
+                f"{self.name}.{method}: {len(items)} items for {self.world_size} ranks"
+            )
+        return self._gather(
+            [
+                h.submit(method, item, *args, **kwargs)
+                for h, item in zip(self.handles, items, strict=True)
+            ]
+        )
 
     def run_one(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call `method` on one rank only and wait (not for collective methods)."""

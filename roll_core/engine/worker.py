@@ -5,7 +5,37 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+DispatchMode = Literal["all", "dp", "rank0", "scatter"]
+"""How `Cluster` calls a worker method (see :func:`dispatch`)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+_DISPATCH_ATTR = "__roll_dispatch__"
+
+
+def dispatch(mode: DispatchMode) -> Callable[[F], F]:
+    """Declare, once on the worker method, how ``cluster.method(...)`` calls it:
+
+    * ``all``: every rank with the same arguments; the results in rank order (setup, save);
+    * ``dp``: the first argument is a Batch split over the ranks by token count; the per-rank
+      results in rank order, so concatenating them gives the batch's order (train_step);
+    * ``rank0``: rank 0's result; in a process group every rank is called, as the method may
+      be a collective (export, gathering sharded weights);
+    * ``scatter``: the first argument is a list with one item per rank, rank r gets item r.
+    """
+
+    def mark(fn: F) -> F:
+        vars(fn)[_DISPATCH_ATTR] = mode
+        return fn
+
+    return mark
+
+
+def dispatch_mode(worker_cls: type, method: str) -> DispatchMode | None:
+    """The mode `method` of `worker_cls` was declared with (None: not a cluster method)."""
+    return vars(getattr(worker_cls, method, dispatch_mode)).get(_DISPATCH_ATTR)
 
 
 class Worker:
@@ -25,6 +55,7 @@ class Worker:
         """
         return False
 
+    @dispatch("all")
     def ping(self) -> int:
         """Cheap call used to wait until a remote worker is up."""
         return self.rank

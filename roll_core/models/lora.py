@@ -106,13 +106,6 @@ def apply_lora(
     return get_peft_model(model, config, adapter_name=ADAPTER_NAME)
 
 
-def is_lora(model: torch.nn.Module) -> bool:
-    """True when ``model`` is a peft model (it carries adapters)."""
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
 def save_adapter(model: Any, path: Path) -> None:
     """Write the adapters only (``adapter_config.json`` + ``adapter_model.safetensors``)."""
     path.mkdir(parents=True, exist_ok=True)

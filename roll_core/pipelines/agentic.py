@@ -15,7 +15,7 @@ The driver loop::
         if validation due: metrics |= validate()   # held-out env seeds, greedy
 
 Roles, weight sync, the update and the RL maths are those of `roll train rlvr`
-(pipelines/rlvr.py, pipelines/rl_math.py); only the rollout and the batch layout differ.
+(pipelines/roles.py, pipelines/rl_iteration.py); only the rollout and the batch layout differ.
 """
 
 from __future__ import annotations
@@ -34,14 +34,24 @@ from roll_core.algorithms.gigpo import gigpo_advantages
 from roll_core.backends.infer import Completion, SamplingParams
 from roll_core.config.agentic import AgenticConfig, EnvEntry
 from roll_core.data import Batch
-from roll_core.engine import Cluster, make_executor
+from roll_core.engine import Cluster
 from roll_core.envs import get_env_class, make_env
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.errors import ConfigError, RollError
 from roll_core.models import load_tokenizer, resolve_model_path
-from roll_core.pipelines import rlvr
+from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
-from roll_core.pipelines.rl_math import RLState, advantages_and_kl, rl_batch_metrics
+from roll_core.pipelines.rl_iteration import (
+    RLState,
+    add_policy_log_probs,
+    advantages_and_kl,
+    load_roles,
+    rl_batch_metrics,
+    sampling_params,
+    save_roles,
+    sync_weights,
+    update_policy,
+)
 from roll_core.rollout.agentic import (
     EnvRolloutManager,
     EnvSpec,
@@ -57,35 +67,18 @@ DEMO_SEED_START = 2_000_000_000  # warm-start demonstrations: neither training n
 
 def plan(cfg: AgenticConfig) -> list[RolePlan]:
     check_algorithm(cfg)
-    ex = cfg.executor.type
     r = cfg.rollout
     episodes = r.group_size * sum(e.groups_per_step for e in cfg.envs)
-    roles = [
-        RolePlan(
-            "actor_train",
-            "ActorTrain",
-            cfg.actor_train.backend,
-            cfg.actor_train.world_size,
-            cfg.actor_train.device,
-            ex,
-            f"{r.mode}-wise samples from {episodes} episodes/step",
-        ),
-        RolePlan(
-            "actor_infer",
-            "ActorInfer",
-            cfg.actor_infer.backend,
-            cfg.actor_infer.world_size,
-            cfg.actor_infer.device,
-            ex,
-            f"chunks of <= {r.chunk_size} turns, async ratio {r.async_generation_ratio}",
+    rows = [
+        roles.actor_train_row(cfg, f"{r.mode}-wise samples from {episodes} episodes/step"),
+        roles.actor_infer_row(
+            cfg, f"chunks of <= {r.chunk_size} turns, async ratio {r.async_generation_ratio}"
         ),
     ]
-    if rlvr.uses_reference(cfg):  # type: ignore[arg-type]
-        roles.append(
-            RolePlan("reference", "Reference", "torch", 1, cfg.actor_train.device, ex, "KL")
-        )
+    if cfg.algorithm.uses_reference:
+        rows.append(roles.frozen_row(cfg, "reference", "Reference", "KL"))
     envs = ", ".join(f"{e.name} x{e.groups_per_step} groups" for e in cfg.envs)
-    roles.append(
+    rows.append(
         RolePlan(
             "envs",
             "EnvRolloutManager",
@@ -99,7 +92,7 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
             f"{envs}; group {r.group_size}+{r.group_size_redundancy} redundant",
         )
     )
-    return roles
+    return rows
 
 
 def check_algorithm(cfg: AgenticConfig) -> None:
@@ -136,6 +129,7 @@ def check_algorithm(cfg: AgenticConfig) -> None:
 @dataclass
 class AgenticSetup:
     model_path: str
+    tokenizer_path: str
     tokenizer: Any
     max_context: int
 
@@ -162,12 +156,11 @@ def prepare(cfg: AgenticConfig) -> AgenticSetup:
     for entry in cfg.envs:
         _check_env(entry, cfg.rollout.step_timeout_s)
     model_path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(
-        resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
-    )
+    tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
+    tokenizer = load_tokenizer(tok_path)
     ChatFormat(tokenizer)  # a template that cannot render turns incrementally fails here
     max_context = cfg.rollout.max_context or _model_context(model_path)
-    return AgenticSetup(model_path, tokenizer, max_context)
+    return AgenticSetup(model_path, tok_path, tokenizer, max_context)
 
 
 def _model_context(model_path: str) -> int:
@@ -190,13 +183,7 @@ def env_specs(cfg: AgenticConfig) -> list[EnvSpec]:
 def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
     r = cfg.rollout
     return RolloutSettings(
-        params=SamplingParams(
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            stop=tuple(r.stop),
-        ),
+        params=sampling_params(r),
         group_size=r.group_size,
         group_size_redundancy=r.group_size_redundancy,
         mode=r.mode,
@@ -349,7 +336,7 @@ def warm_start(
             non_tensors={},
             meta={"loss_tokens": int(resp.sum())},
         )
-        out = actor.run_dp("train_step", batch)
+        out = actor.train_step(batch)
         losses.append(sum(o["train/loss_sum"] for o in out) / max(1, int(resp.sum())))
         advance()
     return {"warm_start/steps": float(w.steps), "warm_start/loss_last": losses[-1], **faults}
@@ -363,13 +350,13 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         + ", ".join(f"{e.tag or e.env} ({e.groups_per_step} groups/step)" for e in cfg.envs)
         + f"; group size {cfg.rollout.group_size}, context {setup.max_context} tokens"
     )
-    executor = make_executor(
-        cfg.executor.type, address=cfg.executor.ray_address, num_cpus=cfg.executor.num_cpus
-    )
+    executor = roles.executor_for(cfg)
     manager: EnvRolloutManager | None = None
     try:
         with loop.phase("loading models"):
-            clusters = rlvr.make_clusters(cfg, setup, executor)  # type: ignore[arg-type]
+            clusters = roles.build_rl_roles(
+                cfg, executor, model_path=setup.model_path, tokenizer_path=setup.tokenizer_path
+            )
         manager = EnvRolloutManager(
             infer=clusters["actor_infer"],
             tokenizer=setup.tokenizer,
@@ -380,14 +367,11 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         mgr = manager
 
         def save_state(ckpt: Path) -> dict[str, Any]:
-            clusters["actor_train"].run("save", str(ckpt / "actor_train"))
-            torch.save(clusters["actor_infer"].run("get_rng_state"), ckpt / "infer_rng.pt")
+            save_roles(clusters, ckpt)
             return {"rollout": mgr.state_dict(), "rl": rl_state.state_dict()}
 
         def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-            clusters["actor_train"].run("load", str(ckpt / "actor_train"))
-            for rank, rng in enumerate(torch.load(ckpt / "infer_rng.pt", weights_only=False)):
-                clusters["actor_infer"].handles[rank].submit("set_rng_state", rng)
+            load_roles(clusters, ckpt)
             mgr.load_state_dict(state["rollout"])
             rl_state.load_state_dict(state["rl"])
 
@@ -424,7 +408,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
                 metrics,
                 evaluate=(lambda s: validate(cfg, mgr, specs)) if evaluate else None,
             )
-        return loop.finish(export=lambda p: clusters["actor_train"].run_rank0("export", str(p)))
+        return loop.finish(export=lambda p: clusters["actor_train"].export(str(p)))
     finally:
         if manager is not None:
             manager.close()
@@ -447,7 +431,7 @@ def _sync(
     """Suspend generation, actor_train -> actor_infer, resume with the new policy version."""
     t = time.perf_counter()
     manager.suspend()
-    metrics = rlvr.sync_weights(clusters, version=version)
+    metrics = sync_weights(clusters, version=version)
     manager.resume(version)
     metrics["sync/suspended_s"] = time.perf_counter() - t
     return metrics
@@ -471,14 +455,14 @@ def _train_step(
     else:
         batch = trajectory_batch(rollout.groups, pad_id=pad)
     temp = cfg.rollout.temperature or 1.0
-    timers |= rlvr.add_policy_log_probs(clusters, batch, temp)
+    timers |= add_policy_log_probs(clusters, batch, temp)
     per_turn = cfg.rollout.max_new_tokens
     if cfg.rollout.mode == "step":
         metrics = _gigpo(cfg, batch)
     else:
         metrics = advantages_and_kl(batch, cfg.algorithm, rl_state, max_new_tokens=per_turn)
     t = time.perf_counter()
-    metrics |= rlvr.update_policy(cfg, clusters, batch, temp)  # type: ignore[arg-type]
+    metrics |= update_policy(cfg, clusters, batch, temp)
     timers["time/train"] = time.perf_counter() - t
     wall = time.perf_counter() - step_start
     timers["perf/step_s"] = wall

@@ -49,23 +49,6 @@ class RolePlan:
     detail: str = ""
 
 
-def evaluate_exact_match(
-    generate: Callable[[list[list[int]]], list[list[int]]],
-    prompts: list[list[int]],
-    answers: list[str],
-    tokenizer: Any,
-    *,
-    batch_size: int,
-) -> float:
-    """Fraction of prompts whose greedy output, decoded and stripped, equals the answer."""
-    hits = 0
-    for i in range(0, len(prompts), batch_size):
-        outs = generate(prompts[i : i + batch_size])
-        for out, ref in zip(outs, answers[i : i + batch_size], strict=True):
-            hits += tokenizer.decode(out, skip_special_tokens=True).strip() == ref
-    return hits / max(1, len(prompts))
-
-
 def check_same_data(
     ckpt: Path, state: dict[str, Any], *, size: int, unit: str = "examples"
 ) -> None:
@@ -76,23 +59,6 @@ def check_same_data(
             f"the training data changed since {ckpt.name}: it had {saved} {unit}, now {size}.",
             hint="Resume with the data the run started with, or start a new run.",
         )
-
-
-def actor_loader_state(
-    actor: Any, loader: Any, *, size: int, unit: str = "examples"
-) -> tuple[Callable[[Path], dict[str, Any]], Callable[[Path, dict[str, Any]], None]]:
-    """`save_state` / `load_state` for a loop whose state is actor_train + one data loader."""
-
-    def save_state(ckpt: Path) -> dict[str, Any]:
-        actor.run("save", str(ckpt / "actor_train"))
-        return {"loader": loader.state_dict(), "train_size": size}
-
-    def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-        check_same_data(ckpt, state, size=size, unit=unit)
-        actor.run("load", str(ckpt / "actor_train"))
-        loader.load_state_dict(state["loader"])
-
-    return save_state, load_state
 
 
 class DriverLoop:
@@ -284,10 +250,11 @@ class DriverLoop:
         self.tracking.log(step, metrics)
 
     def save(self, step: int) -> Path:
-        assert self._save_state is not None
+        save_state = self._save_state
+        assert save_state is not None
 
         def write(tmp: Path) -> None:
-            state = self._save_state(tmp)  # type: ignore[misc]
+            state = save_state(tmp)
             state["step"] = step
             atomic_write_text(tmp / TRAINER_STATE, json.dumps(state, indent=1))
 

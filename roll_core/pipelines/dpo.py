@@ -22,25 +22,18 @@ second copy at all. The values go to the run's checksummed `reference_logps.safe
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.config.preference import DPOConfig
-from roll_core.data import Batch, StatefulLoader, load_rows, require_columns
+from roll_core.data import Batch, require_columns
 from roll_core.data.preference import Pair, build_preference_dataset, collate_pairs, prompt_ids
-from roll_core.engine import Cluster, make_executor
-from roll_core.models import load_tokenizer, resolve_model_path
+from roll_core.engine import Cluster
 from roll_core.models.lora import check_lora_targets_from_config
-from roll_core.pipelines.common import (
-    DriverLoop,
-    RolePlan,
-    actor_loader_state,
-    evaluate_exact_match,
-)
+from roll_core.pipelines import roles
+from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.dpo_reference import (
     REFERENCE_CACHE,
     fill_reference,
@@ -51,51 +44,29 @@ from roll_core.pipelines.dpo_reference import (
     timed,
     write_cache,
 )
-from roll_core.workers.actor_train import ActorTrain
-from roll_core.workers.reference import Reference
+from roll_core.pipelines.supervised import (
+    ResolvedModel,
+    Session,
+    eval_rows,
+    exact_match,
+    resolve_model,
+    run_supervised,
+    sum_metrics,
+    train_rows,
+)
 
 
 def plan(cfg: DPOConfig) -> list[RolePlan]:
     """Roles, workers and devices this recipe asks for (no model is loaded)."""
-    role = cfg.actor_train
-    pairs = cfg.trainer.global_batch_size(role.world_size)
-    rows = [
-        RolePlan(
-            role="actor_train",
-            worker="ActorTrain",
-            backend=role.backend,
-            world_size=role.world_size,
-            device=role.device,
-            executor=cfg.executor.type,
-            detail=f"{pairs} pairs ({2 * pairs} sequences) per step"
-            + (f"; LoRA rank {role.lora.rank}" if role.lora else ""),
-        )
-    ]
-    if role.lora is None:
-        rows.append(
-            RolePlan(
-                role="reference",
-                worker="Reference",
-                backend="torch",
-                world_size=1,
-                device=role.device,
-                executor=cfg.executor.type,
-                detail="frozen copy of model.path; log-probs once, then released",
-            )
-        )
-    else:
-        rows.append(
-            RolePlan(
-                role="reference",
-                worker="ActorTrain",
-                backend=role.backend,
-                world_size=role.world_size,
-                device=role.device,
-                executor=cfg.executor.type,
-                detail="the policy with its LoRA adapters disabled (no second model)",
-            )
-        )
-    return rows
+    lora = cfg.actor_train.lora
+    pairs = cfg.trainer.global_batch_size(cfg.actor_train.world_size)
+    detail = f"{pairs} pairs ({2 * pairs} sequences) per step"
+    rows = [roles.actor_train_row(cfg, detail + (f"; LoRA rank {lora.rank}" if lora else ""))]
+    if lora is None:
+        frozen = "frozen copy of model.path; log-probs once, then released"
+        return rows + [roles.frozen_row(cfg, "reference", "Reference", frozen)]
+    disabled = "the policy with its LoRA adapters disabled (no second model)"
+    return rows + [roles.actor_train_row(cfg, disabled, role="reference")]
 
 
 @dataclass
@@ -109,26 +80,19 @@ class DPOData:
 
 
 @dataclass
-class DPOSetup:
+class DPOSetup(ResolvedModel):
     """What `prepare` checks and builds before a run directory exists."""
 
-    model_path: str
-    tokenizer_path: str
-    tokenizer: Any
     data: DPOData
 
 
 def prepare(cfg: DPOConfig) -> DPOSetup:
     """Resolve the model, check LoRA targets, tokenise the pairs: bad input fails here,
     before a run directory is created."""
-    if cfg.executor.type == "local" and cfg.actor_train.device == "cuda":
-        resolve_device("cuda")
-    model_path = resolve_model_path(cfg.model.path)
-    tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
+    model = resolve_model(cfg)
     if cfg.actor_train.lora is not None:
-        check_lora_targets_from_config(model_path, cfg.actor_train.lora.target_modules)
-    tokenizer = load_tokenizer(tok_path)
-    return DPOSetup(model_path, tok_path, tokenizer, prepare_data(cfg, tokenizer))
+        check_lora_targets_from_config(model.model_path, cfg.actor_train.lora.target_modules)
+    return DPOSetup(**vars(model), data=prepare_data(cfg, model.tokenizer))
 
 
 def prepare_data(cfg: DPOConfig, tokenizer: Any) -> DPOData:
@@ -140,21 +104,12 @@ def prepare_data(cfg: DPOConfig, tokenizer: Any) -> DPOData:
         chosen_key=d.chosen_key,
         rejected_key=d.rejected_key,
     )
-    rows = load_rows(
-        d.train.path, split=d.train.split, subset=d.train.subset, max_rows=d.train.max_rows
-    )
+    rows = train_rows(cfg)
     train, stats = build_preference_dataset(rows, tokenizer, what="the DPO training data", **keys)
     data = DPOData(train, [], [], [], stats, {})
     if d.eval is None:
         return data
-    limits = [x for x in (d.eval.max_rows, cfg.eval.max_samples) if x is not None]
-    erows = load_rows(
-        d.eval.path,
-        split=d.eval.split,
-        subset=d.eval.subset,
-        max_rows=min(limits) if limits else None,
-        key="data.eval.path",
-    )
+    erows = eval_rows(cfg)
     data.eval, data.eval_stats = build_preference_dataset(
         erows, tokenizer, what="the DPO eval data", **keys
     )
@@ -204,19 +159,13 @@ def reference_log_probs(
     role = cfg.actor_train
     ref: Cluster | None = None
     if role.lora is None:
-        ref = Cluster(
-            "reference",
-            Reference,
+        ref = roles.build_reference(
+            cfg,
             executor,
-            resources={"CPU": 1} if cfg.executor.type == "ray" else {},
-            worker_kwargs=dict(
-                model_path=setup.model_path,
-                device=role.device,
-                micro_batch_size=2 * cfg.trainer.micro_batch_size,
-                num_threads=role.num_threads,
-            ),
+            model_path=setup.model_path,
+            micro_batch_size=2 * cfg.trainer.micro_batch_size,
         )
-        ref.run("setup")
+        ref.setup()
     scorer = ref if ref is not None else actor
     method = "log_probs" if ref is not None else "reference_log_probs"
     (out, scored), seconds = timed(
@@ -269,121 +218,71 @@ def summarise(sums: dict[str, float], prefix: str) -> dict[str, float]:
     }
 
 
-def _sum_results(out: list[dict[str, float]]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for result in out:
-        for key, value in result.items():
-            total[key] = total.get(key, 0.0) + value
-    return total
-
-
 def run(cfg: DPOConfig, setup: DPOSetup, loop: DriverLoop) -> dict[str, float]:
     """Train `cfg` inside the run `loop` manages (fresh or resumed); returns final metrics."""
     data, tokenizer = setup.data, setup.tokenizer
-    role = cfg.actor_train
-    global_pairs = cfg.trainer.global_batch_size(role.world_size)
-    loader = StatefulLoader(len(data.train), global_pairs, seed=cfg.seed, shuffle=cfg.data.shuffle)
     st = data.stats
     loop.console_note(
         f"data: {st['rows']} rows, {len(data.train)} pairs used ({st['skipped_identical']} "
         f"skipped: chosen == rejected; {st['dropped_too_long']} longer than data.max_length "
         f"dropped); eval {len(data.eval)} pairs"
     )
-    executor = make_executor(
-        cfg.executor.type, address=cfg.executor.ray_address, num_cpus=cfg.executor.num_cpus
+    pad_id = tokenizer.pad_token_id
+    objective = dict(
+        objective="dpo",
+        loss_type=cfg.dpo.loss,
+        beta=cfg.dpo.beta,
+        label_smoothing=cfg.dpo.label_smoothing,
+        sft_weight=cfg.dpo.sft_weight,
     )
-    actor = Cluster(
-        "actor_train",
-        ActorTrain,
-        executor,
-        world_size=role.world_size,
-        resources={"CPU": 1} if cfg.executor.type == "ray" else {},
-        worker_kwargs={
-            "backend": role.backend,
-            "backend_kwargs": dict(
-                model_path=setup.model_path,
-                tokenizer_path=setup.tokenizer_path,
-                dtype=cfg.model.dtype,
-                device=role.device,
-                precision=role.precision,
-                optim=role.optim,
-                total_steps=cfg.trainer.max_steps,
-                micro_batch_size=2 * cfg.trainer.micro_batch_size,  # whole pairs per micro-batch
-                seed=cfg.seed,
-                num_threads=role.num_threads,
-                gradient_checkpointing=cfg.model.gradient_checkpointing,
-                lora=role.lora,
-            ),
-        },
-    )
-    try:
-        with loop.phase("loading model (actor_train)"):
-            info = actor.run("setup")[0]
+
+    def start(executor: Any, actor: Cluster, info: dict[str, Any]) -> Session:
         loop.console_note(
             f"actor_train: {info['params']:,} parameters ({info['trainable']:,} trained) "
             f"on {info['device']}"
         )
         with loop.phase("reference log-probs"):
             ref = reference_log_probs(cfg, setup, executor, actor, loop)
-        params = dict(
-            loss_type=cfg.dpo.loss,
-            beta=cfg.dpo.beta,
-            label_smoothing=cfg.dpo.label_smoothing,
-            sft_weight=cfg.dpo.sft_weight,
-        )
-        pad_id = tokenizer.pad_token_id
-        ref_eval_acc = (
-            float((ref["eval"][0::2] > ref["eval"][1::2]).float().mean()) if data.eval else 0.0
-        )
 
-        save_state, load_state = actor_loader_state(
-            actor, loader, size=len(data.train), unit="pairs"
-        )
+        def batch(indices: list[int]) -> Batch:
+            pairs = [data.train[i] for i in indices]
+            return _pair_batch(pairs, _interleaved(ref["train"], indices), pad_id)
 
         def evaluate(step: int) -> dict[str, float]:
-            sums: dict[str, float] = {}
-            bs = cfg.eval.batch_size
-            for i in range(0, len(data.eval), bs):
-                pairs = data.eval[i : i + bs]
-                batch = _pair_batch(pairs, ref["eval"][2 * i : 2 * (i + len(pairs))], pad_id)
-                part = _sum_results(actor.run_dp("evaluate", batch, objective="dpo", **params))
-                sums = _sum_results([sums, part])
-            metrics = summarise(sums, "eval")
-            metrics["eval/ref_logp_accuracy"] = ref_eval_acc
-            if cfg.eval.exact_match and data.eval_prompts:
-                metrics["eval/exact_match"] = evaluate_exact_match(
-                    lambda p: actor.run_rank0(
-                        "generate", p, max_new_tokens=cfg.eval.max_new_tokens
-                    ),
-                    data.eval_prompts,
-                    data.eval_answers,
-                    tokenizer,
-                    batch_size=bs,
-                )
-            return metrics
+            return _evaluate(cfg, setup, actor, ref["eval"], objective)
 
-        start = loop.begin(save_state=save_state, load_state=load_state)
-        if data.eval and not loop.resume:  # the starting point of every eval curve
-            loop.log_eval(0, lambda: evaluate(0))
-        for step in loop.steps(start, cfg.trainer.max_steps):
-            t0 = time.perf_counter()
-            indices = next(loader)
-            batch = _pair_batch(
-                [data.train[i] for i in indices], _interleaved(ref["train"], indices), pad_id
-            )
-            out = actor.run_dp("train_step", batch, objective="dpo", **params)
-            wall = time.perf_counter() - t0
-            metrics = {
-                **summarise(_sum_results(out), "train"),
-                "train/grad_norm": out[0]["train/grad_norm"],
-                "train/lr": out[0]["train/lr"],
-                "train/epoch": float(loader.epoch),
-                "perf/tokens_per_s": sum(o["perf/tokens"] for o in out) / wall,
-                "perf/step_s": wall,
-            }
-            loop.end_step(step, metrics, evaluate=evaluate if data.eval else None)
-        final = loop.finish(export=lambda p: actor.run_rank0("export", str(p)))
-        final["state_digest"] = actor.run_rank0("state_digest")
-        return final
-    finally:
-        executor.shutdown()
+        return Session(
+            batch=batch,
+            summarise=lambda out, _: summarise(sum_metrics(out), "train"),
+            objective=objective,
+            evaluate=evaluate if data.eval else None,
+            eval_at_start=True,
+        )
+
+    return run_supervised(
+        cfg,
+        loop,
+        setup,
+        train_size=len(data.train),
+        unit="pairs",
+        micro_batch_size=2 * cfg.trainer.micro_batch_size,  # whole pairs per micro-batch
+        start=start,
+    )
+
+
+def _evaluate(
+    cfg: DPOConfig, setup: DPOSetup, actor: Cluster, ref: torch.Tensor, objective: dict[str, Any]
+) -> dict[str, float]:
+    """The objective's metrics on the eval pairs (+ exact match of greedy answers)."""
+    data, bs = setup.data, cfg.eval.batch_size
+    pad_id = setup.tokenizer.pad_token_id
+    sums: dict[str, float] = {}
+    for i in range(0, len(data.eval), bs):
+        pairs = data.eval[i : i + bs]
+        batch = _pair_batch(pairs, ref[2 * i : 2 * (i + len(pairs))], pad_id)
+        sums = sum_metrics([sums, *actor.evaluate(batch, **objective)])
+    metrics = summarise(sums, "eval")
+    metrics["eval/ref_logp_accuracy"] = float((ref[0::2] > ref[1::2]).float().mean())
+    if cfg.eval.exact_match and data.eval_prompts:
+        metrics["eval/exact_match"] = exact_match(actor, data, setup.tokenizer, cfg.eval)
+    return metrics

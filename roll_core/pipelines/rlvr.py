@@ -25,21 +25,26 @@ from typing import Any
 
 import torch
 
-from roll_core.backends.infer import Request, SamplingParams, infer_backend_options
+from roll_core.backends.infer import Request, SamplingParams
 from roll_core.backends.infer.base import PREFIX_CONTINUATION_BACKENDS
 from roll_core.config.rlvr import RLVRConfig
-from roll_core.data import Batch, StatefulLoader, encode_prompt, load_rows, require_columns
-from roll_core.engine import Cluster, make_executor
-from roll_core.engine.dispatch import reduce_rank_metrics
-from roll_core.engine.resource_plan import cluster_placement
+from roll_core.data import StatefulLoader, encode_prompt, load_rows, require_columns
+from roll_core.engine import Cluster
 from roll_core.errors import ConfigError, DataError
 from roll_core.models import load_tokenizer, resolve_model_path
+from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan, check_same_data
-from roll_core.pipelines.rl_math import (
+from roll_core.pipelines.rl_iteration import (
     RLState,
+    add_policy_log_probs,
     advantages_and_kl,
     critic_batch_metrics,
+    load_roles,
     rl_batch_metrics,
+    sampling_params,
+    save_roles,
+    sync_weights,
+    update_policy,
 )
 from roll_core.rollout.async_scheduler import (
     AsyncRolloutScheduler,
@@ -49,83 +54,40 @@ from roll_core.rollout.async_scheduler import (
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.rewards import RewardStage
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
-from roll_core.workers.actor_infer import ActorInfer
-from roll_core.workers.actor_train import ActorTrain, backend_options
-from roll_core.workers.critic import Critic
-from roll_core.workers.reference import Reference
-
-
-def uses_reference(cfg: RLVRConfig) -> bool:
-    return cfg.algorithm.kl.coef > 0
 
 
 def plan(cfg: RLVRConfig) -> list[RolePlan]:
     check_algorithm(cfg)
-    ex = cfg.executor.type
-    rows = cfg.rollout.n * cfg.rollout.prompts_per_step
-    roles = [
-        RolePlan(
-            "actor_train",
-            "ActorTrain",
-            cfg.actor_train.backend,
-            cfg.actor_train.world_size,
-            cfg.actor_train.device,
-            ex,
-            f"{rows} samples/step, {cfg.trainer.ppo_epochs * cfg.trainer.mini_batches} updates/step",
+    r, algo = cfg.rollout, cfg.algorithm
+    updates = cfg.trainer.ppo_epochs * cfg.trainer.mini_batches
+    rows = [
+        roles.actor_train_row(
+            cfg, f"{r.n * r.prompts_per_step} samples/step, {updates} updates/step"
         ),
-        RolePlan(
-            "actor_infer",
-            "ActorInfer",
-            cfg.actor_infer.backend,
-            cfg.actor_infer.world_size,
-            cfg.actor_infer.device,
-            ex,
-            f"n={cfg.rollout.n} x {cfg.rollout.prompts_per_step} prompts, chunks of {cfg.rollout.chunk_size}; "
-            + placement(cfg),
+        roles.actor_infer_row(
+            cfg,
+            f"n={r.n} x {r.prompts_per_step} prompts, chunks of {r.chunk_size}; " + placement(cfg),
         ),
     ]
-    if uses_reference(cfg):
-        roles.append(
-            RolePlan(
-                "reference",
-                "Reference",
-                "torch",
-                1,
-                cfg.actor_train.device,
-                ex,
-                f"KL {cfg.algorithm.kl.estimator} as {cfg.algorithm.kl.use_as}",
-            )
-        )
-    if cfg.algorithm.uses_critic and cfg.critic is not None:
-        roles.append(
-            RolePlan(
-                "critic",
-                "Critic",
-                cfg.critic.backend,
-                1,
-                cfg.critic.device,
-                ex,
-                f"value model from {cfg.critic.model_path or cfg.model.path}, "
-                f"lr {cfg.critic.optim.lr:g}",
-            )
-        )
-    roles.append(
-        RolePlan(
-            "rewards",
-            "RewardRouter",
-            "threads",
-            cfg.rollout.reward_workers,
-            "cpu",
-            "driver",
-            "domains: " + ", ".join(cfg.reward.domains),
-        )
+    if algo.uses_reference:
+        kl = f"KL {algo.kl.estimator} as {algo.kl.use_as}"
+        rows.append(roles.frozen_row(cfg, "reference", "Reference", kl))
+    if roles.uses_critic(cfg):
+        c = cfg.critic
+        assert c is not None
+        value = f"value model from {c.model_path or cfg.model.path}, lr {c.optim.lr:g}"
+        rows.append(RolePlan("critic", "Critic", c.backend, 1, c.device, cfg.executor.type, value))
+    domains = "domains: " + ", ".join(cfg.reward.domains)
+    rows.append(
+        RolePlan("rewards", "RewardRouter", "threads", r.reward_workers, "cpu", "driver", domains)
     )
-    return roles
+    return rows
 
 
 @dataclass
 class RLVRSetup:
     model_path: str
+    tokenizer_path: str
     tokenizer: Any
     train: list[Prompt]
     eval: list[Prompt]
@@ -166,9 +128,8 @@ def _prompts(
 
 def prepare(cfg: RLVRConfig) -> RLVRSetup:
     model_path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(
-        resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
-    )
+    tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
+    tokenizer = load_tokenizer(tok_path)
     train, stats = _prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
     evals: list[Prompt] = []
     if cfg.data.eval is not None:
@@ -181,7 +142,7 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
     finally:
         stage.close()
     check_algorithm(cfg)
-    return RLVRSetup(model_path, tokenizer, train, evals, stats)
+    return RLVRSetup(model_path, tok_path, tokenizer, train, evals, stats)
 
 
 def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
@@ -234,105 +195,6 @@ class PromptStream:
         return self.prompts[next(self.loader)[0]]
 
 
-def make_clusters(cfg: RLVRConfig, setup: RLVRSetup, executor: Any) -> dict[str, Cluster]:
-    """The RL roles (actor_train, actor_infer, reference and critic when needed); shared with
-    the agentic pipeline, which trains through the same roles."""
-    cpu: dict[str, float] = {"CPU": 1.0} if cfg.executor.type == "ray" else {}
-    total_updates = cfg.trainer.max_steps * cfg.trainer.ppo_epochs * cfg.trainer.mini_batches
-    role = cfg.actor_train
-    clusters = {
-        "actor_train": Cluster(
-            "actor_train",
-            ActorTrain,
-            executor,
-            world_size=role.world_size,
-            resources=cpu,
-            **cluster_placement(cfg, "actor_train"),
-            worker_kwargs={
-                "backend": role.backend,
-                "backend_kwargs": dict(
-                    model_path=setup.model_path,
-                    dtype=cfg.model.dtype,
-                    device=role.device,
-                    precision=role.precision,
-                    optim=role.optim,
-                    total_steps=total_updates,
-                    micro_batch_size=cfg.trainer.micro_batch_size,
-                    seed=cfg.seed,
-                    num_threads=role.num_threads,
-                    gradient_checkpointing=cfg.model.gradient_checkpointing,
-                    lora=role.lora,
-                    **backend_options(role),
-                ),
-            },
-        ),
-        "actor_infer": Cluster(
-            "actor_infer",
-            ActorInfer,
-            executor,
-            world_size=cfg.actor_infer.world_size,
-            resources=cpu,
-            **cluster_placement(cfg, "actor_infer"),
-            worker_kwargs={
-                "backend": cfg.actor_infer.backend,
-                "backend_kwargs": dict(
-                    model_path=setup.model_path,
-                    device=cfg.actor_infer.device,
-                    num_threads=cfg.actor_infer.num_threads,
-                    **infer_backend_options(
-                        cfg.actor_infer, model_dtype=cfg.model.dtype, seed=cfg.seed
-                    ),
-                ),
-            },
-        ),
-    }
-    if uses_reference(cfg):
-        clusters["reference"] = Cluster(
-            "reference",
-            Reference,
-            executor,
-            resources=cpu,
-            worker_kwargs=dict(
-                model_path=setup.model_path,
-                device=role.device,
-                micro_batch_size=cfg.trainer.micro_batch_size,
-                num_threads=role.num_threads,
-            ),
-        )
-    if cfg.algorithm.uses_critic and cfg.critic is not None:
-        critic = cfg.critic
-        clusters["critic"] = Cluster(
-            "critic",
-            Critic,
-            executor,
-            resources=cpu,
-            worker_kwargs=dict(
-                model_path=resolve_model_path(critic.model_path)
-                if critic.model_path
-                else setup.model_path,
-                optim=critic.optim,
-                total_steps=total_updates,
-                micro_batch_size=critic.micro_batch_size or cfg.trainer.micro_batch_size,
-                device=critic.device,
-                precision=critic.precision,
-                num_threads=critic.num_threads,
-                value_clip=cfg.algorithm.value.clip,
-            ),
-        )
-    for cluster in clusters.values():
-        cluster.run("setup")
-    return clusters
-
-
-def sync_weights(clusters: dict[str, Cluster], version: int) -> dict[str, float]:
-    """actor_train -> actor_infer, in place, no disk; returns time and bytes."""
-    start = time.perf_counter()
-    weights = clusters["actor_train"].run_rank0("named_weights")
-    clusters["actor_infer"].run("update_weights", weights, version=version)
-    size = sum(t.numel() * t.element_size() for t in weights.values())
-    return {"sync/seconds": time.perf_counter() - start, "sync/bytes": float(size)}
-
-
 def validate(
     cfg: RLVRConfig, setup: RLVRSetup, clusters: dict[str, Cluster], rewards: RewardStage
 ) -> dict[str, float]:
@@ -373,38 +235,26 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         f"({setup.stats['dropped_too_long']} too long, {setup.stats['dropped_empty']} empty); "
         f"eval {len(setup.eval)} prompts"
     )
-    if cfg.critic is not None and not cfg.algorithm.uses_critic:
-        loop.console_note(
-            f"critic: section ignored (adv_estimator {cfg.algorithm.adv_estimator} uses no critic)"
-        )
     rewards = RewardStage(
         cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.train + setup.eval)
     )
     stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)
-    params = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        stop=tuple(cfg.rollout.stop),
-    )
-    executor = make_executor(
-        cfg.executor.type, address=cfg.executor.ray_address, num_cpus=cfg.executor.num_cpus
-    )
+    params = sampling_params(cfg.rollout)
+    executor = roles.executor_for(cfg)
     scheduler = None
     try:
         with loop.phase("loading models"):
-            clusters = make_clusters(cfg, setup, executor)
+            clusters = roles.build_rl_roles(
+                cfg, executor, model_path=setup.model_path, tokenizer_path=setup.tokenizer_path
+            )
         scheduler = _make_scheduler(cfg, clusters, stream, rewards, params)
         rl_state = RLState(cfg.algorithm)
 
         def save_state(ckpt: Path) -> dict[str, Any]:
-            clusters["actor_train"].run("save", str(ckpt / "actor_train"))
-            if "critic" in clusters:
-                clusters["critic"].run("save", str(ckpt / "critic"))
-            torch.save(clusters["actor_infer"].run("get_rng_state"), ckpt / "infer_rng.pt")
-            if isinstance(scheduler, AsyncRolloutScheduler):  # groups not yet trained on
-                torch.save(scheduler.state_dict(), ckpt / "async_rollout.pt")
+            save_roles(clusters, ckpt)
+            held = scheduler.state_dict()  # async: groups not yet trained on
+            if held:
+                torch.save(held, ckpt / "async_rollout.pt")
             return {
                 "prompts": stream.loader.state_dict(),
                 "train_size": len(setup.train),
@@ -414,14 +264,10 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
 
         def load_state(ckpt: Path, state: dict[str, Any]) -> None:
             check_same_data(ckpt, state, size=len(setup.train), unit="prompts")
-            clusters["actor_train"].run("load", str(ckpt / "actor_train"))
-            if "critic" in clusters:
-                clusters["critic"].run("load", str(ckpt / "critic"))
-            for rank, rng in enumerate(torch.load(ckpt / "infer_rng.pt", weights_only=False)):
-                clusters["actor_infer"].handles[rank].submit("set_rng_state", rng)
+            load_roles(clusters, ckpt)
             stream.loader.load_state_dict(state["prompts"])
             saved = ckpt / "async_rollout.pt"
-            if isinstance(scheduler, AsyncRolloutScheduler) and saved.exists():
+            if saved.exists():
                 scheduler.load_state_dict(torch.load(saved), setup.train)
             rl_state.load_state_dict(state["rl"])
             rewards.load_state_dict(state["rewards"])
@@ -434,11 +280,8 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state)
             metrics |= rewards.step_metrics()
             # version v = the weights after v updates; async: suspend -> sync -> resume
-            if isinstance(scheduler, AsyncRolloutScheduler):
-                update = functools.partial(sync_weights, clusters, version=step)
-                metrics |= scheduler.sync(update, step)
-            else:
-                metrics |= sync_weights(clusters, version=step)
+            update = functools.partial(sync_weights, clusters, version=step)
+            metrics |= scheduler.sync(update, step)
             loop.end_step(
                 step,
                 metrics,
@@ -446,7 +289,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
                 if setup.eval
                 else None,
             )
-        return loop.finish(export=lambda p: clusters["actor_train"].run_rank0("export", str(p)))
+        return loop.finish(export=lambda p: clusters["actor_train"].export(str(p)))
     finally:
         if scheduler is not None:
             scheduler.close()
@@ -523,7 +366,7 @@ def _train_step(
     timers |= add_policy_log_probs(clusters, batch, temp)
     if "critic" in clusters:
         t = time.perf_counter()
-        values = torch.cat(clusters["critic"].run_dp("values", batch))
+        values = torch.cat(clusters["critic"].values(batch))
         batch.tensors["values"] = values * batch.tensors["response_mask"]
         timers["time/values"] = time.perf_counter() - t
     metrics = advantages_and_kl(
@@ -545,60 +388,3 @@ def _train_step(
         **metrics,
         **timers,
     }
-
-
-def add_policy_log_probs(
-    clusters: dict[str, Cluster], batch: Batch, temperature: float
-) -> dict[str, float]:
-    """Put the reference model's (when there is one) and the current policy's log-probs of
-    the rollout tokens into `batch` (`ref_log_probs`, `old_log_probs`); returns their timings.
-    Shared with the agentic pipeline."""
-    timers: dict[str, float] = {}
-    if "reference" in clusters:
-        t = time.perf_counter()
-        batch.tensors["ref_log_probs"] = torch.cat(
-            clusters["reference"].run_dp("log_probs", batch, temperature=temperature)
-        )
-        timers["time/reference"] = time.perf_counter() - t
-    t = time.perf_counter()
-    batch.tensors["old_log_probs"] = torch.cat(
-        clusters["actor_train"].run_dp("log_probs", batch, temperature=temperature)
-    )
-    timers["time/old_log_prob"] = time.perf_counter() - t
-    return timers
-
-
-def update_policy(
-    cfg: RLVRConfig, clusters: dict[str, Cluster], batch: Batch, temperature: float
-) -> dict[str, float]:
-    """ppo_epochs x mini_batches optimizer steps (of the critic, when there is one, then of
-    the actor, on the same mini-batch); metrics averaged over them."""
-    totals: dict[str, float] = {}
-    count = 0
-    algo = cfg.algorithm
-    for epoch in range(cfg.trainer.ppo_epochs):
-        order = torch.randperm(
-            len(batch), generator=torch.Generator().manual_seed(cfg.seed + epoch)
-        )
-        shuffled = batch.select(order) if cfg.trainer.mini_batches > 1 else batch
-        for mb in shuffled.split(cfg.trainer.mini_batches):
-            mb.meta = {
-                "response_tokens": float(mb.tensors["response_mask"].sum()),
-                "sequences": float(len(mb)),
-                "max_response_length": float(cfg.rollout.max_new_tokens),
-            }
-            step_metrics: dict[str, float] = {}
-            if "critic" in clusters:
-                step_metrics |= reduce_rank_metrics(clusters["critic"].run_dp("train_step", mb))
-            out = clusters["actor_train"].run_dp(
-                "train_step",
-                mb,
-                objective="rl",
-                algorithm=algo.model_dump(),
-                temperature=temperature,
-            )
-            step_metrics |= reduce_rank_metrics(out)  # one rank's view of the update
-            for k, v in step_metrics.items():
-                totals[k] = totals.get(k, 0.0) + v
-            count += 1
-    return {k: v / count for k, v in totals.items()}

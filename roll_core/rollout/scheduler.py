@@ -116,6 +116,20 @@ class RolloutScheduler:
         run = _StepRun(self, step)
         return run.execute()
 
+    # The same surface as AsyncRolloutScheduler, so a driver loop needs no branch on which one
+    # it has. Between steps nothing is generating and no group is held back.
+    def sync(self, update: Callable[[], dict[str, float]], version: int) -> dict[str, float]:
+        """Run the weight sync ``update()`` (nothing to suspend); returns its metrics."""
+        return update()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Empty: every group of a step is trained on in that step (the prompt position is
+        the prompt stream's state)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], prompts: list[Prompt]) -> None:
+        """Nothing to restore (see :meth:`state_dict`)."""
+
 
 class _StepRun:
     """The state of one `next_batch` call."""

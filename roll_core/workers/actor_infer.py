@@ -12,6 +12,7 @@ from roll_core.backends.infer import (
     make_infer_backend,
 )
 from roll_core.engine import Worker
+from roll_core.engine.worker import dispatch
 
 
 class ActorInfer(Worker):
@@ -23,6 +24,7 @@ class ActorInfer(Worker):
         self.backend_kwargs = backend_kwargs
         self.backend: InferBackend | None = None
 
+    @dispatch("all")
     def setup(self) -> dict[str, Any]:
         self.backend = make_infer_backend(self.backend_name, **self.backend_kwargs)
         return {"backend": self.backend_name}
@@ -35,11 +37,14 @@ class ActorInfer(Worker):
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
         return self._b().generate(requests, params)
 
+    @dispatch("all")
     def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:
         self._b().update_weights(named_tensors, version=version)
 
+    @dispatch("all")
     def get_rng_state(self) -> Any:
         return self._b().get_rng_state()
 
+    @dispatch("scatter")
     def set_rng_state(self, state: Any) -> None:
         self._b().set_rng_state(state)

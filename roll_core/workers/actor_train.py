@@ -14,6 +14,7 @@ import torch
 from roll_core.backends.train import MULTI_RANK_BACKENDS, TrainBackend, get_train_backend
 from roll_core.data import Batch
 from roll_core.engine import Worker
+from roll_core.engine.worker import dispatch
 from roll_core.workers.objectives import get_objective
 
 
@@ -31,6 +32,7 @@ class ActorTrain(Worker):
         """fsdp2 and deepspeed ranks form a torch.distributed group (even a group of one)."""
         return world_size > 1 or kwargs.get("backend") in MULTI_RANK_BACKENDS
 
+    @dispatch("all")
     def setup(self) -> dict[str, Any]:
         self.backend = get_train_backend(self.backend_name)(**self.backend_kwargs)
         params = list(self.backend.model.parameters())
@@ -43,21 +45,26 @@ class ActorTrain(Worker):
             raise RuntimeError("ActorTrain.setup() was not called")
         return self.backend
 
+    @dispatch("dp")
     def train_step(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:
         """One optimizer step on `batch` with the named objective (workers/objectives.py)."""
         return self._b().train_step(batch, get_objective(objective, **params))
 
+    @dispatch("dp")
     def evaluate(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:
         """Summed objective metrics on `batch`, no update."""
         return self._b().evaluate(batch, get_objective(objective, **params))
 
+    @dispatch("dp")
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         """Next-token log-probs [B, T-1] under the current weights."""
         return self._b().log_probs(batch, temperature=temperature)
 
+    @dispatch("rank0")
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
         return self._b().generate(prompts, max_new_tokens=max_new_tokens)
 
+    @dispatch("dp")
     def reference_log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         """Next-token log-probs [B, T-1] of the base model, LoRA adapters disabled: the
         reference policy under LoRA without a second model (needs actor_train.lora)."""
@@ -65,6 +72,7 @@ class ActorTrain(Worker):
         with backend.adapters_disabled():  # type: ignore[attr-defined]
             return backend.log_probs(batch, temperature=temperature)
 
+    @dispatch("rank0")
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The weight-sync payload: every tensor of the plain model by name, detached CPU
         copies. Under LoRA the adapters are merged in (W + scale * B @ A), so the inference
@@ -87,21 +95,26 @@ class ActorTrain(Worker):
             return Path(path)
         return Path(path) / f"rank-{self.rank}"
 
+    @dispatch("all")
     def save(self, path: str) -> None:
         """Write this rank's state (see `_state_dir`)."""
         target = self._state_dir(path)
         target.mkdir(parents=True, exist_ok=True)
         self._b().save(target)
 
+    @dispatch("all")
     def load(self, path: str) -> None:
         self._b().load(self._state_dir(path))
 
+    @dispatch("rank0")
     def export(self, path: str) -> None:
         self._b().export(Path(path))
 
+    @dispatch("rank0")
     def state_digest(self) -> str:
         return self._b().state_digest()
 
+    @dispatch("all")
     def offload(self) -> dict[str, float]:
         """Free this rank's GPU for a colocated role: weights, grads and optimizer state to
         CPU memory (no-op on CPU). Call `reload` before the next forward."""
@@ -109,6 +122,7 @@ class ActorTrain(Worker):
 
         return offload(self._b())
 
+    @dispatch("all")
     def reload(self) -> None:
         from roll_core.backends.train.offload import reload
 
@@ -118,13 +132,3 @@ class ActorTrain(Worker):
 def _numel(p: torch.Tensor) -> int:
     """Elements of the full parameter (ZeRO-3 keeps only a shard: `ds_numel`)."""
     return int(getattr(p, "ds_numel", p.numel()))
-
-
-def backend_options(role: Any) -> dict[str, Any]:
-    """The backend-specific keyword arguments of an ActorTrainConfig (`fsdp2=` /
-    `deepspeed=` options for those backends; nothing for torch), for `backend_kwargs`."""
-    if role.backend == "fsdp2":
-        return {"fsdp2": role.fsdp2}
-    if role.backend == "deepspeed":
-        return {"deepspeed": role.deepspeed}
-    return {}

@@ -31,6 +31,7 @@ from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.config.schema import OptimConfig
 from roll_core.data import Batch
 from roll_core.engine import Worker
+from roll_core.engine.worker import dispatch
 from roll_core.errors import CheckpointError
 from roll_core.models import load_causal_lm
 
@@ -111,6 +112,7 @@ class Critic(Worker):
         self.value_clip = value_clip
         self.model: ValueModel | None = None
 
+    @dispatch("all")
     def setup(self) -> dict[str, Any]:
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
@@ -143,6 +145,7 @@ class Critic(Worker):
             values = self._m()(mb.tensors["input_ids"], mb.tensors["attention_mask"])
         return values[:, :-1]
 
+    @dispatch("dp")
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
         """The critic's value of every position, ``[B, T-1]`` float32 on CPU."""
@@ -151,6 +154,7 @@ class Critic(Worker):
         out = [self._forward(mb.to(self.device)).cpu() for mb in batch.chunk(self.micro_batch_size)]
         return torch.cat([F.pad(v, (0, width - v.shape[1])) for v in out])
 
+    @dispatch("dp")
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of the clipped value loss on `batch` (a mini-batch), accumulated
         over micro-batches. Needs ``values`` (old predictions), ``returns``, ``response_mask``
@@ -181,6 +185,7 @@ class Critic(Worker):
         }
 
     # ---- state -----------------------------------------------------------------------------
+    @dispatch("all")
     def save(self, path: str) -> None:
         """Write this rank's weights, optimizer and scheduler to `path/rank-<rank>/`."""
         target = Path(path) / f"rank-{self.rank}"
@@ -190,6 +195,7 @@ class Critic(Worker):
         torch.save(self.optimizer.state_dict(), target / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), target / "scheduler.pt")
 
+    @dispatch("all")
     def load(self, path: str) -> None:
         source = Path(path) / f"rank-{self.rank}"
         try:
@@ -200,6 +206,7 @@ class Critic(Worker):
         except (OSError, RuntimeError, KeyError) as err:
             raise CheckpointError(f"cannot load the critic checkpoint {source}: {err}") from None
 
+    @dispatch("rank0")
     def state_digest(self) -> str:
         """sha256 over every parameter's bytes (exactness checks)."""
         h = hashlib.sha256()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from roll_core.backends.train.torch_backend import Objective, token_loss_sum
+from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
 
@@ -47,7 +48,7 @@ def get_objective(name: str, **params: Any) -> Objective:
 
 
 def rl(
-    logits: torch.Tensor, mb: Batch, *, algorithm: dict[str, Any], temperature: float = 1.0
+    logits: torch.Tensor, mb: Batch, *, algorithm: AlgorithmConfig, temperature: float = 1.0
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy-gradient objective of RLVR: the configured policy loss, plus KL and entropy
     terms when the recipe asks for them.
@@ -64,42 +65,38 @@ def rl(
     mask = t["response_mask"]
     scaled = logits.float() / temperature
     log_probs = token_log_probs(scaled, t["input_ids"])
-    agg = {
-        "agg_mode": algo["loss_agg_mode"],
-        "max_len": algo.get("loss_agg_norm_len") or int(mb.meta["max_response_length"]),
+    loss_kwargs = algo.policy_loss_kwargs(max_len=int(mb.meta["max_response_length"]))
+    globals_ = {
         "global_num_tokens": mb.meta["response_tokens"],
         "global_num_seqs": mb.meta["sequences"],
     }
-    params = {"clip_low": algo["clip_low"], "clip_high": algo["clip_high"]}
-    if algo.get("dual_clip_c") is not None:
-        params["clip_c"] = algo["dual_clip_c"]
+    agg = {"agg_mode": loss_kwargs["agg_mode"], "max_len": loss_kwargs["max_len"], **globals_}
     loss, metrics = policy_loss(
-        algo["policy_loss"],
+        algo.policy_loss,
         log_probs=log_probs,
         old_log_probs=t["old_log_probs"],
         advantages=t["advantages"],
         response_mask=mask,
         infer_log_probs=t["behaviour_log_probs"],
-        tis_cap=algo.get("tis_cap"),
-        **agg,
-        **params,
+        **loss_kwargs,
+        **globals_,
     )
-    kl = algo["kl"]
-    if kl["coef"] > 0 and kl["use_as"] == "loss" and "ref_log_probs" in t:
+    kl = algo.kl
+    if kl.coef > 0 and kl.use_as == "loss" and "ref_log_probs" in t:
         term, kl_metrics = kl_loss(
             log_probs=log_probs,
             ref_log_probs=t["ref_log_probs"],
             response_mask=mask,
-            coef=kl["coef"],
-            estimator=kl["estimator"],
+            coef=kl.coef,
+            estimator=kl.estimator,
             **agg,
         )
         loss = loss + term
         metrics |= kl_metrics
-    if algo["entropy_coef"] > 0:
+    if algo.entropy_coef > 0:
         ent = entropy_from_logits(scaled[:, :-1])
         term, ent_metrics = entropy_bonus(
-            entropy=ent, response_mask=mask, coef=algo["entropy_coef"], **agg
+            entropy=ent, response_mask=mask, coef=algo.entropy_coef, **agg
         )
         loss = loss + term
         metrics |= ent_metrics

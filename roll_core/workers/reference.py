@@ -9,6 +9,7 @@ import torch
 from roll_core.backends.train.torch_backend import resolve_device, token_log_probs
 from roll_core.data import Batch
 from roll_core.engine import Worker
+from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm
 
 
@@ -31,6 +32,7 @@ class Reference(Worker):
         self.num_threads = num_threads
         self.model: Any = None
 
+    @dispatch("all")
     def setup(self) -> dict[str, Any]:
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
@@ -39,6 +41,7 @@ class Reference(Worker):
         self.model.eval()
         return {"device": str(self.device)}
 
+    @dispatch("dp")
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         out = []

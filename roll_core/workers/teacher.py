@@ -16,6 +16,7 @@ from roll_core.algorithms.distill import teacher_targets
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data import Batch
 from roll_core.engine import Worker
+from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm, load_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,6 +47,7 @@ class Teacher(Worker):
         self.num_threads = num_threads
         self.model: Any = None
 
+    @dispatch("all")
     def setup(self) -> dict[str, Any]:
         """Load the model (eval mode, no gradients); report its size and vocabulary."""
         if self.num_threads is not None:
@@ -78,6 +80,7 @@ class Teacher(Worker):
         with self._autocast():
             return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
 
+    @dispatch("dp")
     @torch.no_grad()
     def targets(
         self, batch: Batch, *, temperature: float, top_k: int | None, vocab_size: int
@@ -103,6 +106,7 @@ class Teacher(Worker):
                 parts.setdefault(key, []).append(dense)
         return {key: torch.cat(values) for key, values in parts.items()}
 
+    @dispatch("rank0")
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
         """Greedy continuations (no prompt tokens, cut at the eos token)."""

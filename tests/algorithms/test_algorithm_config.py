@@ -27,7 +27,7 @@ from roll_core.config.algorithm import (
     LossAggMode,
     PolicyLossName,
     PresetName,
-    RewardConfig,
+    ScoreConfig,
 )
 from roll_core.config.loader import dump_config, validate
 from roll_core.errors import ConfigError
@@ -42,7 +42,7 @@ def test_schema_names_equal_the_registries() -> None:
     assert list(get_args(PolicyLossName)) == POLICY_LOSSES.names()
     assert get_args(LossAggMode) == LOSS_AGG_MODES
     assert list(get_args(KLEstimatorName)) == list(KL_ESTIMATORS)
-    assert get_args(RewardConfig.model_fields["normalize"].annotation) == REWARD_NORMALIZERS
+    assert get_args(ScoreConfig.model_fields["normalize"].annotation) == REWARD_NORMALIZERS
     assert list(get_args(PresetName)) == list(PRESETS)
 
 
@@ -177,3 +177,11 @@ def test_docs_preset_table_matches_the_presets() -> None:
     for name, section in PRESETS.items():
         row = f"| `{name}` | " + ", ".join(_flat(section)) + " |"
         assert row in doc, f"docs/algorithms.md preset table is stale for {name}: {row}"
+
+
+def test_raft_plus_plus_preset() -> None:
+    cfg = AlgorithmConfig(preset="raft_plus_plus")
+    # RAFT++ (arXiv 2504.11343): REINFORCE return as the advantage, PPO ratio and clip
+    assert cfg.adv_estimator == "reinforce" and cfg.policy_loss == "ppo"
+    assert cfg.reward.normalize == "none" and not cfg.advantage.whiten
+    assert not cfg.needs_groups and not cfg.uses_critic

@@ -72,3 +72,41 @@ def test_without_behaviour_log_probs_it_is_ppo() -> None:
     a, _ = policy_loss("ppo", **x)
     b, _ = policy_loss("decoupled_ppo", **x)
     assert float(a) == pytest.approx(float(b)) == pytest.approx((-1.2 + 1.0) / 2)
+
+
+def _off_policy() -> dict[str, torch.Tensor]:
+    return dict(
+        log_probs=lg(0.5, 0.5),
+        old_log_probs=lg(0.5, 0.5),
+        advantages=torch.ones(1, 2),
+        response_mask=torch.ones(1, 2),
+        infer_log_probs=lg(0.25, 0.05),  # w = 2 and 10
+    )
+
+
+def test_behaviour_cap_inf_removes_the_cap_and_none_keeps_the_default() -> None:
+    # r = 1 everywhere, A = 1: token loss = -w. Cap 5 masks the w = 10 token:
+    # (-2 + 0) / 2 = -1; no cap: (-2 - 10) / 2 = -6.
+    default, _ = policy_loss("decoupled_ppo", **_off_policy())
+    none, _ = policy_loss("decoupled_ppo", **_off_policy(), behaviour_cap=None)
+    uncapped, m = policy_loss("decoupled_ppo", **_off_policy(), behaviour_cap=math.inf)
+    assert float(default) == float(none) == pytest.approx(-1.0)
+    assert float(uncapped) == pytest.approx(-6.0)
+    assert m["actor/behav_capfrac"] == 0.0
+
+
+def test_tis_cap_is_not_applied_on_top_of_the_behaviour_weight() -> None:
+    # With TIS the w = 2 token would be weighted 2 x min(2, cap) = 4: the same correction twice.
+    with pytest.raises(ValueError, match="twice"):
+        policy_loss("decoupled_ppo", **_off_policy(), tis_cap=2.0)
+
+
+def test_the_recipe_rejects_decoupled_ppo_with_tis_cap() -> None:
+    from pydantic import ValidationError
+
+    from roll_core.config.algorithm import AlgorithmConfig
+
+    AlgorithmConfig(policy_loss="decoupled_ppo")
+    AlgorithmConfig(policy_loss="ppo", tis_cap=2.0)
+    with pytest.raises(ValidationError, match="tis_cap"):
+        AlgorithmConfig(policy_loss="decoupled_ppo", tis_cap=2.0)

@@ -7,6 +7,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.engine import Cluster, LocalExecutor, Worker
+from roll_core.engine.worker import dispatch
 from roll_core.errors import DataError
 
 
@@ -49,3 +50,40 @@ def test_ray_executor_same_results_and_errors() -> None:
             cluster.run("fail")
     finally:
         ex.shutdown()
+
+
+class Declared(Worker):
+    """Each method says once how a cluster calls it."""
+
+    @dispatch("dp")
+    def rows(self, batch: Batch) -> tuple[int, int]:
+        return self.rank, len(batch)
+
+    @dispatch("all")
+    def hello(self, word: str) -> str:
+        return f"{word} from {self.rank}"
+
+    @dispatch("rank0")
+    def leader(self) -> int:
+        return 100 + self.rank
+
+    @dispatch("scatter")
+    def take(self, item: int) -> int:
+        return item * 10 + self.rank
+
+    def undeclared(self) -> None: ...
+
+
+def test_methods_dispatch_as_they_declare() -> None:
+    cluster = Cluster("d", Declared, LocalExecutor(), world_size=2)
+    batch = Batch(tensors={"x": torch.arange(5)}, non_tensors={}, meta={})
+    assert cluster.rows(batch) == [(0, 3), (1, 2)]  # split 3 + 2 rows, rank order
+    assert cluster.hello("hi") == ["hi from 0", "hi from 1"]
+    assert cluster.leader() == 100  # rank 0's answer only
+    assert cluster.take([1, 2]) == [10, 21]  # item r to rank r
+    with pytest.raises(ValueError, match="2 ranks"):
+        cluster.take([1])
+    with pytest.raises(AttributeError, match="no @dispatch"):
+        cluster.undeclared()
+    with pytest.raises(AttributeError):
+        cluster._private()

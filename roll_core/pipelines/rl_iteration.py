@@ -1,0 +1,247 @@
+"""One RL iteration after its rollout, as rlvr and agentic both run it: the reference and
+old log-probs, reward shaping and KL in the reward, advantages, the ppo_epochs x mini_batches
+update, the weight sync to actor_infer, and the batch metrics. Thin glue over the pure
+functions in algorithms/ and the clusters built by roles.py; typed on `RLConfig`, the base of
+both pipelines' configs.
+
+All per-token tensors are in the batch's target space [B, T-1] (see rollout/batch.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll_core.algorithms import (
+    RunningMeanStd,
+    apply_kl_penalty,
+    clip_advantages,
+    clip_rewards,
+    compute_advantages,
+    explained_variance,
+    normalize_rewards,
+    overlong_penalty,
+    scores_to_token_rewards,
+    whiten_advantages,
+)
+from roll_core.backends.infer import SamplingParams
+from roll_core.config.algorithm import AlgorithmConfig
+from roll_core.config.rlvr import RLConfig, SamplingConfig
+from roll_core.data import Batch
+from roll_core.engine import Cluster
+from roll_core.engine.dispatch import reduce_rank_metrics
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def rl_batch_metrics(batch: Batch, max_new_tokens: int) -> dict[str, float]:
+    """Rewards, response lengths and the train/infer log-prob gap of a rollout batch."""
+    t = batch.tensors
+    lengths = t["response_lengths"].float()
+    mask = t["response_mask"]
+    metrics = {
+        "rollout/reward_mean": float(t["scores"].mean()),
+        "rollout/reward_std": float(t["scores"].std()) if len(batch) > 1 else 0.0,
+        "rollout/response_length_mean": float(lengths.mean()),
+        "rollout/response_length_max": float(lengths.max()),
+        "rollout/response_clip_ratio": float((lengths >= max_new_tokens).float().mean()),
+    }
+    if "old_log_probs" in t:
+        gap = (t["old_log_probs"] - t["behaviour_log_probs"]).abs()
+        metrics["train_infer/logprob_diff"] = _masked_mean(gap, mask)
+        metrics["train_infer/logprob_diff_max"] = float((gap * mask).max())
+    return metrics
+
+
+def critic_batch_metrics(batch: Batch) -> dict[str, float]:
+    """The critic's predictions on a rollout batch against the returns computed from them
+    (before the critic's update): their mean and the explained variance."""
+    t = batch.tensors
+    mask = t["response_mask"]
+    return {
+        "critic/values_mean": _masked_mean(t["values"], mask),
+        "critic/returns_mean": _masked_mean(t["returns"], mask),
+        "critic/explained_variance": float(
+            explained_variance(values=t["values"], returns=t["returns"], response_mask=mask)
+        ),
+    }
+
+
+class RLState:
+    """What the reward/advantage steps carry across iterations (checkpointed)."""
+
+    def __init__(self, algo: AlgorithmConfig) -> None:
+        from roll_core.algorithms import make_kl_controller
+
+        self.kl = make_kl_controller(
+            coef=algo.kl.coef, target=algo.kl.target, horizon=algo.kl.horizon
+        )
+        self.running = RunningMeanStd()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kl": self.kl.state_dict(), "running": self.running.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.kl.load_state_dict(state["kl"])
+        self.running.load_state_dict(state["running"])
+
+
+def advantages_and_kl(
+    batch: Batch, algo: AlgorithmConfig, state: RLState, *, max_new_tokens: int
+) -> dict[str, float]:
+    """Fill `advantages` and `returns` [B, T-1] from the scores (+ KL in the reward if set)."""
+    t = batch.tensors
+    mask = t["response_mask"]
+    scores = t["scores"]
+    metrics: dict[str, float] = {}
+    if algo.overlong.mode == "penalty":
+        buffer = algo.overlong.resolved_buffer_len(max_new_tokens)
+        penalty = overlong_penalty(
+            response_lengths=t["response_lengths"],
+            max_len=max_new_tokens,
+            buffer_len=buffer,
+            factor=algo.overlong.penalty_factor,
+        )
+        scores = scores + penalty
+        metrics["rollout/overlong_penalty_mean"] = float(penalty.mean())
+    if algo.overlong.mode == "filter":
+        truncated = t["response_lengths"] >= max_new_tokens
+        mask = mask * (~truncated).float().unsqueeze(1)
+        t["response_mask"] = mask
+    scores = normalize_rewards(
+        algo.reward.normalize, scores=scores, group_ids=t["group_ids"], running=state.running
+    )
+    scores = clip_rewards(scores, algo.reward.clip)
+    token_rewards = scores_to_token_rewards(scores, mask)
+    if algo.kl.coef > 0 and algo.kl.use_as == "reward" and "ref_log_probs" in t:
+        token_rewards, kl_metrics = apply_kl_penalty(
+            token_scores=token_rewards,
+            log_probs=t["old_log_probs"],
+            ref_log_probs=t["ref_log_probs"],
+            response_mask=mask,
+            coef=state.kl.value,
+            estimator=algo.kl.estimator,
+        )
+        metrics |= kl_metrics
+        state.kl.update(kl_metrics["actor/reward_kl"], len(batch))
+    advantages, returns = compute_advantages(
+        algo.adv_estimator,
+        token_rewards=token_rewards,
+        response_mask=mask,
+        group_ids=t["group_ids"],
+        values=t.get("values"),
+        **algo.advantage_kwargs(),
+    )
+    if algo.advantage.whiten:
+        advantages = whiten_advantages(advantages, mask)
+    advantages = clip_advantages(advantages, algo.advantage.clip)
+    t["advantages"], t["returns"] = advantages * mask, returns * mask
+    metrics["actor/advantage_mean"] = _masked_mean(advantages, mask)
+    metrics["actor/advantage_abs_max"] = float((advantages.abs() * mask).max())
+    return metrics
+
+
+def sampling_params(rollout: SamplingConfig) -> SamplingParams:
+    """How training rollouts sample (`rollout.max_new_tokens`, temperature, top-p/k, stop)."""
+    r = rollout
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        stop=tuple(r.stop),
+    )
+
+
+def save_roles(clusters: dict[str, Cluster], ckpt: Path) -> None:
+    """actor_train's (and the critic's) state and the inference ranks' RNG, under `ckpt`."""
+    clusters["actor_train"].save(str(ckpt / "actor_train"))
+    if "critic" in clusters:
+        clusters["critic"].save(str(ckpt / "critic"))
+    torch.save(clusters["actor_infer"].get_rng_state(), ckpt / "infer_rng.pt")
+
+
+def load_roles(clusters: dict[str, Cluster], ckpt: Path) -> None:
+    """The inverse of :func:`save_roles`."""
+    clusters["actor_train"].load(str(ckpt / "actor_train"))
+    if "critic" in clusters:
+        clusters["critic"].load(str(ckpt / "critic"))
+    clusters["actor_infer"].set_rng_state(torch.load(ckpt / "infer_rng.pt", weights_only=False))
+
+
+def sync_weights(clusters: dict[str, Cluster], version: int) -> dict[str, float]:
+    """actor_train -> actor_infer, in place, no disk; returns time and bytes."""
+    start = time.perf_counter()
+    weights = clusters["actor_train"].named_weights()
+    clusters["actor_infer"].update_weights(weights, version=version)
+    size = sum(t.numel() * t.element_size() for t in weights.values())
+    return {"sync/seconds": time.perf_counter() - start, "sync/bytes": float(size)}
+
+
+def add_policy_log_probs(
+    clusters: dict[str, Cluster], batch: Batch, temperature: float
+) -> dict[str, float]:
+    """Put the reference model's (when there is one) and the current policy's log-probs of
+    the rollout tokens into `batch` (`ref_log_probs`, `old_log_probs`); returns their timings."""
+    timers: dict[str, float] = {}
+    if "reference" in clusters:
+        t = time.perf_counter()
+        batch.tensors["ref_log_probs"] = torch.cat(
+            clusters["reference"].log_probs(batch, temperature=temperature)
+        )
+        timers["time/reference"] = time.perf_counter() - t
+    t = time.perf_counter()
+    batch.tensors["old_log_probs"] = torch.cat(
+        clusters["actor_train"].log_probs(batch, temperature=temperature)
+    )
+    timers["time/old_log_prob"] = time.perf_counter() - t
+    return timers
+
+
+def mini_batch_meta(mb: Batch, *, max_response_length: int) -> dict[str, float]:
+    """The global counts every micro-batch of mini-batch `mb` normalises its loss by: response
+    tokens, sequences (rows with at least one response token: a row whose response is masked
+    out, e.g. by `overlong.mode: filter`, is no sequence, as in `agg_loss`) and the length
+    limit of `seq-mean-token-sum-norm`."""
+    mask = mb.tensors["response_mask"]
+    return {
+        "response_tokens": float(mask.sum()),
+        "sequences": float((mask.sum(dim=-1) > 0).sum()),
+        "max_response_length": float(max_response_length),
+    }
+
+
+def update_policy(
+    cfg: RLConfig, clusters: dict[str, Cluster], batch: Batch, temperature: float
+) -> dict[str, float]:
+    """ppo_epochs x mini_batches optimizer steps (of the critic, when there is one, then of
+    the actor, on the same mini-batch); metrics averaged over them."""
+    totals: dict[str, float] = {}
+    count = 0
+    algo = cfg.algorithm
+    for epoch in range(cfg.trainer.ppo_epochs):
+        order = torch.randperm(
+            len(batch), generator=torch.Generator().manual_seed(cfg.seed + epoch)
+        )
+        shuffled = batch.select(order) if cfg.trainer.mini_batches > 1 else batch
+        for mb in shuffled.split(cfg.trainer.mini_batches):
+            mb.meta = mini_batch_meta(mb, max_response_length=cfg.rollout.max_new_tokens)
+            step_metrics: dict[str, float] = {}
+            if "critic" in clusters:
+                step_metrics |= reduce_rank_metrics(clusters["critic"].train_step(mb))
+            out = clusters["actor_train"].train_step(
+                mb,
+                objective="rl",
+                algorithm=algo,
+                temperature=temperature,
+            )
+            step_metrics |= reduce_rank_metrics(out)  # one rank's view of the update
+            for k, v in step_metrics.items():
+                totals[k] = totals.get(k, 0.0) + v
+            count += 1
+    return {k: v / count for k, v in totals.items()}

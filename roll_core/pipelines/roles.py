@@ -1,0 +1,226 @@
+"""Role builders: every pipeline's clusters are built here, from its validated config.
+
+`actor_train` is built the same way for all five pipelines (backend and its fsdp2 / deepspeed
+options, LoRA, precision, threads, placement from `device_mapping`), so a recipe key of that
+section takes effect everywhere or is an error; the RL roles (actor_infer, reference, critic)
+are built here for rlvr and agentic, and the frozen models of dpo (reference) and distill
+(teacher) next to them.
+
+Frozen single-rank roles (reference, teacher) run on actor_train's rank-0 device: under a
+`device_mapping` they are pinned to rank 0's GPUs (colocated with it), on CPU nothing is pinned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from roll_core.backends.infer import infer_backend_options
+from roll_core.engine import Cluster, make_executor
+from roll_core.engine.resource_plan import cluster_placement
+from roll_core.models import resolve_model_path
+from roll_core.pipelines.common import RolePlan
+from roll_core.workers.actor_infer import ActorInfer
+from roll_core.workers.actor_train import ActorTrain
+from roll_core.workers.critic import Critic
+from roll_core.workers.reference import Reference
+from roll_core.workers.teacher import Teacher
+
+
+def actor_train_row(cfg: Any, detail: str, *, role: str = "actor_train") -> RolePlan:
+    """The `--dry-run` row of actor_train (or of a role that runs on it, e.g. DPO's LoRA
+    reference)."""
+    r = cfg.actor_train
+    return RolePlan(
+        role, "ActorTrain", r.backend, r.world_size, r.device, cfg.executor.type, detail
+    )
+
+
+def actor_infer_row(cfg: Any, detail: str) -> RolePlan:
+    """The `--dry-run` row of actor_infer."""
+    r = cfg.actor_infer
+    return RolePlan(
+        "actor_infer", "ActorInfer", r.backend, r.world_size, r.device, cfg.executor.type, detail
+    )
+
+
+def frozen_row(cfg: Any, role: str, worker: str, detail: str) -> RolePlan:
+    """The `--dry-run` row of a frozen one-rank role on actor_train's device."""
+    return RolePlan(role, worker, "torch", 1, cfg.actor_train.device, cfg.executor.type, detail)
+
+
+def executor_for(cfg: Any) -> Any:
+    """The executor `cfg.executor` names (local, or Ray started or joined)."""
+    ex = cfg.executor
+    return make_executor(ex.type, address=ex.ray_address, num_cpus=ex.num_cpus)
+
+
+def _cpu(cfg: Any) -> dict[str, float]:
+    """Each Ray actor reserves one CPU; in-process workers reserve nothing."""
+    return {"CPU": 1.0} if cfg.executor.type == "ray" else {}
+
+
+def backend_options(role: Any) -> dict[str, Any]:
+    """The backend-specific keyword arguments of an ActorTrainConfig (`fsdp2=` /
+    `deepspeed=` options for those backends; nothing for torch)."""
+    if role.backend == "fsdp2":
+        return {"fsdp2": role.fsdp2}
+    if role.backend == "deepspeed":
+        return {"deepspeed": role.deepspeed}
+    return {}
+
+
+def build_actor_train(
+    cfg: Any,
+    executor: Any,
+    *,
+    model_path: str,
+    tokenizer_path: str | None = None,
+    total_steps: int,
+    micro_batch_size: int,
+) -> Cluster:
+    """The policy being trained, as every pipeline builds it: `cfg.actor_train`'s backend and
+    its options, LoRA, precision, threads and placement; `cfg.model`'s dtype and gradient
+    checkpointing. `total_steps` counts optimizer steps (the LR schedule's length)."""
+    role = cfg.actor_train
+    return Cluster(
+        "actor_train",
+        ActorTrain,
+        executor,
+        world_size=role.world_size,
+        resources=_cpu(cfg),
+        **cluster_placement(cfg, "actor_train"),
+        worker_kwargs={
+            "backend": role.backend,
+            "backend_kwargs": dict(
+                model_path=model_path,
+                tokenizer_path=tokenizer_path,
+                dtype=cfg.model.dtype,
+                device=role.device,
+                precision=role.precision,
+                optim=role.optim,
+                total_steps=total_steps,
+                micro_batch_size=micro_batch_size,
+                seed=cfg.seed,
+                num_threads=role.num_threads,
+                gradient_checkpointing=cfg.model.gradient_checkpointing,
+                lora=role.lora,
+                **backend_options(role),
+            ),
+        },
+    )
+
+
+def _beside_actor_train(cfg: Any) -> dict[str, Any]:
+    """Placement of a frozen one-rank role: actor_train rank 0's GPUs ({} on CPU)."""
+    placed = cluster_placement(cfg, "actor_train")
+    if not placed:
+        return {}
+    return {"gpu_ids": placed["gpu_ids"][:1], "gpus_per_node": placed["gpus_per_node"]}
+
+
+def build_reference(cfg: Any, executor: Any, *, model_path: str, micro_batch_size: int) -> Cluster:
+    """The frozen starting policy (KL in rlvr / agentic, reference log-probs in dpo)."""
+    role = cfg.actor_train
+    return Cluster(
+        "reference",
+        Reference,
+        executor,
+        resources=_cpu(cfg),
+        **_beside_actor_train(cfg),
+        worker_kwargs=dict(
+            model_path=model_path,
+            device=role.device,
+            micro_batch_size=micro_batch_size,
+            num_threads=role.num_threads,
+        ),
+    )
+
+
+def build_teacher(cfg: Any, executor: Any, *, model_path: str, tokenizer_path: str) -> Cluster:
+    """distill's frozen teacher, on the student's device with the student's precision."""
+    role = cfg.actor_train
+    return Cluster(
+        "teacher",
+        Teacher,
+        executor,
+        resources=_cpu(cfg),
+        **_beside_actor_train(cfg),
+        worker_kwargs=dict(
+            model_path=model_path,
+            tokenizer_path=tokenizer_path,
+            dtype=cfg.teacher.dtype,
+            device=role.device,
+            precision=role.precision,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            num_threads=role.num_threads,
+        ),
+    )
+
+
+def uses_critic(cfg: Any) -> bool:
+    """A critic is built when the estimator needs one and the recipe has a `critic:` section."""
+    return bool(cfg.algorithm.uses_critic and getattr(cfg, "critic", None) is not None)
+
+
+def build_rl_roles(
+    cfg: Any, executor: Any, *, model_path: str, tokenizer_path: str | None = None
+) -> dict[str, Cluster]:
+    """The roles of rlvr and agentic, set up: actor_train and actor_infer, the reference
+    when KL is used, the critic when the estimator needs one."""
+    t = cfg.trainer
+    total_updates = t.max_steps * t.ppo_epochs * t.mini_batches
+    infer = cfg.actor_infer
+    clusters = {
+        "actor_train": build_actor_train(
+            cfg,
+            executor,
+            model_path=model_path,
+            tokenizer_path=tokenizer_path,
+            total_steps=total_updates,
+            micro_batch_size=t.micro_batch_size,
+        ),
+        "actor_infer": Cluster(
+            "actor_infer",
+            ActorInfer,
+            executor,
+            world_size=infer.world_size,
+            resources=_cpu(cfg),
+            **cluster_placement(cfg, "actor_infer"),
+            worker_kwargs={
+                "backend": infer.backend,
+                "backend_kwargs": dict(
+                    model_path=model_path,
+                    device=infer.device,
+                    num_threads=infer.num_threads,
+                    **infer_backend_options(infer, model_dtype=cfg.model.dtype, seed=cfg.seed),
+                ),
+            },
+        ),
+    }
+    if cfg.algorithm.uses_reference:
+        clusters["reference"] = build_reference(
+            cfg, executor, model_path=model_path, micro_batch_size=t.micro_batch_size
+        )
+    if uses_critic(cfg):
+        critic = cfg.critic
+        clusters["critic"] = Cluster(
+            "critic",
+            Critic,
+            executor,
+            resources=_cpu(cfg),
+            worker_kwargs=dict(
+                model_path=resolve_model_path(critic.model_path)
+                if critic.model_path
+                else model_path,
+                optim=critic.optim,
+                total_steps=total_updates,
+                micro_batch_size=critic.micro_batch_size or t.micro_batch_size,
+                device=critic.device,
+                precision=critic.precision,
+                num_threads=critic.num_threads,
+                value_clip=cfg.algorithm.value.clip,
+            ),
+        )
+    for cluster in clusters.values():
+        cluster.setup()
+    return clusters

@@ -1,0 +1,177 @@
+"""The one driver loop of the supervised pipelines: sft, dpo and distill.
+
+They differ only in the batch they build from the loader's rows, the objective actor_train
+optimises, the metrics they summarise and what they evaluate; each pipeline describes that as
+a `Session` and this module runs it::
+
+    actor_train = build_actor_train(cfg)                 # roles.py: backend, options, placement
+    session = pipeline.start(executor, actor_train)      # extra roles (teacher, reference)
+    for step in run.steps(max_steps):                    # resumes after the saved step
+        batch = session.batch(next(loader))              # loader position is checkpointed
+        out = actor_train.train_step(batch, **session.objective)
+        metrics = session.summarise(out, batch) + grad norm, lr, epoch, throughput
+        if eval due:  metrics |= session.evaluate(step)
+        tracking.log(step, metrics); if save due: checkpoint(step)
+    export final model (merged when LoRA)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from roll_core.backends.train.torch_backend import resolve_device
+from roll_core.data import Batch, StatefulLoader, load_rows
+from roll_core.engine import Cluster
+from roll_core.models import load_tokenizer, resolve_model_path
+from roll_core.pipelines import roles
+from roll_core.pipelines.common import DriverLoop, check_same_data
+
+
+@dataclass
+class ResolvedModel:
+    """The model and tokenizer a supervised recipe starts from, resolved before a run exists."""
+
+    model_path: str
+    tokenizer_path: str
+    tokenizer: Any
+
+
+def resolve_model(cfg: Any) -> ResolvedModel:
+    """Resolve `cfg.model` (and fail on a missing CUDA device) before a run directory exists."""
+    if cfg.executor.type == "local" and cfg.actor_train.device == "cuda":
+        resolve_device("cuda")  # no CUDA here: fail before a run directory is created
+    model_path = resolve_model_path(cfg.model.path)
+    tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
+    return ResolvedModel(model_path, tok_path, load_tokenizer(tok_path))
+
+
+def sum_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
+    """Key-wise sums of per-rank (or per-batch) metric sums."""
+    total: dict[str, float] = {}
+    for result in outs:
+        for key, value in result.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def train_rows(cfg: Any) -> Any:
+    """The rows of `data.train`."""
+    d = cfg.data.train
+    return load_rows(d.path, split=d.split, subset=d.subset, max_rows=d.max_rows)
+
+
+def eval_rows(cfg: Any) -> Any:
+    """The rows of `data.eval` (at most `data.eval.max_rows` and `eval.max_samples`)."""
+    d = cfg.data.eval
+    limits = [x for x in (d.max_rows, cfg.eval.max_samples) if x is not None]
+    return load_rows(
+        d.path,
+        split=d.split,
+        subset=d.subset,
+        max_rows=min(limits) if limits else None,
+        key="data.eval.path",
+    )
+
+
+def exact_match(cluster: Cluster, data: Any, tokenizer: Any, ev: Any) -> float:
+    """Fraction of `data.eval_prompts` whose greedy output (`ev.max_new_tokens`), decoded and
+    stripped, equals the answer in `data.eval_answers`."""
+    prompts, answers, bs = data.eval_prompts, data.eval_answers, ev.batch_size
+    hits = 0
+    for i in range(0, len(prompts), bs):
+        outs = cluster.generate(prompts[i : i + bs], max_new_tokens=ev.max_new_tokens)
+        for out, ref in zip(outs, answers[i : i + bs], strict=True):
+            hits += tokenizer.decode(out, skip_special_tokens=True).strip() == ref
+    return hits / max(1, len(prompts))
+
+
+@dataclass
+class Session:
+    """What one supervised pipeline adds to the loop, once actor_train is set up."""
+
+    batch: Callable[[list[int]], Batch]
+    """The training batch of the loader's row indices."""
+    summarise: Callable[[list[dict[str, float]], Batch], dict[str, float]]
+    """`train/...` metrics from the ranks' train_step results on that batch."""
+    objective: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of `ActorTrain.train_step` (the objective and its parameters)."""
+    evaluate: Callable[[int], dict[str, float]] | None = None
+    """Held-out metrics at a step (None: the recipe has no eval data)."""
+    eval_at_start: bool = False
+    """Also evaluate before step 1 of a new run (the start of every eval curve)."""
+
+
+class StartSession(Protocol):
+    def __call__(self, executor: Any, actor: Cluster, info: dict[str, Any]) -> Session: ...
+
+
+def run_supervised(
+    cfg: Any,
+    loop: DriverLoop,
+    model: ResolvedModel,
+    *,
+    train_size: int,
+    unit: str,
+    micro_batch_size: int,
+    start: StartSession,
+) -> dict[str, float]:
+    """Train `cfg` inside the run `loop` manages (fresh or resumed); returns final metrics.
+
+    `train_size` rows of `unit` (examples, pairs) are drawn `trainer.global_batch_size` at a
+    time; actor_train runs `micro_batch_size` sequences per forward pass."""
+    loader = StatefulLoader(
+        train_size,
+        cfg.trainer.global_batch_size(cfg.actor_train.world_size),
+        seed=cfg.seed,
+        shuffle=cfg.data.shuffle,
+    )
+    executor = roles.executor_for(cfg)
+    try:
+        actor = roles.build_actor_train(
+            cfg,
+            executor,
+            model_path=model.model_path,
+            tokenizer_path=model.tokenizer_path,
+            total_steps=cfg.trainer.max_steps,
+            micro_batch_size=micro_batch_size,
+        )
+        with loop.phase("loading model (actor_train)"):
+            info = actor.setup()[0]
+        session = start(executor, actor, info)
+
+        def save_state(ckpt: Path) -> dict[str, Any]:
+            actor.save(str(ckpt / "actor_train"))
+            return {"loader": loader.state_dict(), "train_size": train_size}
+
+        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
+            check_same_data(ckpt, state, size=train_size, unit=unit)
+            actor.load(str(ckpt / "actor_train"))
+            loader.load_state_dict(state["loader"])
+
+        first = loop.begin(save_state=save_state, load_state=load_state)
+        evaluate = session.evaluate
+        if evaluate is not None and session.eval_at_start and not loop.resume:
+            loop.log_eval(0, lambda: evaluate(0))
+        for step in loop.steps(first, cfg.trainer.max_steps):
+            t0 = time.perf_counter()
+            batch = session.batch(next(loader))
+            out = actor.train_step(batch, **session.objective)
+            wall = time.perf_counter() - t0
+            metrics = {
+                **session.summarise(out, batch),
+                "train/grad_norm": out[0]["train/grad_norm"],
+                "train/lr": out[0]["train/lr"],
+                "train/epoch": float(loader.epoch),
+                "perf/tokens_per_s": sum(o["perf/tokens"] for o in out) / wall,
+                "perf/step_s": wall,
+            }
+            loop.end_step(step, metrics, evaluate=session.evaluate)
+        final = loop.finish(export=lambda p: actor.export(str(p)))
+        final["state_digest"] = actor.state_digest()
+        return final
+    finally:
+        executor.shutdown()
