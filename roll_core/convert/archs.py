@@ -29,7 +29,6 @@ lives in the file of expert-parallel rank ``e // num_local_experts`` as local ex
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -695,11 +694,6 @@ def dims_from_hf_config(spec: ArchSpec, config: Mapping[str, Any], padded_vocab:
             hint="Pass a complete Hugging Face config (save it with save_pretrained).",
         )
     return ModelDims(**values, rope_scaling_factor=factor)
-
-
-def with_vocab(dims: ModelDims, vocab_size: int, padded: int) -> ModelDims:
-    """``dims`` with another (real, padded) vocabulary size."""
-    return dataclasses.replace(dims, vocab_size=vocab_size, padded_vocab_size=padded)
 
 
 def key_applies(key: KeyMap | ExtraState, dims: ModelDims) -> bool:

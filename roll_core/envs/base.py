@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -303,8 +303,3 @@ def parse_choice(
 def _quote(text: str, limit: int = 40) -> str:
     flat = " ".join(text.split())
     return repr(flat if len(flat) <= limit else flat[: limit - 3] + "...")
-
-
-def grid_text(rows: Sequence[Sequence[str]]) -> str:
-    """Rows of single-character cells as lines of text."""
-    return "\n".join("".join(row) for row in rows)
