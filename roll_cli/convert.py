@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+
+from roll_cli.common import handle_errors
 
 convert_app = typer.Typer(
     help="Convert checkpoints between Megatron-core (legacy or torch_dist, any TP/PP/EP) and "
@@ -20,7 +21,6 @@ convert_app = typer.Typer(
 
 out = Console()
 err = Console(stderr=True)
-F = TypeVar("F", bound=Callable[..., Any])
 
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")]
 Overwrite = Annotated[
@@ -33,18 +33,6 @@ Dtype = Annotated[
         help="Output dtype: auto (each tensor keeps its own), float32, bfloat16, float16.",
     ),
 ]
-
-
-def _handled(fn: F) -> F:
-    """roll_cli.main.handle_errors, looked up at call time (main imports this module)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from roll_cli.main import handle_errors
-
-        return handle_errors(fn)(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -115,7 +103,7 @@ def _report(result: Any, what: str) -> None:
 
 
 @convert_app.command("mcore2hf")
-@_handled
+@handle_errors
 def mcore2hf(
     src: Annotated[
         Path,
@@ -175,7 +163,7 @@ def mcore2hf(
 
 
 @convert_app.command("hf2mcore")
-@_handled
+@handle_errors
 def hf2mcore(
     src: Annotated[
         Path,

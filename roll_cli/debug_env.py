@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
-from roll_cli.main import Debug, handle_errors
+from roll_cli.common import Debug, handle_errors
 
 out = Console(highlight=False)
 

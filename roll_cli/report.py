@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from roll_cli.main import Debug, RunsDir, handle_errors
+from roll_cli.common import Debug, RunsDir, handle_errors
 
 out = Console(soft_wrap=True, highlight=False)
 

@@ -39,6 +39,7 @@ See docs/envs.md for the authoring guide.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 from abc import ABC, abstractmethod
@@ -47,7 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from roll_core.errors import ConfigError
 
 #: ``info`` keys every step result carries (see :meth:`TextEnv.step`).
 INFO_KEYS: tuple[str, ...] = ("action_is_valid", "step", "success", "episode_return")
@@ -113,8 +116,6 @@ class TextEnv(ABC):
     instructions: ClassVar[str] = ""
 
     def __init__(self, **options: Any) -> None:
-        from roll_core.envs.registry import validate_options
-
         self.options: EnvOptions = validate_options(type(self), options)
         self._rng: np.random.Generator | None = None
         self._steps = 0
@@ -303,3 +304,61 @@ def parse_choice(
 def _quote(text: str, limit: int = 40) -> str:
     flat = " ".join(text.split())
     return repr(flat if len(flat) <= limit else flat[: limit - 3] + "...")
+
+
+#: Registered envs by name (filled by :func:`roll_core.envs.registry.register_env`). It lives
+#: here so that an env can name itself (:func:`env_id`) in its own option errors without
+#: this module importing the registry.
+_REGISTRY: dict[str, type[TextEnv]] = {}
+
+
+def env_id(cls: type[TextEnv]) -> str:
+    """How ``cls`` is named on the command line and in recordings."""
+    if cls.name and _REGISTRY.get(cls.name) is cls:
+        return cls.name
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def validate_options(cls: type[TextEnv], options: dict[str, Any]) -> EnvOptions:
+    """``options`` validated by ``cls.Options``; a bad one is a ConfigError naming it."""
+    try:
+        return cls.Options(**options)
+    except ValidationError as err:
+        raise _option_error(cls, err) from None
+
+
+def describe_options(cls: type[TextEnv]) -> list[tuple[str, str, Any, str]]:
+    """``(name, type, default, description)`` of every option of ``cls``."""
+    rows = []
+    for name, f in cls.Options.model_fields.items():
+        ann = f.annotation
+        type_name = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
+        rows.append(
+            (name, type_name, f.get_default(call_default_factory=True), f.description or "")
+        )
+    return rows
+
+
+def options_summary(cls: type[TextEnv]) -> str:
+    """``width=6, height=6, ...``: every option with its default, on one line."""
+    return ", ".join(f"{name}={default!r}" for name, _, default, _ in describe_options(cls))
+
+
+def _option_error(cls: type[TextEnv], err: ValidationError) -> ConfigError:
+    who = env_id(cls)
+    valid = list(cls.Options.model_fields)
+    problems = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(loc, valid, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            problems.append(f"unknown option '{loc}'{hint}")
+        elif loc:
+            problems.append(f"option {loc}={e.get('input')!r}: {e['msg']}")
+        else:
+            problems.append(str(e["msg"]).removeprefix("Value error, "))
+    return ConfigError(
+        f"env {who}: " + "; ".join(problems) + ".",
+        hint=f"Options of {who} (name=default): {options_summary(cls)}.",
+    )

@@ -15,25 +15,21 @@ import inspect
 import os
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
 
+from roll_core.envs.base import _REGISTRY, TextEnv
+from roll_core.envs.base import describe_options as describe_options
+from roll_core.envs.base import env_id as env_id
+from roll_core.envs.base import validate_options as validate_options
 from roll_core.errors import ConfigError
 
-if TYPE_CHECKING:
-    from roll_core.envs.base import EnvOptions, TextEnv
-
-E = TypeVar("E", bound="type[TextEnv]")
-
-_REGISTRY: dict[str, type[TextEnv]] = {}
+E = TypeVar("E", bound=type[TextEnv])
 
 
 def register_env(cls: E) -> E:
     """Class decorator: register a :class:`TextEnv` subclass under its ``name``."""
-    from roll_core.envs.base import TextEnv
-
     if not (inspect.isclass(cls) and issubclass(cls, TextEnv)) or not cls.name:
         raise TypeError("register_env takes a TextEnv subclass with a non-empty `name`")
     other = _REGISTRY.get(cls.name)
@@ -65,24 +61,9 @@ def get_env_class(name: str) -> type[TextEnv]:
     )
 
 
-def env_id(cls: type[TextEnv]) -> str:
-    """How ``cls`` is named on the command line and in recordings."""
-    if cls.name and _REGISTRY.get(cls.name) is cls:
-        return cls.name
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
 def make_env(name: str, **options: Any) -> TextEnv:
     """Build the env ``name`` (registered or dotted path) with keyword ``options``."""
     return get_env_class(name)(**options)
-
-
-def validate_options(cls: type[TextEnv], options: dict[str, Any]) -> EnvOptions:
-    """``options`` validated by ``cls.Options``; a bad one is a ConfigError naming it."""
-    try:
-        return cls.Options(**options)
-    except ValidationError as err:
-        raise _option_error(cls, err) from None
 
 
 def parse_option_args(args: Iterable[str]) -> dict[str, Any]:
@@ -112,46 +93,7 @@ def parse_option_args(args: Iterable[str]) -> dict[str, Any]:
     return options
 
 
-def describe_options(cls: type[TextEnv]) -> list[tuple[str, str, Any, str]]:
-    """``(name, type, default, description)`` of every option of ``cls``."""
-    rows = []
-    for name, f in cls.Options.model_fields.items():
-        ann = f.annotation
-        type_name = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
-        rows.append(
-            (name, type_name, f.get_default(call_default_factory=True), f.description or "")
-        )
-    return rows
-
-
-def options_summary(cls: type[TextEnv]) -> str:
-    """``width=6, height=6, ...``: every option with its default, on one line."""
-    return ", ".join(f"{name}={default!r}" for name, _, default, _ in describe_options(cls))
-
-
-def _option_error(cls: type[TextEnv], err: ValidationError) -> ConfigError:
-    who = env_id(cls)
-    valid = list(cls.Options.model_fields)
-    problems = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(loc, valid, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            problems.append(f"unknown option '{loc}'{hint}")
-        elif loc:
-            problems.append(f"option {loc}={e.get('input')!r}: {e['msg']}")
-        else:
-            problems.append(str(e["msg"]).removeprefix("Value error, "))
-    return ConfigError(
-        f"env {who}: " + "; ".join(problems) + ".",
-        hint=f"Options of {who} (name=default): {options_summary(cls)}.",
-    )
-
-
 def _import_env(path: str) -> type[TextEnv]:
-    from roll_core.envs.base import TextEnv
-
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ConfigError(

@@ -64,7 +64,7 @@ def test_a_piped_dry_run_prints_the_plan_rows_whole(roll, tiny_recipe) -> None:
 def test_error_messages_are_printed_verbatim_and_a_stop_is_not_an_error(capsys) -> None:
     import typer
 
-    from roll_cli.main import handle_errors
+    from roll_cli.common import handle_errors
     from roll_core.errors import ConfigError, Interrupted
 
     @handle_errors
