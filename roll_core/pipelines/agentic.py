@@ -53,14 +53,16 @@ from roll_core.pipelines.rl_iteration import (
     update_policy,
 )
 from roll_core.rollout.agentic import (
+    ChatFormat,
     EnvRolloutManager,
     EnvSpec,
     RolloutSettings,
     Trajectory,
+    episode_metrics,
     play_episode,
+    step_batch,
+    trajectory_batch,
 )
-from roll_core.rollout.agentic_batch import episode_metrics, step_batch, trajectory_batch
-from roll_core.rollout.agentic_chat import ChatFormat
 
 DEMO_SEED_START = 2_000_000_000  # warm-start demonstrations: neither training nor eval seeds
 

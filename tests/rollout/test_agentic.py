@@ -17,17 +17,17 @@ import pytest
 
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.envs import FrozenLakeEnv, TextEnv, Transition, parse_choice
-from roll_core.envs.faults import EnvFault
+from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout
 from roll_core.errors import RollError
 from roll_core.models import load_tokenizer, materialize_builtin
 from roll_core.rollout.agentic import (
     EnvRolloutManager,
     EnvSpec,
-    EnvTimeout,
     RolloutSettings,
-    call_with_timeout,
+    episode_metrics,
+    step_batch,
+    trajectory_batch,
 )
-from roll_core.rollout.agentic_batch import episode_metrics, step_batch, trajectory_batch
 
 
 @pytest.fixture(scope="module")

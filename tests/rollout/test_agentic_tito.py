@@ -18,8 +18,13 @@ from roll_core.config.schema import OptimConfig
 from roll_core.engine import Cluster, LocalExecutor
 from roll_core.envs import FrozenLakeEnv
 from roll_core.models import materialize_builtin
-from roll_core.rollout.agentic import EnvRolloutManager, EnvSpec, RolloutSettings
-from roll_core.rollout.agentic_batch import step_batch, trajectory_batch
+from roll_core.rollout.agentic import (
+    EnvRolloutManager,
+    EnvSpec,
+    RolloutSettings,
+    step_batch,
+    trajectory_batch,
+)
 from roll_core.workers.actor_infer import ActorInfer
 
 SYSTEM = "Lake."

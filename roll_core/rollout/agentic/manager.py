@@ -8,7 +8,7 @@ Every episode runs its own loop on its own thread, with no barrier across episod
         response = generate(ids)                          (a request to the actor_infer cluster)
         obs, reward, done = env.step(decode(response))    (with a per-step timeout)
 
-* Generation requests from all episodes go through one router (`_Router`): pending requests
+* Generation requests from all episodes go through one router (`Router`): pending requests
   are sent in chunks of at most ``chunk_size`` to the least-loaded inference rank, at most
   ``max_chunks_in_flight`` chunks per rank, through the cluster's ``submit`` futures (the
   routing of the RLVR scheduler). A rank that is busy lets requests queue up, so batches form
@@ -29,7 +29,9 @@ Every episode runs its own loop on its own thread, with no barrier across episod
   go out with the new weights. ``k = 0`` is the synchronous pipeline: nothing runs while
   training.
 
-This module knows nothing about Ray: it only calls ``infer.submit(rank, "generate", ...)``.
+The episode loop is in :mod:`.episode`, the router in :mod:`.router`, the tensors the trainer
+gets in :mod:`.batch`, the chat-template bookkeeping in :mod:`.chat`. This package knows
+nothing about Ray: it only calls ``infer.submit(rank, "generate", ...)``.
 """
 
 from __future__ import annotations
@@ -41,285 +43,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from roll_core.backends.infer import Completion, Request, SamplingParams
-from roll_core.envs.base import TextEnv
+from roll_core.backends.infer import Completion, SamplingParams
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
-from roll_core.errors import RollError
-from roll_core.rollout.agentic_chat import ChatFormat, TokenTrace, first_messages
-
-
-class EpisodeCancelled(Exception):
-    """The episode's group completed (or the manager closed) while it was running."""
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """One kind of env in a run: how to build it and how its episodes are prompted."""
-
-    tag: str
-    factory: Callable[[], TextEnv]
-    system_prompt: str | None = None  # None: the env's own
-    groups_per_step: int = 1
-
-
-@dataclass
-class Turn:
-    """One observe -> generate -> step turn."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    log_probs: list[float]
-    finish_reason: str
-    policy_version: int
-    action: str
-    reward: float
-    state_key: str
-    action_is_valid: bool
-    gen_s: float
-    env_s: float
-
-
-@dataclass
-class Trajectory:
-    """One episode: its turns, its token trace and how it ended."""
-
-    tag: str
-    group: int
-    seed: int
-    index: int  # launch order within the group
-    turns: list[Turn] = field(default_factory=list)
-    trace: TokenTrace = field(default_factory=TokenTrace)
-    status: str = "running"  # done | truncated | context | error | timeout | cancelled
-    success: bool = False
-    episode_return: float = 0.0
-    error: str = ""
-    wall_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """Ended on its own (terminated, truncated, or out of context): usable for training."""
-        return self.status in ("done", "truncated", "context")
-
-    @property
-    def min_version(self) -> int:
-        return min((t.policy_version for t in self.turns), default=-1)
-
-    @property
-    def max_version(self) -> int:
-        return max((t.policy_version for t in self.turns), default=-1)
-
-
-@dataclass
-class RolloutSettings:
-    """How episodes are run (a plain mirror of the recipe's rollout section)."""
-
-    params: SamplingParams
-    group_size: int = 4
-    group_size_redundancy: int = 0
-    mode: str = "trajectory"  # trajectory | step
-    history_window: int = 2  # step mode: previous (observation, action) turns in the prompt
-    max_context: int = 512
-    step_timeout_s: float = 30.0
-    episode_timeout_s: float = 600.0
-    max_replacements: int = 4
-    max_concurrent_episodes: int = 64
-    chunk_size: int = 8
-    max_chunks_in_flight: int = 1
-    async_generation_ratio: int = 0
-    turn_barrier: bool = False  # the lockstep baseline (benchmarks): see _TurnBarrier
-    seed: int = 0
-
-
-# ---- the request router -----------------------------------------------------------------------
-class _Router:
-    """Sends generation requests to the least-loaded inference rank in chunks."""
-
-    def __init__(self, infer: Any, params: SamplingParams, chunk_size: int, max_chunks: int):
-        self.infer = infer
-        self.params = params
-        self.chunk_size = chunk_size
-        self.max_chunks = max_chunks
-        self.cond = threading.Condition()
-        self.queue: list[tuple[Request, SamplingParams, Future]] = []
-        self.in_flight = [0] * infer.world_size
-        self.chunks = [0] * infer.world_size
-        self.paused = False
-        self.closed = False
-        self.gen_busy_s = 0.0
-        self.calls = 0
-        self._uid = 0
-        self.thread = threading.Thread(target=self._loop, name="agentic-router", daemon=True)
-        self.thread.start()
-
-    def generate(
-        self, prompt_ids: list[int], seed: int, params: SamplingParams | None = None
-    ) -> Future:
-        future: Future = Future()
-        with self.cond:
-            if self.closed:
-                future.set_exception(EpisodeCancelled("router closed"))
-                return future
-            self._uid += 1
-            self.queue.append((Request(self._uid, prompt_ids, seed), params or self.params, future))
-            self.cond.notify_all()
-        return future
-
-    def _free_rank(self) -> int | None:
-        free = [r for r in range(len(self.chunks)) if self.chunks[r] < self.max_chunks]
-        return min(free, key=lambda r: (self.in_flight[r], r)) if free else None
-
-    def _loop(self) -> None:
-        while True:
-            with self.cond:
-                while not self.closed and (
-                    self.paused or not self.queue or self._free_rank() is None
-                ):
-                    self.cond.wait()
-                if self.closed:
-                    return
-                rank = self._free_rank()
-                assert rank is not None
-                # requests of one chunk share sampling params (validation vs training)
-                first = self.queue[0][1]
-                chunk = [q for q in self.queue if q[1] == first and not q[2].cancelled()]
-                chunk = chunk[: self.chunk_size]
-                taken = {id(q) for q in chunk}
-                self.queue = [q for q in self.queue if id(q) not in taken and not q[2].cancelled()]
-                if not chunk:
-                    continue
-                self.in_flight[rank] += len(chunk)
-                self.chunks[rank] += 1
-            start = time.perf_counter()
-            future = self.infer.submit(rank, "generate", [q[0] for q in chunk], first)
-            future.add_done_callback(
-                lambda f, rank=rank, chunk=chunk, start=start: self._done(f, rank, chunk, start)
-            )
-
-    def _done(self, future: Future, rank: int, chunk: list, start: float) -> None:
-        error: BaseException | None = None
-        by_id: dict[int, Completion] = {}
-        try:
-            by_id = {c.request_id: c for c in future.result()}
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting episodes
-            cause = getattr(err, "cause", None)
-            error = cause if isinstance(cause, RollError) else err
-        with self.cond:
-            self.in_flight[rank] -= len(chunk)
-            self.chunks[rank] -= 1
-            self.gen_busy_s += time.perf_counter() - start
-            self.calls += 1
-            self.cond.notify_all()
-        for request, _, waiter in chunk:
-            if not waiter.set_running_or_notify_cancel():
-                continue  # the episode gave up waiting (cancelled)
-            if error is not None:
-                waiter.set_exception(error)
-            else:
-                waiter.set_result(by_id[request.request_id])
-
-    def suspend(self) -> None:
-        """Stop sending requests and wait until no chunk is in flight."""
-        with self.cond:
-            self.paused = True
-            while sum(self.chunks) and not self.closed:
-                self.cond.wait()
-
-    def resume(self) -> None:
-        with self.cond:
-            self.paused = False
-            self.cond.notify_all()
-
-    def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            pending, self.queue = self.queue, []
-            self.cond.notify_all()
-        for _, _, waiter in pending:
-            if waiter.set_running_or_notify_cancel():
-                waiter.set_exception(EpisodeCancelled("router closed"))
-
-
-def window_prompt(
-    chat: ChatFormat, system: str, history: list[tuple[str, str]], observation: str, window: int
-) -> list[int]:
-    """Step mode: system, the last `window` (observation, action) turns, the observation."""
-    messages = first_messages(system, "")[:-1]
-    for obs, act in history[-window:] if window else []:
-        messages += [{"role": "user", "content": obs}, {"role": "assistant", "content": act}]
-    messages.append({"role": "user", "content": observation})
-    return chat.prompt(messages)
-
-
-def play_episode(
-    traj: Trajectory,
-    spec: EnvSpec,
-    *,
-    chat: ChatFormat,
-    settings: RolloutSettings,
-    max_new_tokens: int,
-    generate: Callable[[list[int], int], Completion],
-    env_call: Callable[..., Any],
-) -> Trajectory:
-    """Play one episode into `traj`: observe -> generate -> step until the env ends it.
-
-    `generate(prompt_ids, turn)` returns the completion; `env_call(fn, *args)` calls the env
-    (the manager puts timeouts there). Exceptions (env errors, timeouts, cancellation)
-    propagate; a prompt that no longer fits `settings.max_context` ends the episode (status
-    `context`).
-    """
-    s = settings
-    env = env_call(spec.factory)
-    observation, _ = env_call(env.reset, traj.seed)
-    system = spec.system_prompt if spec.system_prompt is not None else env.system_prompt
-    history: list[tuple[str, str]] = []  # step mode: (observation, action) turns
-    traj.trace.add_context(chat.prompt(first_messages(system, observation)))
-    while True:
-        if s.mode == "step":
-            prompt = window_prompt(chat, system, history, observation, s.history_window)
-        else:
-            prompt = list(traj.trace.ids)
-        if len(prompt) + max_new_tokens > s.max_context:
-            traj.status = "context"
-            return traj
-        t0 = time.perf_counter()
-        completion = generate(prompt, len(traj.turns))
-        gen_s = time.perf_counter() - t0
-        action = str(chat.tokenizer.decode(completion.response_ids, skip_special_tokens=True))
-        key = str(env_call(env.state_key))
-        t1 = time.perf_counter()
-        result = env_call(env.step, action)
-        env_s = time.perf_counter() - t1
-        traj.trace.add_generated(completion.response_ids, completion.log_probs)
-        traj.turns.append(
-            Turn(
-                prompt_ids=prompt,
-                response_ids=list(completion.response_ids),
-                log_probs=list(completion.log_probs),
-                finish_reason=completion.finish_reason,
-                policy_version=completion.policy_version,
-                action=action,
-                reward=float(result.reward),
-                state_key=key,
-                action_is_valid=bool(result.info.get("action_is_valid", True)),
-                gen_s=gen_s,
-                env_s=env_s,
-            )
-        )
-        traj.episode_return += float(result.reward)
-        traj.success = bool(result.info.get("success", False))
-        if result.terminated or result.truncated:
-            traj.status = "done" if result.terminated else "truncated"
-            return traj
-        history.append((observation, action))
-        observation = result.observation
-        ended_with_eos = bool(completion.response_ids) and (
-            completion.response_ids[-1] == chat.eos_id
-        )
-        reply = chat.env_message(observation, after_eos=ended_with_eos)
-        if s.mode != "step" and len(traj.trace.ids) + len(reply) + max_new_tokens > s.max_context:
-            traj.status = "context"  # the next turn would not fit: end on the last response
-            return traj
-        traj.trace.add_context(reply)
+from roll_core.rollout.agentic.chat import ChatFormat
+from roll_core.rollout.agentic.episode import (
+    EnvSpec,
+    EpisodeCancelled,
+    RolloutSettings,
+    Trajectory,
+    play_episode,
+)
+from roll_core.rollout.agentic.router import Router
 
 
 class _TurnBarrier:
@@ -395,7 +129,7 @@ class EnvRolloutManager:
         self.chat = ChatFormat(tokenizer)
         self.specs = specs
         self.s = settings
-        self.router = _Router(
+        self.router = Router(
             infer, settings.params, settings.chunk_size, settings.max_chunks_in_flight
         )
         self.pool = ThreadPoolExecutor(

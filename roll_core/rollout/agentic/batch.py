@@ -21,7 +21,7 @@ import torch
 
 from roll_core.algorithms.gigpo import discounted_step_returns
 from roll_core.data import Batch
-from roll_core.rollout.agentic import Trajectory
+from roll_core.rollout.agentic.episode import Trajectory
 
 
 def _rows(

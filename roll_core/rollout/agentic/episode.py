@@ -1,0 +1,179 @@
+"""One episode of agentic rollout: what it records (:class:`Trajectory`, :class:`Turn`), how it
+is set up (:class:`EnvSpec`, :class:`RolloutSettings`) and its loop (:func:`play_episode`).
+See :mod:`roll_core.rollout.agentic.manager` for how episodes are scheduled."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from roll_core.backends.infer import Completion, SamplingParams
+from roll_core.envs.base import TextEnv
+from roll_core.rollout.agentic.chat import ChatFormat, TokenTrace, first_messages
+
+
+class EpisodeCancelled(Exception):
+    """The episode's group completed (or the manager closed) while it was running."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One kind of env in a run: how to build it and how its episodes are prompted."""
+
+    tag: str
+    factory: Callable[[], TextEnv]
+    system_prompt: str | None = None  # None: the env's own
+    groups_per_step: int = 1
+
+
+@dataclass
+class Turn:
+    """One observe -> generate -> step turn."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str
+    policy_version: int
+    action: str
+    reward: float
+    state_key: str
+    action_is_valid: bool
+    gen_s: float
+    env_s: float
+
+
+@dataclass
+class Trajectory:
+    """One episode: its turns, its token trace and how it ended."""
+
+    tag: str
+    group: int
+    seed: int
+    index: int  # launch order within the group
+    turns: list[Turn] = field(default_factory=list)
+    trace: TokenTrace = field(default_factory=TokenTrace)
+    status: str = "running"  # done | truncated | context | error | timeout | cancelled
+    success: bool = False
+    episode_return: float = 0.0
+    error: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Ended on its own (terminated, truncated, or out of context): usable for training."""
+        return self.status in ("done", "truncated", "context")
+
+    @property
+    def min_version(self) -> int:
+        return min((t.policy_version for t in self.turns), default=-1)
+
+    @property
+    def max_version(self) -> int:
+        return max((t.policy_version for t in self.turns), default=-1)
+
+
+@dataclass
+class RolloutSettings:
+    """How episodes are run (a plain mirror of the recipe's rollout section)."""
+
+    params: SamplingParams
+    group_size: int = 4
+    group_size_redundancy: int = 0
+    mode: str = "trajectory"  # trajectory | step
+    history_window: int = 2  # step mode: previous (observation, action) turns in the prompt
+    max_context: int = 512
+    step_timeout_s: float = 30.0
+    episode_timeout_s: float = 600.0
+    max_replacements: int = 4
+    max_concurrent_episodes: int = 64
+    chunk_size: int = 8
+    max_chunks_in_flight: int = 1
+    async_generation_ratio: int = 0
+    turn_barrier: bool = False  # the lockstep baseline (benchmarks): see _TurnBarrier
+    seed: int = 0
+
+
+def window_prompt(
+    chat: ChatFormat, system: str, history: list[tuple[str, str]], observation: str, window: int
+) -> list[int]:
+    """Step mode: system, the last `window` (observation, action) turns, the observation."""
+    messages = first_messages(system, "")[:-1]
+    for obs, act in history[-window:] if window else []:
+        messages += [{"role": "user", "content": obs}, {"role": "assistant", "content": act}]
+    messages.append({"role": "user", "content": observation})
+    return chat.prompt(messages)
+
+
+def play_episode(
+    traj: Trajectory,
+    spec: EnvSpec,
+    *,
+    chat: ChatFormat,
+    settings: RolloutSettings,
+    max_new_tokens: int,
+    generate: Callable[[list[int], int], Completion],
+    env_call: Callable[..., Any],
+) -> Trajectory:
+    """Play one episode into `traj`: observe -> generate -> step until the env ends it.
+
+    `generate(prompt_ids, turn)` returns the completion; `env_call(fn, *args)` calls the env
+    (the manager puts timeouts there). Exceptions (env errors, timeouts, cancellation)
+    propagate; a prompt that no longer fits `settings.max_context` ends the episode (status
+    `context`).
+    """
+    s = settings
+    env = env_call(spec.factory)
+    observation, _ = env_call(env.reset, traj.seed)
+    system = spec.system_prompt if spec.system_prompt is not None else env.system_prompt
+    history: list[tuple[str, str]] = []  # step mode: (observation, action) turns
+    traj.trace.add_context(chat.prompt(first_messages(system, observation)))
+    while True:
+        if s.mode == "step":
+            prompt = window_prompt(chat, system, history, observation, s.history_window)
+        else:
+            prompt = list(traj.trace.ids)
+        if len(prompt) + max_new_tokens > s.max_context:
+            traj.status = "context"
+            return traj
+        t0 = time.perf_counter()
+        completion = generate(prompt, len(traj.turns))
+        gen_s = time.perf_counter() - t0
+        action = str(chat.tokenizer.decode(completion.response_ids, skip_special_tokens=True))
+        key = str(env_call(env.state_key))
+        t1 = time.perf_counter()
+        result = env_call(env.step, action)
+        env_s = time.perf_counter() - t1
+        traj.trace.add_generated(completion.response_ids, completion.log_probs)
+        traj.turns.append(
+            Turn(
+                prompt_ids=prompt,
+                response_ids=list(completion.response_ids),
+                log_probs=list(completion.log_probs),
+                finish_reason=completion.finish_reason,
+                policy_version=completion.policy_version,
+                action=action,
+                reward=float(result.reward),
+                state_key=key,
+                action_is_valid=bool(result.info.get("action_is_valid", True)),
+                gen_s=gen_s,
+                env_s=env_s,
+            )
+        )
+        traj.episode_return += float(result.reward)
+        traj.success = bool(result.info.get("success", False))
+        if result.terminated or result.truncated:
+            traj.status = "done" if result.terminated else "truncated"
+            return traj
+        history.append((observation, action))
+        observation = result.observation
+        ended_with_eos = bool(completion.response_ids) and (
+            completion.response_ids[-1] == chat.eos_id
+        )
+        reply = chat.env_message(observation, after_eos=ended_with_eos)
+        if s.mode != "step" and len(traj.trace.ids) + len(reply) + max_new_tokens > s.max_context:
+            traj.status = "context"  # the next turn would not fit: end on the last response
+            return traj
+        traj.trace.add_context(reply)
