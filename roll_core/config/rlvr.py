@@ -133,6 +133,14 @@ class RLTrainerConfig(Strict):
         description="Optimizer steps per epoch (the batch is split into this many).",
     )
     log_every_steps: int = Field(default=1, ge=1, description="Log metrics every N steps.")
+    old_log_probs: Literal["auto", "recompute"] = Field(
+        default="auto",
+        description="`auto`: when a step makes exactly one update (ppo_epochs = mini_batches "
+        "= 1) and nothing needs the old log-probs before it (no KL in the reward, no LoRA "
+        "dropout), the update's own forward gives them (detached: the ratio is exactly 1, the "
+        "same update bit for bit) and the separate forward pass is skipped. `recompute`: "
+        "always a separate forward pass.",
+    )
 
 
 class VLLMConfig(Strict):

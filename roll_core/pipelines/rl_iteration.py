@@ -183,11 +183,27 @@ def sync_weights(clusters: dict[str, Cluster], version: int) -> dict[str, float]
     return {"sync/seconds": time.perf_counter() - start, "sync/bytes": float(size)}
 
 
+def reuses_update_log_probs(cfg: RLConfig) -> bool:
+    """True when the step's one update may compute the old log-probs itself (the detached
+    log-probs of its own forward, workers/objectives.py): one update per step and no KL in
+    the reward (it reads them before the update). The pipelines also ask actor_train whether
+    its model has active dropout (then the train-mode forward differs from the old-log-prob
+    one)."""
+    t, algo = cfg.trainer, cfg.algorithm
+    return (
+        t.old_log_probs == "auto"
+        and t.ppo_epochs == 1
+        and t.mini_batches == 1
+        and not (algo.kl.coef > 0 and algo.kl.use_as == "reward")
+    )
+
+
 def add_policy_log_probs(
-    clusters: dict[str, Cluster], batch: Batch, temperature: float
+    clusters: dict[str, Cluster], batch: Batch, temperature: float, *, old: bool = True
 ) -> dict[str, float]:
-    """Put the reference model's (when there is one) and the current policy's log-probs of
-    the rollout tokens into `batch` (`ref_log_probs`, `old_log_probs`); returns their timings."""
+    """Put the reference model's (when there is one) and, unless `old` is False, the current
+    policy's log-probs of the rollout tokens into `batch` (`ref_log_probs`, `old_log_probs`);
+    returns their timings."""
     timers: dict[str, float] = {}
     if "reference" in clusters:
         t = time.perf_counter()
@@ -195,6 +211,8 @@ def add_policy_log_probs(
             clusters["reference"].log_probs(batch, temperature=temperature)
         )
         timers["time/reference"] = time.perf_counter() - t
+    if not old:
+        return timers
     t = time.perf_counter()
     batch.tensors["old_log_probs"] = torch.cat(
         clusters["actor_train"].log_probs(batch, temperature=temperature)

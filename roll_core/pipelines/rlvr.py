@@ -40,6 +40,7 @@ from roll_core.pipelines.rl_iteration import (
     advantages_and_kl,
     critic_batch_metrics,
     load_roles,
+    reuses_update_log_probs,
     rl_batch_metrics,
     sampling_params,
     save_roles,
@@ -249,6 +250,9 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             )
         scheduler = _make_scheduler(cfg, clusters, stream, rewards, params)
         rl_state = RLState(cfg.algorithm)
+        reuse = reuses_update_log_probs(cfg) and not any(
+            clusters["actor_train"].run("has_dropout")
+        )
 
         def save_state(ckpt: Path) -> dict[str, Any]:
             save_roles(clusters, ckpt)
@@ -277,7 +281,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         if cfg.eval.every_steps and setup.eval and start == 0:
             loop.log_eval(0, lambda: validate(cfg, setup, clusters, rewards))
         for step in loop.steps(start, cfg.trainer.max_steps):
-            metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state)
+            metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state, reuse)
             metrics |= rewards.step_metrics()
             # version v = the weights after v updates; async: suspend -> sync -> resume
             update = functools.partial(sync_weights, clusters, version=step)
@@ -351,6 +355,7 @@ def _train_step(
     scheduler: RolloutScheduler | AsyncRolloutScheduler,
     step: int,
     rl_state: RLState,
+    reuse_log_probs: bool = False,
 ) -> dict[str, float]:
     timers: dict[str, float] = {}
     t = step_start = time.perf_counter()
@@ -363,7 +368,7 @@ def _train_step(
         )
     batch = build_rl_batch(rollout.groups, pad_id=setup.tokenizer.pad_token_id)
     temp = cfg.rollout.temperature or 1.0
-    timers |= add_policy_log_probs(clusters, batch, temp)
+    timers |= add_policy_log_probs(clusters, batch, temp, old=not reuse_log_probs)
     if "critic" in clusters:
         t = time.perf_counter()
         values = torch.cat(clusters["critic"].values(batch))

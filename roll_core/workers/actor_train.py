@@ -40,6 +40,16 @@ class ActorTrain(Worker):
         trainable = sum(_numel(p) for p in params if p.requires_grad)
         return {"params": n_params, "trainable": trainable, "device": str(self.backend.device)}
 
+    def has_dropout(self) -> bool:
+        """Whether a train-mode forward differs from an eval-mode one: a dropout module with
+        p > 0 (LoRA dropout included) or a `*dropout*` rate > 0 in the model's config."""
+        model = self._b().model
+        if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+            return True
+        config = getattr(model, "config", None)
+        values = config.to_dict().items() if config is not None else []
+        return any("dropout" in k and isinstance(v, float) and v > 0 for k, v in values)
+
     def _b(self) -> TrainBackend:
         if self.backend is None:
             raise RuntimeError("ActorTrain.setup() was not called")

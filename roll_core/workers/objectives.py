@@ -71,10 +71,13 @@ def rl(
         "global_num_seqs": mb.meta["sequences"],
     }
     agg = {"agg_mode": loss_kwargs["agg_mode"], "max_len": loss_kwargs["max_len"], **globals_}
+    # One update on on-policy samples (rlvr's `trainer.old_log_probs: auto`): the old policy is
+    # this very forward, so its detached log-probs are the old log-probs, bit for bit.
+    old_log_probs = t["old_log_probs"] if "old_log_probs" in t else log_probs.detach()
     loss, metrics = policy_loss(
         algo.policy_loss,
         log_probs=log_probs,
-        old_log_probs=t["old_log_probs"],
+        old_log_probs=old_log_probs,
         advantages=t["advantages"],
         response_mask=mask,
         infer_log_probs=t["behaviour_log_probs"],
@@ -104,6 +107,9 @@ def rl(
         with torch.no_grad():
             ent = entropy_from_logits(scaled[:, :-1])
             metrics["actor/entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
+    if "old_log_probs" not in t:  # the train/infer gap, measured on this forward instead
+        gap = (old_log_probs - t["behaviour_log_probs"]).abs()
+        metrics["train_infer/logprob_diff"] = float((gap * mask).sum() / mask.sum().clamp(min=1))
     share = float(mask.sum()) / max(1.0, float(mb.meta["response_tokens"]))
     return loss, {k: float(v) * share for k, v in metrics.items()}
 
