@@ -198,6 +198,13 @@ class ActorInferConfig(Strict):
         default="auto", description="Device of each rank."
     )
     num_threads: int | None = Field(default=None, ge=1, description="torch CPU threads per rank.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="hf backend: `bf16` generates under bfloat16 autocast, `fp32` without; "
+        "`auto`: actor_train.precision (bf16 on CUDA, fp32 on CPU), so sampling runs in the "
+        "trainer's precision (the gap is logged as train_infer/logprob_diff). The weights are "
+        "in model.dtype. The vllm backend sets its precision with vllm.dtype.",
+    )
 
     @model_validator(mode="after")
     def _vllm_options(self) -> ActorInferConfig:
@@ -205,6 +212,11 @@ class ActorInferConfig(Strict):
             raise ValueError(
                 f"actor_infer.vllm is set but actor_infer.backend is {self.backend!r}: "
                 "set actor_infer.backend=vllm or remove the vllm block"
+            )
+        if self.precision != "auto" and self.backend == "vllm":
+            raise ValueError(
+                "actor_infer.precision applies to the hf backend; with backend vllm set "
+                "actor_infer.vllm.dtype instead"
             )
         return self
 

@@ -92,6 +92,12 @@ class OptimConfig(Strict):
     min_lr_ratio: float = Field(
         default=0.0, ge=0, le=1, description="Final learning rate as a fraction of `lr`."
     )
+    fused: bool = Field(
+        default=False,
+        description="torch's fused AdamW kernel (CPU and CUDA): a faster optimizer step, equal "
+        "to the default (multi-tensor) one up to the last bits. Not with deepspeed's "
+        "offload_optimizer (DeepSpeed's CPU Adam).",
+    )
 
 
 class LoraConfig(Strict):

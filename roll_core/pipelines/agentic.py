@@ -46,6 +46,7 @@ from roll_core.pipelines.rl_iteration import (
     add_policy_log_probs,
     advantages_and_kl,
     load_roles,
+    reuses_update_log_probs,
     rl_batch_metrics,
     sampling_params,
     save_roles,
@@ -366,6 +367,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
             settings=settings(cfg, setup),
         )
         rl_state = RLState(cfg.algorithm)
+        reuse = reuses_update_log_probs(cfg) and not any(clusters["actor_train"].has_dropout())
         mgr = manager
 
         def save_state(ckpt: Path) -> dict[str, Any]:
@@ -402,7 +404,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
             loop.log_eval(0, lambda: validate(cfg, mgr, specs))
         for step in loop.steps(start, cfg.trainer.max_steps):
             metrics = _logging_faults(
-                loop, step, lambda: _train_step(cfg, setup, clusters, manager, rl_state)
+                loop, step, lambda: _train_step(cfg, setup, clusters, manager, rl_state, reuse)
             )
             metrics |= _sync(clusters, manager, step)
             loop.end_step(
@@ -445,6 +447,7 @@ def _train_step(
     clusters: dict[str, Cluster],
     manager: EnvRolloutManager,
     rl_state: RLState,
+    reuse_log_probs: bool = False,
 ) -> dict[str, float]:
     timers: dict[str, float] = {}
     t = step_start = time.perf_counter()
@@ -457,7 +460,7 @@ def _train_step(
     else:
         batch = trajectory_batch(rollout.groups, pad_id=pad)
     temp = cfg.rollout.temperature or 1.0
-    timers |= add_policy_log_probs(clusters, batch, temp)
+    timers |= add_policy_log_probs(clusters, batch, temp, old=not reuse_log_probs)
     per_turn = cfg.rollout.max_new_tokens
     if cfg.rollout.mode == "step":
         metrics = _gigpo(cfg, batch)

@@ -250,9 +250,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             )
         scheduler = _make_scheduler(cfg, clusters, stream, rewards, params)
         rl_state = RLState(cfg.algorithm)
-        reuse = reuses_update_log_probs(cfg) and not any(
-            clusters["actor_train"].run("has_dropout")
-        )
+        reuse = reuses_update_log_probs(cfg) and not any(clusters["actor_train"].has_dropout())
 
         def save_state(ckpt: Path) -> dict[str, Any]:
             save_roles(clusters, ckpt)

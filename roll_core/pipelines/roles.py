@@ -192,7 +192,12 @@ def build_rl_roles(
                     model_path=model_path,
                     device=infer.device,
                     num_threads=infer.num_threads,
-                    **infer_backend_options(infer, model_dtype=cfg.model.dtype, seed=cfg.seed),
+                    **infer_backend_options(
+                        infer,
+                        model_dtype=cfg.model.dtype,
+                        seed=cfg.seed,
+                        train_precision=cfg.actor_train.precision,
+                    ),
                 ),
             },
         ),

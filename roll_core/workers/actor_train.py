@@ -40,6 +40,7 @@ class ActorTrain(Worker):
         trainable = sum(_numel(p) for p in params if p.requires_grad)
         return {"params": n_params, "trainable": trainable, "device": str(self.backend.device)}
 
+    @dispatch("all")
     def has_dropout(self) -> bool:
         """Whether a train-mode forward differs from an eval-mode one: a dropout module with
         p > 0 (LoRA dropout included) or a `*dropout*` rate > 0 in the model's config."""

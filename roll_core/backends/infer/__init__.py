@@ -25,11 +25,17 @@ def make_infer_backend(name: str, **kwargs: object) -> InferBackend:
     )
 
 
-def infer_backend_options(role: Any, *, model_dtype: str, seed: int = 0) -> dict[str, Any]:
+def infer_backend_options(
+    role: Any, *, model_dtype: str, seed: int = 0, train_precision: str = "auto"
+) -> dict[str, Any]:
     """The backend-specific keyword arguments of an ActorInferConfig (the `vllm` block for
-    the vllm backend; nothing for hf), for `backend_kwargs`."""
+    the vllm backend; for hf the model dtype and the precision, `auto` meaning the
+    trainer's), for `backend_kwargs`."""
     if role.backend != "vllm":
-        return {}
+        import torch
+
+        precision = role.precision if role.precision != "auto" else train_precision
+        return {"dtype": getattr(torch, model_dtype), "precision": precision}
     from roll_core.config.rlvr import VLLMConfig
 
     opts = role.vllm if role.vllm is not None else VLLMConfig()

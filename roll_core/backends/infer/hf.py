@@ -8,6 +8,7 @@ the quantity the trainer recomputes, so `train_infer/logprob_diff` measures only
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -35,10 +36,14 @@ class HFInferBackend:
         device: str = "auto",
         dtype: torch.dtype = torch.float32,
         num_threads: int | None = None,
+        precision: str = "fp32",
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
+        # the trainer's rule (torch backend): bf16 autocast when asked, or `auto` on CUDA
+        use_bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.tokenizer = load_tokenizer(tokenizer_path or model_path)
         self.model = load_causal_lm(model_path, dtype=dtype, device=self.device)
         self.model.eval()
@@ -76,6 +81,23 @@ class HFInferBackend:
         self, ids: torch.Tensor, attn: torch.Tensor, params: SamplingParams, sampling: bool
     ) -> Any:
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            return self._call_generate(ids, attn, params, sampling, pad, eos)
+
+    def _call_generate(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        params: SamplingParams,
+        sampling: bool,
+        pad: int,
+        eos: int,
+    ) -> Any:
         return self.model.generate(  # type: ignore[operator]
             input_ids=ids.to(self.device),
             attention_mask=attn.to(self.device),

@@ -133,10 +133,17 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
         )
         adam = adamw_kwargs(optim)
         if opts.offload_optimizer:  # DeepSpeed's CPU Adam steps the offloaded state
+            if optim.fused:
+                raise ConfigError(
+                    "optim.fused picks torch's fused AdamW, but deepspeed.offload_optimizer "
+                    "steps the optimizer with DeepSpeed's CPU Adam.",
+                    hint="Remove optim.fused, or turn deepspeed.offload_optimizer off.",
+                )
             config["optimizer"] = {"type": "AdamW", "params": {**adam, "betas": list(optim.betas)}}
             client_optim = None
         else:
-            client_optim = torch.optim.AdamW(model.parameters(), **adam)  # type: ignore[arg-type]
+            impl = {"fused": True} if optim.fused else {"foreach": True}
+            client_optim = torch.optim.AdamW(model.parameters(), **adam, **impl)  # type: ignore[arg-type]
 
         def schedule(optimizer: Any) -> Any:
             return make_scheduler(optimizer, optim, total_steps)
