@@ -29,6 +29,24 @@ class RLDataConfig(Strict):
     shuffle: bool = Field(
         default=True, description="Shuffle prompts every epoch (seeded by `seed`)."
     )
+    chat_template: str = Field(
+        default="model",
+        description="How a prompt becomes tokens. `model`: one user turn (after "
+        "`system_prompt`) in the tokenizer's chat template, ending with the assistant header. "
+        "`none`: the raw prompt text, tokenized as is (base models without a template). Any "
+        "other value: the path of a Jinja chat-template file used instead of the tokenizer's. "
+        "`roll validate` checks that the template exists.",
+    )
+
+    @model_validator(mode="after")
+    def _raw_prompts(self) -> RLDataConfig:
+        if self.chat_template == "none" and self.system_prompt is not None:
+            raise ValueError(
+                "data.system_prompt needs a chat template, but data.chat_template is none "
+                "(raw prompts): put the instruction into the prompt text, or set "
+                "data.chat_template to model or to a template file"
+            )
+        return self
 
 
 class SamplingConfig(Strict):

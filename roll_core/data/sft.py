@@ -258,7 +258,8 @@ def _render_ids(
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
             f"The tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template.",
-            hint="Use a chat/instruct model's tokenizer, or one that ships a chat_template.",
+            hint="Use a chat/instruct model's tokenizer, or one that ships a chat_template "
+            "(RLVR: or data.chat_template: none for raw prompts, or a template file).",
         )
     try:
         text = tokenizer.apply_chat_template(

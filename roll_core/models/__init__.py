@@ -14,11 +14,13 @@ from roll_core.models.builtin import (
     materialize_builtin,
 )
 from roll_core.models.loading import (
+    chat_template_status,
     count_parameters,
     load_causal_lm,
     load_tokenizer,
     model_summary,
     resolve_model_path,
+    resolve_tokenizer_path,
 )
 from roll_core.models.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
@@ -29,6 +31,7 @@ __all__ = [
     "BuiltinSpec",
     "build_tokenizer",
     "builtin_dir",
+    "chat_template_status",
     "count_parameters",
     "default_cache_dir",
     "get_builtin",
@@ -37,4 +40,5 @@ __all__ = [
     "materialize_builtin",
     "model_summary",
     "resolve_model_path",
+    "resolve_tokenizer_path",
 ]

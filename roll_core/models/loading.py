@@ -55,11 +55,61 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Any of these marks a directory as holding a tokenizer (save_pretrained writes the first two)."""
+
+
+def resolve_tokenizer_path(name_or_path: str) -> str:
+    """Like :func:`resolve_model_path`, but a local directory needs only tokenizer files
+    (a tokenizer saved on its own, with no config.json or weights, is accepted)."""
+    if _classify(name_or_path) != "local":
+        return resolve_model_path(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and any((path / f).is_file() for f in TOKENIZER_FILES):
+        return str(path.resolve())
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelError(
+            f"tokenizer directory {path.absolute()} holds no tokenizer files "
+            f"({', '.join(TOKENIZER_FILES)}).",
+            hint="Point model.tokenizer to a directory written by tokenizer.save_pretrained(), "
+            "or to a model directory.",
+        )
+    return resolve_model_path(name_or_path)  # the missing-path / file errors
+
+
+def chat_template_status(name_or_path: str) -> bool | None:
+    """Whether the tokenizer at ``name_or_path`` ships a chat template, read from its files
+    without loading it (None: unknown, a hub id not in the local cache)."""
+    source = _classify(name_or_path)
+    if source == "builtin":
+        return True  # the built-in tokenizer is ChatML (models/tokenizer.py)
+    if source == "local":
+        directory = Path(resolve_tokenizer_path(name_or_path))
+        if (directory / "chat_template.jinja").is_file() or (
+            directory / "chat_template.json"
+        ).is_file():
+            return True
+        config = directory / "tokenizer_config.json"
+        if not config.is_file():
+            return None
+        return bool(_read_config(config).get("chat_template"))
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in ("chat_template.jinja", "tokenizer_config.json"):
+        cached = try_to_load_from_cache(name_or_path, name)
+        if isinstance(cached, str):
+            if name.endswith(".jinja"):
+                return True
+            return bool(_read_config(Path(cached)).get("chat_template"))
+    return None
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """Load the tokenizer of ``name_or_path``; its pad token falls back to the eos token."""
+    """Load the tokenizer of ``name_or_path`` (a model directory or a tokenizer-only one);
+    its pad token falls back to the eos token."""
     from transformers import AutoTokenizer
 
-    resolved = resolve_model_path(name_or_path)
+    resolved = resolve_tokenizer_path(name_or_path)
     tokenizer = _load("tokenizer", name_or_path, resolved, AutoTokenizer.from_pretrained)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:

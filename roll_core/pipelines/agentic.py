@@ -38,7 +38,7 @@ from roll_core.engine import Cluster
 from roll_core.envs import get_env_class, make_env
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.errors import ConfigError, RollError
-from roll_core.models import load_tokenizer, resolve_model_path
+from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.rl_iteration import (
@@ -159,7 +159,7 @@ def prepare(cfg: AgenticConfig) -> AgenticSetup:
     for entry in cfg.envs:
         _check_env(entry, cfg.rollout.step_timeout_s)
     model_path = resolve_model_path(cfg.model.path)
-    tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
+    tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
     ChatFormat(tokenizer)  # a template that cannot render turns incrementally fails here
     max_context = cfg.rollout.max_context or _model_context(model_path)

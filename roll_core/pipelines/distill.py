@@ -27,7 +27,12 @@ from roll_core.config.preference import DistillConfig
 from roll_core.data import Batch, collate_sft
 from roll_core.engine import Cluster
 from roll_core.errors import ConfigError, ModelError
-from roll_core.models import load_tokenizer, model_summary, resolve_model_path
+from roll_core.models import (
+    load_tokenizer,
+    model_summary,
+    resolve_model_path,
+    resolve_tokenizer_path,
+)
 from roll_core.models.lora import check_lora_targets_from_config
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
@@ -94,7 +99,7 @@ def prepare(cfg: DistillConfig) -> DistillSetup:
     model = resolve_model(cfg)
     teacher_path = resolve_model_path(cfg.teacher.path)
     teacher_tok = (
-        resolve_model_path(cfg.teacher.tokenizer) if cfg.teacher.tokenizer else teacher_path
+        resolve_tokenizer_path(cfg.teacher.tokenizer) if cfg.teacher.tokenizer else teacher_path
     )
     vocab = check_same_vocabulary(
         model.tokenizer,

@@ -31,7 +31,7 @@ from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import StatefulLoader, encode_prompt, load_rows, require_columns
 from roll_core.engine import Cluster
 from roll_core.errors import ConfigError, DataError
-from roll_core.models import load_tokenizer, resolve_model_path
+from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan, check_same_data
 from roll_core.pipelines.rl_iteration import (
@@ -59,6 +59,7 @@ from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 
 def plan(cfg: RLVRConfig) -> list[RolePlan]:
     check_algorithm(cfg)
+    check_chat_template(cfg)
     r, algo = cfg.rollout, cfg.algorithm
     updates = cfg.trainer.ppo_epochs * cfg.trainer.mini_batches
     rows = [
@@ -113,7 +114,11 @@ def _prompts(
             continue
         if d.answer_key != "answer":  # rewards read the reference from row["answer"]
             row = {**row, "answer": row[d.answer_key]}
-        ids = encode_prompt(tokenizer, text, system=d.system_prompt)
+        ids = (
+            list(tokenizer(text)["input_ids"])  # raw prompt: the tokenizer's own specials
+            if d.chat_template == "none"
+            else encode_prompt(tokenizer, text, system=d.system_prompt)
+        )
         if len(ids) > d.max_prompt_length:
             stats["dropped_too_long"] += 1
             continue
@@ -129,8 +134,11 @@ def _prompts(
 
 def prepare(cfg: RLVRConfig) -> RLVRSetup:
     model_path = resolve_model_path(cfg.model.path)
-    tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
+    check_chat_template(cfg)
+    tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
+    if cfg.data.chat_template not in ("model", "none"):  # a template file replaces the model's
+        tokenizer.chat_template = Path(cfg.data.chat_template).read_text(encoding="utf-8")
     train, stats = _prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
     evals: list[Prompt] = []
     if cfg.data.eval is not None:
@@ -160,6 +168,40 @@ def placement(cfg: RLVRConfig) -> str:
         train_gpus=getattr(cfg.actor_train, "device_mapping", None),
         infer_gpus=getattr(cfg.actor_infer, "device_mapping", None),
     )
+
+
+def check_chat_template(cfg: RLVRConfig) -> None:
+    """`data.chat_template` against the tokenizer's files (no model or tokenizer is loaded):
+    a missing template file, or `model` with a tokenizer that has no template, is a
+    ConfigError at validation instead of a failure at run time."""
+    from roll_core.errors import ModelError
+    from roll_core.models import chat_template_status
+
+    choice = cfg.data.chat_template
+    if choice == "none":
+        return
+    if choice != "model":
+        if not Path(choice).is_file():
+            raise ConfigError(
+                f"data.chat_template: no template file {choice} "
+                f"(resolved to {Path(choice).absolute()}).",
+                hint="Give the path of a Jinja chat-template file, `model` (the tokenizer's "
+                "own template) or `none` (raw prompts).",
+            )
+        return
+    name = cfg.model.tokenizer or cfg.model.path
+    try:
+        has_template = chat_template_status(name)
+    except ModelError:  # a missing model is reported by its own check
+        return
+    if has_template is False:
+        raise ConfigError(
+            f"the tokenizer of {name} has no chat template, and data.chat_template is `model` "
+            "(the default), so the prompts cannot be rendered.",
+            hint="Set data.chat_template: none to use the raw prompt text (base models), "
+            "data.chat_template: PATH to a Jinja template file, or model.tokenizer to a "
+            "tokenizer that ships a template.",
+        )
 
 
 def check_algorithm(cfg: RLVRConfig) -> None:

@@ -190,6 +190,7 @@ def build_rl_roles(
                 "backend": infer.backend,
                 "backend_kwargs": dict(
                     model_path=model_path,
+                    tokenizer_path=tokenizer_path,
                     device=infer.device,
                     num_threads=infer.num_threads,
                     **infer_backend_options(

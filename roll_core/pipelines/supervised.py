@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data import Batch, StatefulLoader, load_rows
 from roll_core.engine import Cluster
-from roll_core.models import load_tokenizer, resolve_model_path
+from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, check_same_data
 
@@ -45,7 +45,7 @@ def resolve_model(cfg: Any) -> ResolvedModel:
     if cfg.executor.type == "local" and cfg.actor_train.device == "cuda":
         resolve_device("cuda")  # no CUDA here: fail before a run directory is created
     model_path = resolve_model_path(cfg.model.path)
-    tok_path = resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
+    tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     return ResolvedModel(model_path, tok_path, load_tokenizer(tok_path))
 
 

@@ -62,3 +62,57 @@ def test_skipped_old_log_prob_pass_gives_bit_identical_weights(roll, tmp_path: P
     a = load_file(str(runs / "rl-auto" / "final" / "model.safetensors"))
     b = load_file(str(runs / "rl-recompute" / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def bare_tokenizer(tmp_path: Path) -> Path:
+    """The built-in tokenizer saved on its own (no config.json, no weights), without a chat
+    template: what a base model's tokenizer looks like."""
+    from roll_core.models.tokenizer import build_tokenizer, save_tokenizer
+
+    tok = build_tokenizer()
+    tok.chat_template = None
+    out = tmp_path / "bare-tokenizer"
+    save_tokenizer(tok, out)
+    assert not (out / "config.json").exists() and not (out / "chat_template.jinja").exists()
+    return out
+
+
+def test_validate_catches_a_missing_chat_template(roll, tmp_path: Path, bare_tokenizer) -> None:
+    path = recipe(tmp_path, model={"path": "builtin:tiny-qwen3", "tokenizer": str(bare_tokenizer)})
+    for command in (["validate", str(path)], ["train", "rlvr", str(path), "--dry-run"]):
+        res = roll(*command)
+        assert res.returncode == 2, res.stdout
+        assert "has no chat template" in res.stderr and "data.chat_template: none" in res.stderr
+        assert "Traceback" not in res.stderr
+    res = roll("validate", str(path), "data.chat_template=missing/template.jinja")
+    assert res.returncode == 2 and "no template file" in res.stderr
+    res = roll("validate", str(path), "data.chat_template=none")
+    assert res.returncode == 0, res.stderr
+
+
+def test_raw_prompts_with_a_tokenizer_only_directory_train(
+    roll, cli_env, monkeypatch, tmp_path: Path, bare_tokenizer
+) -> None:
+    path = recipe(
+        tmp_path,
+        model={"path": "builtin:tiny-qwen3", "tokenizer": str(bare_tokenizer)},
+        data={
+            "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 64},
+            "max_prompt_length": 64,
+            "chat_template": "none",
+        },
+        trainer={"max_steps": 2, "micro_batch_size": 16},
+    )
+    res = roll("train", "rlvr", str(path), "--run-id", "rl-raw")
+    assert res.returncode == 0, res.stderr
+    logged = rows(tmp_path / "runs" / "rl-raw")
+    assert [r["step"] for r in logged if "actor/pg_loss" in r] == [1, 2]
+    # the prompts are the raw text: with the byte-level tokenizer, token ids == bytes
+    from roll_core.config import load_recipe
+    from roll_core.pipelines.rlvr import prepare
+
+    monkeypatch.setenv("ROLL_CACHE_DIR", cli_env["ROLL_CACHE_DIR"])
+    setup = prepare(load_recipe(path, [], expected="rlvr"))
+    first = setup.train[0]
+    assert first.prompt_ids == list(first.row["prompt"].encode())
