@@ -33,6 +33,7 @@ from pydantic import Field, field_validator, model_validator
 from roll_core.config.reward_options import (
     ChoiceConfig,
     CodeRewardConfig,
+    ExactMatchConfig,
     InstructionsConfig,
     JudgeConfig,
     RepetitionConfig,
@@ -59,6 +60,7 @@ BUILTIN_REWARDS: dict[str, tuple[str, ...]] = {
     "instructions": ("instructions",),
     "choice": ("answer_key", "choice"),
     "repetition": ("repetition",),
+    "exact_match": ("answer_key", "exact_match"),
 }
 """Built-in reward name -> its options. The config layer sits below ``roll_core.rewards`` and
 does not import it; a test keeps this equal to ``roll_core.rewards.REWARDS``."""
@@ -75,6 +77,7 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "instructions": None,
     "choice": None,
     "repetition": None,
+    "exact_match": None,
 }
 SELF_BOUNDED = ("code", "judge")
 """Rewards that bound their own work (subprocesses, HTTP timeouts) and keep state across
@@ -106,7 +109,8 @@ class RewardFnConfig(Strict):
         description="A built-in reward (`math`: math-verify rule reward; `format`: regex "
         "match of the whole response; `code`: run the program against the row's tests; "
         "`judge`: an LLM judge; `instructions`: instruction-following checks; `choice`: "
-        "multiple-choice letter; `repetition`: repeated n-gram penalty) or a user function "
+        "multiple-choice letter; `repetition`: repeated n-gram penalty; `exact_match`: the "
+        "response equals the answer, after optional normalisation) or a user function "
         "`pkg.module:function` returning a float or a `RewardResult`."
     )
     weight: float = Field(
@@ -144,6 +148,9 @@ class RewardFnConfig(Strict):
     )
     repetition: RepetitionConfig | None = Field(
         default=None, description="`repetition` only: n-gram size."
+    )
+    exact_match: ExactMatchConfig | None = Field(
+        default=None, description="`exact_match` only: strip, case and whitespace folding."
     )
 
     @model_validator(mode="before")

@@ -280,3 +280,16 @@ class RepetitionConfig(Strict):
     min_tokens: int = Field(
         default=8, ge=1, description="Responses shorter than this get no penalty."
     )
+
+
+class ExactMatchConfig(Strict):
+    """``exact_match``: the response equals the row's answer after these normalisations
+    (applied to both). Stricter than ``math``, which extracts and compares a number."""
+
+    strip: bool = Field(
+        default=True, description="Remove leading and trailing whitespace of both first."
+    )
+    ignore_case: bool = Field(default=False, description="Compare case-insensitively.")
+    collapse_whitespace: bool = Field(
+        default=False, description="Count every run of whitespace as one space."
+    )

@@ -250,6 +250,12 @@ class RLEvalConfig(Strict):
     max_new_tokens: int | None = Field(
         default=None, ge=1, description="None: rollout.max_new_tokens."
     )
+    reward: RewardConfig | None = Field(
+        default=None,
+        description="How validation answers are scored, when it differs from the training "
+        "reward (same shape as `reward`; e.g. a lenient `math` reward to train, a strict "
+        "`exact_match` to report). None: the training reward.",
+    )
 
 
 class CriticConfig(Strict):
@@ -323,6 +329,8 @@ class RLVRConfig(RLConfig):
                 "the section (critic=null on the command line) or use adv_estimator gae (the "
                 "ppo preset)"
             )
+        if self.eval.reward is not None and self.data.eval is None:
+            raise ValueError("eval.reward is set but data.eval is not: add data.eval.path")
         rows = self.rollout.n * self.rollout.prompts_per_step
         if rows % self.trainer.mini_batches:
             raise ValueError(

@@ -150,6 +150,12 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
         stage.router.check_rows(p.row for p in train + evals)
     finally:
         stage.close()
+    if cfg.eval.reward is not None:
+        stage = RewardStage(cfg.eval.reward, tokenizer=tokenizer, domains=_domains(cfg, evals))
+        try:
+            stage.router.check_rows(p.row for p in evals)
+        finally:
+            stage.close()
     check_algorithm(cfg)
     return RLVRSetup(model_path, tok_path, tokenizer, train, evals, stats)
 
@@ -281,6 +287,11 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
     rewards = RewardStage(
         cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.train + setup.eval)
     )
+    eval_rewards = (  # eval.reward: validation scored apart from training
+        RewardStage(cfg.eval.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.eval))
+        if cfg.eval.reward is not None
+        else rewards
+    )
     stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)
     params = sampling_params(cfg.rollout)
     executor = roles.executor_for(cfg)
@@ -319,7 +330,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         start = loop.begin(save_state=save_state, load_state=load_state)
         sync_weights(clusters, version=start)
         if cfg.eval.every_steps and setup.eval and start == 0:
-            loop.log_eval(0, lambda: validate(cfg, setup, clusters, rewards))
+            loop.log_eval(0, lambda: validate(cfg, setup, clusters, eval_rewards))
         for step in loop.steps(start, cfg.trainer.max_steps):
             metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state, reuse)
             metrics |= rewards.step_metrics()
@@ -329,7 +340,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             loop.end_step(
                 step,
                 metrics,
-                evaluate=(lambda s: validate(cfg, setup, clusters, rewards))
+                evaluate=(lambda s: validate(cfg, setup, clusters, eval_rewards))
                 if setup.eval
                 else None,
             )
@@ -338,6 +349,8 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         if scheduler is not None:
             scheduler.close()
         rewards.close()
+        if eval_rewards is not rewards:
+            eval_rewards.close()
         executor.shutdown()
 
 

@@ -24,6 +24,7 @@ from roll_core.config.reward import DOTTED_PATH, DomainRewardConfig, RewardFnCon
 from roll_core.errors import ConfigError
 from roll_core.rewards.base import RewardFn, RewardResult, RewardSample, as_result
 from roll_core.rewards.code import CodeReward
+from roll_core.rewards.exact_match import ExactMatchReward
 from roll_core.rewards.format_reward import FormatReward
 from roll_core.rewards.judge import JudgeReward
 from roll_core.rewards.math_reward import MathReward
@@ -47,6 +48,7 @@ REWARDS: dict[str, type] = {
     "instructions": InstructionsReward,
     "choice": ChoiceReward,
     "repetition": RepetitionPenalty,
+    "exact_match": ExactMatchReward,
 }
 """Built-in reward name -> dataclass; its init fields are the options it accepts."""
 

@@ -99,15 +99,22 @@ def test_raw_prompts_with_a_tokenizer_only_directory_train(
         model={"path": "builtin:tiny-qwen3", "tokenizer": str(bare_tokenizer)},
         data={
             "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 64},
+            "eval": {"path": str(ROOT / "data/tiny-arith/test.jsonl"), "max_rows": 8},
             "max_prompt_length": 64,
             "chat_template": "none",
         },
         trainer={"max_steps": 2, "micro_batch_size": 16},
+        # validation scored by its own reward: a format check any text passes (training: math)
+        eval={"every_steps": 2, "reward": {"domains": {"math": {"rewards": [
+            {"name": "format", "pattern": ".*"}]}}}},
     )
     res = roll("train", "rlvr", str(path), "--run-id", "rl-raw")
     assert res.returncode == 0, res.stderr
     logged = rows(tmp_path / "runs" / "rl-raw")
     assert [r["step"] for r in logged if "actor/pg_loss" in r] == [1, 2]
+    evals = [r for r in logged if "eval/reward_mean" in r]
+    assert len(evals) == 2 and all(r["eval/reward_mean"] == 1.0 for r in evals)
+    assert any(r["rollout/reward_mean"] < 1.0 for r in logged if "rollout/reward_mean" in r)
     # the prompts are the raw text: with the byte-level tokenizer, token ids == bytes
     from roll_core.config import load_recipe
     from roll_core.pipelines.rlvr import prepare
