@@ -68,6 +68,7 @@ def _print_plan(cfg: Any) -> None:
         for r in plan(cfg)
     ]
     print_table(out, "resource plan", columns, rows)
+    _print_notable_defaults(cfg)
     _print_model_summary(cfg, warnings)
     out.print("[green]recipe is valid[/green] (dry run: no model loaded, nothing written)")
 
@@ -83,6 +84,16 @@ def _print_model_summary(cfg: Any, warnings: list[str]) -> None:
     except RollError:  # not there yet: warned about above
         return
     out.print("model: " + ", ".join(f"{k}={v}" for k, v in summary.items()), markup=False)
+
+
+def _print_notable_defaults(cfg: Any) -> None:
+    """The recipe's settings that differ from common defaults (roll_core/config/notable.py)."""
+    from roll_core.config.notable import notable_defaults
+
+    rows = [(r.key, r.value, r.common, r.source) for r in notable_defaults(cfg)]
+    if rows:
+        columns = ("key", "value", "common elsewhere", "why / source")
+        print_table(out, "settings that differ from common defaults", columns, rows)
 
 
 def _run_training(

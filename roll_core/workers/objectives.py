@@ -58,13 +58,18 @@ def rl(
     of the mini-batch's tokens, so their sums over micro-batches are mini-batch means.
     """
     from roll_core.algorithms import entropy_bonus, entropy_from_logits, kl_loss, policy_loss
-    from roll_core.backends.train.torch_backend import token_log_probs
 
     algo = algorithm
     t = mb.tensors
     mask = t["response_mask"]
-    scaled = logits.float() / temperature
-    log_probs = token_log_probs(scaled, t["input_ids"])
+    # Only response positions carry a loss: the softmax over the vocabulary (and the entropy)
+    # is computed on those N rows, not on every prompt and padding position ([N, V], N << B*T).
+    picked = mask.bool()
+    scaled = logits[:, :-1][picked].float() / temperature  # [N, V]
+    targets = t["input_ids"][:, 1:][picked]
+    picked_log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    log_probs = torch.zeros(mask.shape, dtype=picked_log_probs.dtype, device=mask.device)
+    log_probs = log_probs.masked_scatter(picked, picked_log_probs)  # [B, T-1], 0 off-response
     loss_kwargs = algo.policy_loss_kwargs(max_len=int(mb.meta["max_response_length"]))
     globals_ = {
         "global_num_tokens": mb.meta["response_tokens"],
@@ -97,7 +102,8 @@ def rl(
         loss = loss + term
         metrics |= kl_metrics
     if algo.entropy_coef > 0:
-        ent = entropy_from_logits(scaled[:, :-1])
+        ent = torch.zeros(mask.shape, dtype=scaled.dtype, device=mask.device)
+        ent = ent.masked_scatter(picked, entropy_from_logits(scaled))
         term, ent_metrics = entropy_bonus(
             entropy=ent, response_mask=mask, coef=algo.entropy_coef, **agg
         )
@@ -105,8 +111,8 @@ def rl(
         metrics |= ent_metrics
     else:
         with torch.no_grad():
-            ent = entropy_from_logits(scaled[:, :-1])
-            metrics["actor/entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
+            ent_sum = (entropy_from_logits(scaled) * mask[picked]).sum()
+            metrics["actor/entropy"] = float(ent_sum / mask.sum().clamp(min=1))
     if "old_log_probs" not in t:  # the train/infer gap, measured on this forward instead
         gap = (old_log_probs - t["behaviour_log_probs"]).abs()
         metrics["train_infer/logprob_diff"] = float((gap * mask).sum() / mask.sum().clamp(min=1))

@@ -1,0 +1,27 @@
+"""The defaults `roll validate` points out (roll_core/config/notable.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from roll_core.config import load_recipe
+from roll_core.config.notable import notable_defaults
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_grpo_recipe_lists_betas_kl_and_eps() -> None:
+    cfg = load_recipe(ROOT / "recipes/tiny-arith-rlvr.yaml", [])
+    keys = {n.key: n for n in notable_defaults(cfg)}
+    assert set(keys) == {"actor_train.optim.betas", "algorithm.kl.coef", "algorithm.adv_eps"}
+    assert "2402.03300" in keys["algorithm.kl.coef"].source
+
+
+def test_common_values_are_not_listed() -> None:
+    overrides = [
+        "actor_train.optim.betas=[0.9, 0.999]",
+        "algorithm.kl.coef=0",
+        "algorithm.adv_eps=1e-4",
+    ]
+    cfg = load_recipe(ROOT / "recipes/tiny-arith-rlvr.yaml", overrides)
+    assert notable_defaults(cfg) == []
