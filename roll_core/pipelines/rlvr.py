@@ -438,6 +438,9 @@ def _train_step(
     wall = time.perf_counter() - step_start
     generated = float(batch.tensors["response_lengths"].sum())
     timers["perf/step_s"] = wall
+    # CPU seconds this process has used so far (every role under executor: local); the
+    # difference between two steps is, on a shared machine, a steadier measure than wall time
+    timers["perf/process_cpu_total_s"] = time.process_time()
     timers["perf/tokens_per_s"] = float(batch.tensors["attention_mask"].sum()) / wall
     timers["perf/generated_tokens_per_s"] = generated / max(1e-9, timers["time/rollout"])
     return {

@@ -44,7 +44,10 @@ def get_objective(name: str, **params: Any) -> Objective:
     """The objective `name` with its parameters bound."""
     if name not in OBJECTIVES:
         raise ConfigError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVES)}.")
-    return functools.partial(OBJECTIVES[name], **params)
+    objective = functools.partial(OBJECTIVES[name], **params)
+    if name == "rl":  # it reads response positions only: logits of earlier ones are not needed
+        objective.logits_from = response_logits_from  # type: ignore[attr-defined]
+    return objective
 
 
 def rl(
@@ -64,12 +67,15 @@ def rl(
     mask = t["response_mask"]
     # Only response positions carry a loss: the softmax over the vocabulary (and the entropy)
     # is computed on those N rows, not on every prompt and padding position ([N, V], N << B*T).
-    picked = mask.bool()
+    # A backend may compute the logits of the last columns only (`response_logits_from`):
+    # column j of `logits` is then position `offset + j`; earlier positions carry no response.
+    offset = t["input_ids"].shape[1] - logits.shape[1]
+    picked = mask[:, offset:].bool()
     scaled = logits[:, :-1][picked].float() / temperature  # [N, V]
-    targets = t["input_ids"][:, 1:][picked]
+    targets = t["input_ids"][:, 1 + offset :][picked]
     picked_log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     log_probs = torch.zeros(mask.shape, dtype=picked_log_probs.dtype, device=mask.device)
-    log_probs = log_probs.masked_scatter(picked, picked_log_probs)  # [B, T-1], 0 off-response
+    log_probs[:, offset:] = log_probs[:, offset:].masked_scatter(picked, picked_log_probs)
     loss_kwargs = algo.policy_loss_kwargs(max_len=int(mb.meta["max_response_length"]))
     globals_ = {
         "global_num_tokens": mb.meta["response_tokens"],
@@ -103,7 +109,7 @@ def rl(
         metrics |= kl_metrics
     if algo.entropy_coef > 0:
         ent = torch.zeros(mask.shape, dtype=scaled.dtype, device=mask.device)
-        ent = ent.masked_scatter(picked, entropy_from_logits(scaled))
+        ent[:, offset:] = ent[:, offset:].masked_scatter(picked, entropy_from_logits(scaled))
         term, ent_metrics = entropy_bonus(
             entropy=ent, response_mask=mask, coef=algo.entropy_coef, **agg
         )
@@ -111,13 +117,21 @@ def rl(
         metrics |= ent_metrics
     else:
         with torch.no_grad():
-            ent_sum = (entropy_from_logits(scaled) * mask[picked]).sum()
+            ent_sum = (entropy_from_logits(scaled) * mask[:, offset:][picked]).sum()
             metrics["actor/entropy"] = float(ent_sum / mask.sum().clamp(min=1))
     if "old_log_probs" not in t:  # the train/infer gap, measured on this forward instead
         gap = (old_log_probs - t["behaviour_log_probs"]).abs()
         metrics["train_infer/logprob_diff"] = float((gap * mask).sum() / mask.sum().clamp(min=1))
     share = float(mask.sum()) / max(1.0, float(mb.meta["response_tokens"]))
     return loss, {k: float(v) * share for k, v in metrics.items()}
+
+
+def response_logits_from(mb: Batch) -> int:
+    """The first input column whose logits the RL objective reads: the first target column
+    with a response token (targets are shifted by one, so target column t is input column t).
+    Backends that can (torch) compute the logits from there on only (`logits_to_keep`)."""
+    columns = mb.tensors["response_mask"].any(0).nonzero()
+    return int(columns[0]) if len(columns) else 0
 
 
 OBJECTIVES["rl"] = rl

@@ -121,12 +121,15 @@ class TorchTrainBackend:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def forward(self, mb: Batch) -> torch.Tensor:
-        """Logits [B, T, V] of one micro-batch (train or eval mode as set by the caller)."""
+    def forward(self, mb: Batch, *, logits_from: int = 0) -> torch.Tensor:
+        """Logits [B, T, V] of one micro-batch (train or eval mode as set by the caller);
+        with `logits_from` > 0 only those of columns logits_from.. ([B, T - logits_from, V]:
+        the LM head runs on those positions only)."""
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
+        keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
         with self._autocast():
-            return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+            return self.model(input_ids=ids, attention_mask=attn, use_cache=False, **keep).logits
 
     def train_step(self, batch: Batch, objective: Objective) -> dict[str, float]:
         """One optimizer step: `objective` on each micro-batch, backward, clip, AdamW, LR.
@@ -142,7 +145,9 @@ class TorchTrainBackend:
         seen_tokens = 0
         for mb in batch.chunk(self.micro_batch_size):
             mb = mb.to(self.device)
-            loss, metrics = objective(self.forward(mb), mb)
+            logits_from = getattr(objective, "logits_from", None)
+            start = logits_from(mb) if logits_from is not None else 0
+            loss, metrics = objective(self.forward(mb, logits_from=start), mb)
             loss.backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
