@@ -151,7 +151,14 @@ def roll_arm(model: Path, seed: int, steps: int, threads: int, work: Path) -> di
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     run_id = f"roll-{seed}"
     run(
-        [str(Path(sys.executable).with_name("roll")), "train", "rlvr", str(path), "--run-id", run_id],
+        [
+            str(Path(sys.executable).with_name("roll")),
+            "train",
+            "rlvr",
+            str(path),
+            "--run-id",
+            run_id,
+        ],
         threads,
     )
     rows = [json.loads(x) for x in (work / run_id / "metrics.jsonl").read_text().splitlines()]
@@ -189,7 +196,10 @@ def trl_worker(spec: dict) -> None:
     torch.set_num_threads(spec["threads"])
     rows = [json.loads(x) for x in (DATA / "train.jsonl").read_text().splitlines()]
     data = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
+        [
+            {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+            for r in rows
+        ]
     )
 
     def exact_match(completions: list, answer: list, **_: object) -> list[float]:
@@ -280,7 +290,9 @@ def accuracy(model: str, rows: list[dict], threads: int) -> float:
     tok = backend.tokenizer
     reqs = [Request(i, encode_prompt(tok, r["prompt"]), seed=i) for i, r in enumerate(rows)]
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0)
-    done = [c for k in range(0, len(reqs), 100) for c in backend.generate(reqs[k : k + 100], params)]
+    done = [
+        c for k in range(0, len(reqs), 100) for c in backend.generate(reqs[k : k + 100], params)
+    ]
     right = sum(
         tok.decode(c.response_ids, skip_special_tokens=True).strip() == str(r["answer"]).strip()
         for c, r in zip(done, rows, strict=True)

@@ -43,5 +43,7 @@ class ExactMatchReward:
         if self.answer_key not in sample.row or sample.row[self.answer_key] is None:
             raise ValueError(f"the row has no {self.answer_key!r} column to compare with")
         cfg = self.exact_match or ExactMatchConfig()
-        correct = normalize(sample.response, cfg) == normalize(str(sample.row[self.answer_key]), cfg)
+        correct = normalize(sample.response, cfg) == normalize(
+            str(sample.row[self.answer_key]), cfg
+        )
         return RewardResult(1.0 if correct else 0.0, {"correct": correct, "format_ok": True})

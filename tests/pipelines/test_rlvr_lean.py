@@ -105,8 +105,10 @@ def test_raw_prompts_with_a_tokenizer_only_directory_train(
         },
         trainer={"max_steps": 2, "micro_batch_size": 16},
         # validation scored by its own reward: a format check any text passes (training: math)
-        eval={"every_steps": 2, "reward": {"domains": {"math": {"rewards": [
-            {"name": "format", "pattern": ".*"}]}}}},
+        eval={
+            "every_steps": 2,
+            "reward": {"domains": {"math": {"rewards": [{"name": "format", "pattern": ".*"}]}}},
+        },
     )
     res = roll("train", "rlvr", str(path), "--run-id", "rl-raw")
     assert res.returncode == 0, res.stderr

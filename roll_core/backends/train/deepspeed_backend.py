@@ -142,8 +142,12 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
             config["optimizer"] = {"type": "AdamW", "params": {**adam, "betas": list(optim.betas)}}
             client_optim = None
         else:
-            impl = {"fused": True} if optim.fused else {"foreach": True}
-            client_optim = torch.optim.AdamW(model.parameters(), **adam, **impl)  # type: ignore[arg-type]
+            client_optim = torch.optim.AdamW(  # type: ignore[arg-type]
+                model.parameters(),
+                **adam,
+                foreach=not optim.fused,
+                fused=True if optim.fused else None,
+            )
 
         def schedule(optimizer: Any) -> Any:
             return make_scheduler(optimizer, optim, total_steps)
@@ -157,10 +161,11 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
         )
         self.model = self.engine.module
 
-    def forward(self, mb: Any) -> torch.Tensor:
+    def forward(self, mb: Any, *, logits_from: int = 0) -> torch.Tensor:
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
-        return self.engine(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
+        return self.engine(input_ids=ids, attention_mask=attn, use_cache=False, **keep).logits
 
     # ---- step -------------------------------------------------------------------------------
     def _zero_grad(self) -> None:

@@ -71,6 +71,8 @@ def make_optimizer(
     per-parameter loop (torch's CPU default), fewer kernel launches. `optim.fused` picks the
     fused kernel (CPU and CUDA): faster still, last-bit differences (docs/performance.md).
     """
-    impl = {"fused": True} if optim.fused else {"foreach": True}
-    optimizer = torch.optim.AdamW(params, **adamw_kwargs(optim), **impl)
+    fused = True if optim.fused else None
+    optimizer = torch.optim.AdamW(
+        params, **adamw_kwargs(optim), foreach=not optim.fused, fused=fused
+    )
     return optimizer, make_scheduler(optimizer, optim, total_steps)
