@@ -41,4 +41,4 @@ def test_bf16_generation_runs_under_autocast(model_path: str) -> None:
     a, b = fp32.generate(req, params)[0], bf16.generate(req, params)[0]
     n = min(len(a.log_probs), len(b.log_probs))
     assert n > 0 and a.log_probs[:n] != b.log_probs[:n]
-    assert max(abs(x - y) for x, y in zip(a.log_probs[:n], b.log_probs[:n])) < 0.1
+    assert max(abs(x - y) for x, y in zip(a.log_probs[:n], b.log_probs[:n], strict=True)) < 0.1
