@@ -2,7 +2,8 @@
 names and paths a run would trip over, found without loading a model.
 
 * every model location of the recipe (``model.path``, ``model.tokenizer``, the distillation
-  ``teacher``, the PPO ``critic.model_path``) is looked up the way the run looks it up: an
+  ``teacher``, the PPO ``critic.model_path``) is looked up the way the run looks it up (a
+  tokenizer key accepts a tokenizer-only directory, as the run does): an
   unknown ``builtin:`` name or a directory that is not a model is an error; a local path that
   does not exist yet is a warning (an earlier command, e.g. the SFT warm start, may create it);
 * every agentic env is built and reset once, as the run does before it starts;
@@ -54,11 +55,14 @@ def model_locations(cfg: Any) -> list[tuple[str, str]]:
 
 def check_recipe(cfg: Any) -> list[str]:
     """Raise the error a run would hit early; return warnings (see the module docstring)."""
-    from roll_core.models import model_summary
+    from roll_core.models import model_summary, resolve_tokenizer_path
 
     warnings: list[str] = []
     for key, location in model_locations(cfg):
         try:
+            if key.endswith(".tokenizer"):  # a tokenizer saved on its own is enough here
+                resolve_tokenizer_path(location)
+                continue
             summary = model_summary(location)
         except ModelError as err:  # unknown builtin, a file, no config.json: the run fails too
             if location.startswith("builtin:") or Path(location).expanduser().exists():
