@@ -35,6 +35,7 @@ import torch
 
 from roll_core.data.arith import write_arith_dataset
 from roll_core.data.batch import Batch
+from roll_core.data.chat import encode_chat
 from roll_core.data.sft import collate_sft, encode_messages, encode_prompt, encode_prompt_response
 from roll_core.data.sources import require_columns
 from roll_core.errors import DataError
@@ -207,8 +208,7 @@ def prompt_ids(
     if fmt == "prompt_response":
         return encode_prompt(tokenizer, str(row[prompt_key]))
     context = _conversation(row.get(prompt_key), row[chosen_key], chosen_key, 0)[:-1]
-    out: Any = tokenizer.apply_chat_template(context, add_generation_prompt=True, tokenize=True)
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
+    return encode_chat(tokenizer, context, add_generation_prompt=True)
 
 
 def collate_pairs(pairs: Sequence[Pair], *, pad_id: int) -> Batch:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from roll_core.data.batch import Batch
+from roll_core.data.chat import render_chat
 from roll_core.data.sources import require_columns
 from roll_core.errors import DataError
 
@@ -262,11 +263,7 @@ def _render_ids(
             "(RLVR: or data.chat_template: none for raw prompts, or a template file).",
         )
     try:
-        text = tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-        )
+        text = render_chat(tokenizer, messages, add_generation_prompt=add_generation_prompt)
     except Exception as err:  # jinja raises on conversations the template rejects
         raise DataError(
             f"The tokenizer's chat template rejected a conversation: {err}",

@@ -116,22 +116,9 @@ class ModelPolicy:
             dropped += 1
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
-        out: Any
-        try:
-            out = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True
-            )
-        except Exception:  # templates that refuse a system message: fold it into the first turn
-            if not messages or messages[0]["role"] != "system" or len(messages) < 2:
-                raise
-            first = {
-                "role": "user",
-                "content": messages[0]["content"] + "\n\n" + messages[1]["content"],
-            }
-            out = self.tokenizer.apply_chat_template(
-                [first, *messages[2:]], add_generation_prompt=True, tokenize=True
-            )
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
+        from roll_core.data.chat import encode_chat  # data/ pulls in `datasets`: load lazily
+
+        return encode_chat(self.tokenizer, messages, add_generation_prompt=True, fold_system=True)
 
 
 def _context_length(model: Any, tokenizer: Any) -> int:

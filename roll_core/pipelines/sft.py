@@ -21,6 +21,7 @@ from roll_core.data import (
     Batch,
     build_sft_dataset,
     collate_sft,
+    encode_chat,
     encode_prompt,
     require_columns,
 )
@@ -119,8 +120,7 @@ def _prompt_ids(tokenizer: Any, context: list[dict[str, str]]) -> list[int]:
     """Token ids of `context` followed by the assistant generation header."""
     if len(context) == 1 and context[0]["role"] == "user":
         return encode_prompt(tokenizer, context[0]["content"])
-    out = tokenizer.apply_chat_template(context, add_generation_prompt=True, tokenize=True)
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
+    return encode_chat(tokenizer, context, add_generation_prompt=True)
 
 
 def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:

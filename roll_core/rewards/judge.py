@@ -144,9 +144,11 @@ class _Hf:
     def complete(self, messages: list[dict[str, str]]) -> str:
         import torch
 
+        from roll_core.data.chat import render_chat  # data/ pulls in `datasets`: load lazily
+
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = render_chat(tok, messages, add_generation_prompt=True)
         else:
             text = "\n\n".join(m["content"] for m in messages) + "\n"
         ids = tok(text, return_tensors="pt")

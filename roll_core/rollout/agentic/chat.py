@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from roll_core.data.chat import render_chat
+
 _SENTINEL = "ROLL_SENTINEL_7f3a"
 
 
@@ -41,21 +43,9 @@ class ChatFormat:
         self._env_suffix = after  # e.g. "<|im_end|>\n<|im_start|>assistant\n"
 
     def _text(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        try:
-            out = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=generation_prompt, tokenize=False
-            )
-        except Exception:  # templates that refuse a system message: fold it into the first turn
-            if not messages or messages[0]["role"] != "system" or len(messages) < 2:
-                raise
-            first = {
-                "role": "user",
-                "content": messages[0]["content"] + "\n\n" + messages[1]["content"],
-            }
-            out = self.tokenizer.apply_chat_template(
-                [first, *messages[2:]], add_generation_prompt=generation_prompt, tokenize=False
-            )
-        return str(out)
+        return render_chat(
+            self.tokenizer, messages, add_generation_prompt=generation_prompt, fold_system=True
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
