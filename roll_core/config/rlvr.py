@@ -193,11 +193,6 @@ class VLLMConfig(Strict):
         ge=1,
         description="Longest prompt + response in tokens (None: the model's maximum).",
     )
-    sync_bucket_mb: int = Field(
-        default=256,
-        ge=1,
-        description="Weight sync sends the policy in buckets of about this many MiB.",
-    )
 
 
 class ActorInferConfig(Strict):
@@ -290,6 +285,32 @@ class CriticConfig(Strict):
     )
 
 
+class SyncConfig(Strict):
+    """Weight sync actor_train -> actor_infer after every update (docs/scaling.md, "Weight
+    sync: the data plane"): the driver sends only "sync now"; the weights go rank to rank."""
+
+    path: Literal["auto", "broadcast", "shared_memory", "driver"] = Field(
+        default="auto",
+        description="`auto`: in-place copies when trainer and inference ranks are objects of "
+        "one process (executor local, torch + hf), else shared memory when every rank is on "
+        "one host (CUDA IPC when all are on GPUs), else `broadcast` (gloo on CPU, NCCL on "
+        "GPU). `shared_memory` needs one host. `driver`: the fallback that gathers the "
+        "weights into the driver and sends them from there.",
+    )
+    bucket_mb: float = Field(
+        default=256,
+        gt=0,
+        description="The weights stream in buckets of at most this many MiB (a tensor larger "
+        "than a bucket is sent alone); the memory a sync adds on each side.",
+    )
+    timeout_s: float = Field(
+        default=600,
+        gt=0,
+        description="Longest wait of any sync collective (joining, a bucket, an ack): a rank "
+        "that dies or hangs mid-sync fails the step with an error naming it.",
+    )
+
+
 class RLConfig(RunConfig):
     """The sections of the RL pipelines (rlvr, agentic): rollout, algorithm, the RL roles."""
 
@@ -298,6 +319,9 @@ class RLConfig(RunConfig):
     trainer: RLTrainerConfig = Field(description="Driver loop.")
     actor_infer: ActorInferConfig = Field(
         default_factory=ActorInferConfig, description="Inference role."
+    )
+    sync: SyncConfig = Field(
+        default_factory=SyncConfig, description="Weight sync actor_train -> actor_infer."
     )
 
 

@@ -14,7 +14,7 @@ any of them, so roll uses it instead of hand-written low-rank layers. What roll 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -136,20 +136,31 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
     Keys are those of the plain model (``...q_proj.weight``); the live model is not changed.
     """
+    return dict(iter_merged(model))
+
+
+@torch.no_grad()
+def iter_merged(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`merged_state_dict` one tensor at a time, in state-dict order: an adapted
+    layer's merged weight is computed when it is reached (weight sync streams these without
+    holding the merged model)."""
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
-    deltas: dict[str, torch.Tensor] = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and ADAPTER_NAME in module.lora_A:
-            deltas[f"{name}.weight"] = cast(Any, module).get_delta_weight(ADAPTER_NAME)
-    merged: dict[str, torch.Tensor] = {}
+    adapted: dict[str, Any] = {
+        f"{name}.weight": module
+        for name, module in base.named_modules()
+        if isinstance(module, LoraLayer) and ADAPTER_NAME in module.lora_A
+    }
     for key, value in base.state_dict().items():
         if ".lora_" in key:
             continue
         plain = key.replace(".base_layer.", ".")
-        merged[plain] = value + deltas[plain].to(value.dtype) if plain in deltas else value
-    return merged
+        if plain in adapted:
+            delta = cast(Any, adapted[plain]).get_delta_weight(ADAPTER_NAME)
+            yield plain, value + delta.to(value.dtype)
+        else:
+            yield plain, value
 
 
 def export_merged(model: Any, path: Path) -> None:

@@ -80,6 +80,7 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
     ]
     if cfg.algorithm.uses_reference:
         rows.append(roles.frozen_row(cfg, "reference", "Reference", "KL"))
+    rows.append(roles.weight_sync_row(cfg))
     envs = ", ".join(f"{e.name} x{e.groups_per_step} groups" for e in cfg.envs)
     rows.append(
         RolePlan(

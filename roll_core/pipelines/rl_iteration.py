@@ -33,6 +33,7 @@ from roll_core.config.rlvr import RLConfig, SamplingConfig
 from roll_core.data import Batch
 from roll_core.engine import Cluster
 from roll_core.engine.dispatch import reduce_rank_metrics
+from roll_core.engine.weight_sync import weight_sync_for
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -175,12 +176,10 @@ def load_roles(clusters: dict[str, Cluster], ckpt: Path) -> None:
 
 
 def sync_weights(clusters: dict[str, Cluster], version: int) -> dict[str, float]:
-    """actor_train -> actor_infer, in place, no disk; returns time and bytes."""
-    start = time.perf_counter()
-    weights = clusters["actor_train"].named_weights()
-    clusters["actor_infer"].update_weights(weights, version=version)
-    size = sum(t.numel() * t.element_size() for t in weights.values())
-    return {"sync/seconds": time.perf_counter() - start, "sync/bytes": float(size)}
+    """actor_train -> actor_infer, in place, no disk, rank to rank (the path `sync.path`
+    picks; roll_core/engine/weight_sync.py); every inference rank is stamped `version`.
+    Returns `sync/seconds`, `sync/bytes`, `sync/buckets`, `sync/tensors`."""
+    return weight_sync_for(clusters["actor_train"], clusters["actor_infer"]).sync(version)
 
 
 def reuses_update_log_probs(cfg: RLConfig) -> bool:

@@ -79,6 +79,7 @@ def plan(cfg: RLVRConfig) -> list[RolePlan]:
         assert c is not None
         value = f"value model from {c.model_path or cfg.model.path}, lr {c.optim.lr:g}"
         rows.append(RolePlan("critic", "Critic", c.backend, 1, c.device, cfg.executor.type, value))
+    rows.append(roles.weight_sync_row(cfg))
     domains = "domains: " + ", ".join(cfg.reward.domains)
     rows.append(
         RolePlan("rewards", "RewardRouter", "threads", r.reward_workers, "cpu", "driver", domains)

@@ -17,6 +17,7 @@ from typing import Any
 from roll_core.backends.infer import infer_backend_options
 from roll_core.engine import Cluster, make_executor
 from roll_core.engine.resource_plan import cluster_placement
+from roll_core.engine.weight_sync import SyncSettings, attach_weight_sync, planned_path
 from roll_core.models import resolve_model_path
 from roll_core.pipelines.common import RolePlan
 from roll_core.workers.actor_infer import ActorInfer
@@ -41,6 +42,14 @@ def actor_infer_row(cfg: Any, detail: str) -> RolePlan:
     return RolePlan(
         "actor_infer", "ActorInfer", r.backend, r.world_size, r.device, cfg.executor.type, detail
     )
+
+
+def weight_sync_row(cfg: Any) -> RolePlan:
+    """The `--dry-run` row of the weight sync actor_train -> actor_infer: the path it takes
+    (a ConfigError when the recipe's placement cannot do `sync.path`)."""
+    path, note = planned_path(cfg)
+    ranks = 1 + cfg.actor_infer.world_size
+    return RolePlan("weight sync", "WeightSync", path, ranks, "", cfg.executor.type, note)
 
 
 def frozen_row(cfg: Any, role: str, worker: str, detail: str) -> RolePlan:
@@ -196,6 +205,7 @@ def build_rl_roles(
                     **infer_backend_options(
                         infer,
                         model_dtype=cfg.model.dtype,
+                        sync_bucket_mb=cfg.sync.bucket_mb,
                         seed=cfg.seed,
                         train_precision=cfg.actor_train.precision,
                     ),
@@ -229,4 +239,10 @@ def build_rl_roles(
         )
     for cluster in clusters.values():
         cluster.setup()
+    s = cfg.sync
+    attach_weight_sync(
+        clusters["actor_train"],
+        clusters["actor_infer"],
+        SyncSettings(path=s.path, bucket_mb=s.bucket_mb, timeout_s=s.timeout_s),
+    )
     return clusters

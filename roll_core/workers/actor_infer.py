@@ -23,6 +23,7 @@ class ActorInfer(Worker):
         self.backend_name = backend
         self.backend_kwargs = backend_kwargs
         self.backend: InferBackend | None = None
+        self._sync_group: Any = None
 
     @dispatch("all")
     def setup(self) -> dict[str, Any]:
@@ -39,7 +40,65 @@ class ActorInfer(Worker):
 
     @dispatch("all")
     def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:
+        """`sync.path: driver`: weights sent by the driver, loaded in place."""
         self._b().update_weights(named_tensors, version=version)
+
+    # ---- weight sync (roll_core/engine/weight_sync.py) ----------------------------------------
+    @dispatch("all")
+    def sync_endpoints(self) -> list[dict[str, Any]]:
+        """Where this rank's receivers live: itself, or each of vLLM's worker processes (they
+        join the group themselves)."""
+        backend = self._b()
+        if hasattr(backend, "sync_endpoints"):
+            return backend.sync_endpoints()  # type: ignore[no-any-return]
+        from roll_core.engine.sync_transport import endpoint
+
+        return [endpoint(getattr(backend, "device", "cpu"))]
+
+    @dispatch("all")
+    def sync_join(self, *, group_rank: int, **group: Any) -> None:
+        """Join the weight-sync group as `group_rank` (this rank's receivers take
+        group_rank, group_rank + 1, ...)."""
+        backend = self._b()
+        if hasattr(backend, "sync_join"):
+            backend.sync_join(group_rank=group_rank, **group)
+            return
+        from roll_core.engine.sync_transport import SyncGroup
+
+        if self._sync_group is not None:
+            self._sync_group.close()
+        self._sync_group = SyncGroup(rank=group_rank, **group)
+
+    @dispatch("all")
+    def sync_receive(self, *, version: int) -> dict[str, int]:
+        """Receive every bucket from actor_train rank 0, load it in place, stamp `version`.
+        Returns {"tensors": loaded, ...} for the driver's check."""
+        backend = self._b()
+        if hasattr(backend, "sync_receive"):
+            return backend.sync_receive(version=version)  # type: ignore[no-any-return]
+        if self._sync_group is None:
+            raise RuntimeError("ActorInfer.sync_receive before sync_join")
+        loaded = 0
+
+        def load(items: list[tuple[str, Any]]) -> None:
+            nonlocal loaded
+            self._load_bucket(items)
+            loaded += len(items)
+
+        stats = self._sync_group.receive(load)
+        self.finish_sync(version)
+        return {**stats, "tensors": loaded}
+
+    def _load_bucket(self, items: list[tuple[str, Any]]) -> None:
+        self._b().load_weights_bucket(items)  # type: ignore[attr-defined]
+
+    def load_sync_bucket(self, items: list[tuple[str, Any]]) -> None:
+        """`same_process` path: copy these tensors into the model in place."""
+        self._load_bucket(items)
+
+    def finish_sync(self, version: int) -> None:
+        """Stamp the policy version of the weights now loaded."""
+        self._b().finish_sync(version)  # type: ignore[attr-defined]
 
     @dispatch("all")
     def get_rng_state(self) -> Any:

@@ -6,6 +6,7 @@ constructor so a load error surfaces as the user's error, not as an actor-creati
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ class ActorTrain(Worker):
         self.backend_name = backend
         self.backend_kwargs = backend_kwargs
         self.backend: TrainBackend | None = None
+        self._sync_group: Any = None
 
     @classmethod
     def needs_process_group(cls, world_size: int, kwargs: dict[str, Any]) -> bool:
@@ -83,11 +85,46 @@ class ActorTrain(Worker):
         with backend.adapters_disabled():  # type: ignore[attr-defined]
             return backend.log_probs(batch, temperature=temperature)
 
+    # ---- weight sync (roll_core/engine/weight_sync.py) ----------------------------------------
+    def sync_tensors(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights to sync, one (name, tensor) at a time, as the plain model names them
+        (LoRA merged in); every rank of a sharded backend iterates it (it gathers)."""
+        return self._b().sync_tensors(bucket_bytes)  # type: ignore[attr-defined]
+
+    @dispatch("rank0")
+    def sync_endpoint(self) -> dict[str, Any]:
+        """Where the sender (this rank) lives: host, process, device."""
+        from roll_core.engine.sync_transport import endpoint
+
+        return endpoint(self._b().device)
+
+    @dispatch("rank0")
+    def sync_join(self, *, group_rank: int, **group: Any) -> None:
+        """Join the weight-sync group as its rank 0 (the sender); see SyncGroup."""
+        from roll_core.engine.sync_transport import SyncGroup
+
+        if self._sync_group is not None:
+            self._sync_group.close()
+        self._sync_group = SyncGroup(rank=group_rank, **group)
+
+    @dispatch("all")
+    def sync_send(self, bucket_bytes: int) -> dict[str, int]:
+        """Stream the weights to the inference ranks (rank 0 sends; the other ranks of a
+        sharded backend take part in gathering each tensor). Returns the sender's counts."""
+        tensors = self.sync_tensors(bucket_bytes)
+        if self.rank != 0:
+            for _ in tensors:
+                pass
+            return {}
+        if self._sync_group is None:
+            raise RuntimeError("ActorTrain.sync_send before sync_join")
+        return self._sync_group.send(tensors, bucket_bytes)
+
     @dispatch("rank0")
     def named_weights(self) -> dict[str, torch.Tensor]:
-        """The weight-sync payload: every tensor of the plain model by name, detached CPU
-        copies. Under LoRA the adapters are merged in (W + scale * B @ A), so the inference
-        engine gets ordinary weights."""
+        """The `sync.path: driver` payload: every tensor of the plain model by name, detached
+        CPU copies, returned to the driver. Under LoRA the adapters are merged in
+        (W + scale * B @ A), so the inference engine gets ordinary weights."""
         backend = self._b()
         if hasattr(backend, "full_weights"):  # sharded: gathered on rank 0 (collective)
             return dict(backend.full_weights())

@@ -26,11 +26,16 @@ def make_infer_backend(name: str, **kwargs: object) -> InferBackend:
 
 
 def infer_backend_options(
-    role: Any, *, model_dtype: str, seed: int = 0, train_precision: str = "auto"
+    role: Any,
+    *,
+    model_dtype: str,
+    seed: int = 0,
+    train_precision: str = "auto",
+    sync_bucket_mb: float = 256,
 ) -> dict[str, Any]:
     """The backend-specific keyword arguments of an ActorInferConfig (the `vllm` block for
-    the vllm backend; for hf the model dtype and the precision, `auto` meaning the
-    trainer's), for `backend_kwargs`."""
+    the vllm backend, with `sync.bucket_mb` for its `driver` sync path; for hf the model
+    dtype and the precision, `auto` meaning the trainer's), for `backend_kwargs`."""
     if role.backend != "vllm":
         import torch
 
@@ -47,7 +52,7 @@ def infer_backend_options(
         "enforce_eager": opts.enforce_eager,
         "tensor_parallel_size": opts.tensor_parallel_size,
         "max_model_len": opts.max_model_len,
-        "sync_bucket_mb": opts.sync_bucket_mb,
+        "sync_bucket_mb": sync_bucket_mb,
     }
 
 

@@ -48,6 +48,7 @@ class HFInferBackend:
         self.model = load_causal_lm(model_path, dtype=dtype, device=self.device)
         self.model.eval()
         self.version = 0
+        self._targets: dict[str, torch.Tensor] | None = None
 
     @torch.no_grad()
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
@@ -142,12 +143,24 @@ class HFInferBackend:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:
-        tensors = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
-        for name, value in named_tensors.items():
-            target = tensors.get(name)
+        """Load `named_tensors` in place and stamp `version` (the `driver` sync path)."""
+        self.load_weights_bucket(list(named_tensors.items()))
+        self.finish_sync(version)
+
+    @torch.no_grad()
+    def load_weights_bucket(self, items: list[tuple[str, Any]]) -> None:
+        """Copy each (name, tensor) into the model's tensor of that name, in place (cast to
+        its dtype and device). The sources may be views into a sync buffer: not kept."""
+        if self._targets is None:
+            self._targets = self.model.state_dict(keep_vars=True)  # tied: under both names
+        for name, value in items:
+            target = self._targets.get(name)
             if target is None:
                 raise KeyError(f"weight sync: the inference model has no tensor {name!r}")
-            target.copy_(torch.as_tensor(value).to(target.device, target.dtype))
+            target.copy_(torch.as_tensor(value), non_blocking=False)
+
+    def finish_sync(self, version: int) -> None:
+        """The weights loaded since the last call are policy `version`."""
         self.version = version
 
     def get_rng_state(self) -> Any:

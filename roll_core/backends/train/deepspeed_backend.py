@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,31 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
         if self.rank != 0:
             return {}
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    @torch.no_grad()
+    def sync_tensors(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weight-sync stream. ZeRO-3: the parameters are gathered a group of about one
+        bucket at a time (``GatheredParameters``, a collective on every rank) and rank 0
+        yields copies made inside the gather (the gathered memory is released when the group
+        ends); at most about two buckets of full weights exist at once. ZeRO-1/2: every rank
+        holds the full parameters; they are yielded as they are."""
+        named = [(n, p) for n, p in self.model.named_parameters() if n in self._param_names]
+        if self.opts.zero_stage != 3:
+            for name, p in named:
+                yield name, p.detach()
+            return
+        ds = import_deepspeed()
+        group: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for i, (name, p) in enumerate(named):
+            group.append((name, p))
+            size += int(getattr(p, "ds_numel", p.numel())) * p.element_size()
+            if size < bucket_bytes and i + 1 < len(named):
+                continue
+            with ds.zero.GatheredParameters([q for _, q in group], modifier_rank=None):
+                gathered = [(n, q.detach().clone()) for n, q in group] if self.rank == 0 else []
+            yield from gathered
+            group, size = [], 0
 
     # ---- checkpoints ------------------------------------------------------------------------
     def save(self, path: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,17 @@ class ShardedTrainBackend(TorchTrainBackend):
         """The weight-sync payload (parameters by name, tied weights once), on rank 0."""
         state = self.full_state_dict()
         return {n: t for n, t in state.items() if n in self._param_names}
+
+    @torch.no_grad()
+    def sync_tensors(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weight-sync stream, parameter by parameter, gathered one at a time
+        (``DTensor.full_tensor()``: a collective every rank runs in the same order; only
+        rank 0's tensors are sent). Never more than one unsharded parameter at a time."""
+        for name, p in self.model.named_parameters():
+            if name not in self._param_names:
+                continue
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            yield name, full.detach()
 
     def state_digest(self) -> str:
         state = self.full_state_dict()

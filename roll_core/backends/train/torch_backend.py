@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,13 @@ from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
 from roll_core.errors import CheckpointError
 from roll_core.models import load_causal_lm, load_tokenizer
-from roll_core.models.lora import apply_lora, export_merged, load_adapter, save_adapter
+from roll_core.models.lora import (
+    apply_lora,
+    export_merged,
+    iter_merged,
+    load_adapter,
+    save_adapter,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -277,6 +283,18 @@ class TorchTrainBackend:
         else:
             self.model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+
+    @torch.no_grad()
+    def sync_tensors(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weight-sync stream: every parameter of the plain model by name, the live
+        tensors themselves (read before the next update; never copied here). Under LoRA each
+        adapted layer's merged weight (W + scale * B @ A) is computed when it is reached, so
+        at most one merged tensor exists at a time."""
+        if self.lora is not None:
+            yield from iter_merged(self.model)
+            return
+        for name, p in self.model.named_parameters():
+            yield name, p.detach()
 
     def state_digest(self) -> str:
         """sha256 of every parameter's bytes, for exactness checks in tests and logs."""

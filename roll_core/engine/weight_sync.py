@@ -1,0 +1,286 @@
+"""Weight sync between actor_train and actor_infer: the driver's side (the control plane).
+
+The driver never touches a weight. It asks every rank where it lives, picks the path, has the
+ranks join one group (roll_core/engine/sync_transport.py) and then, at each sync, only says
+"send" to the training ranks and "receive, stamp version v" to the inference ranks; the
+tensors go rank to rank. Paths (`sync.path`):
+
+* ``same_process`` (picked by ``auto`` only): sender and every receiver are objects in this
+  very process (executor ``local``, one torch rank, hf ranks): each parameter is copied in
+  place into the inference model, no packing, no group.
+* ``shared_memory``: every member on one host: the sender packs buckets into ``/dev/shm``
+  (``cuda_ipc``: a CUDA buffer shared by IPC handle when sender and receivers are all on
+  CUDA) and the receivers copy from it.
+* ``broadcast``: a gloo (CPU) or NCCL (all on CUDA) broadcast of each bucket.
+* ``driver``: the old path, kept as an explicit fallback: rank 0 gathers every weight and
+  returns CPU copies to the driver, which sends them to every inference rank.
+
+``auto`` picks same_process > shared_memory (cuda_ipc) > broadcast.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from dataclasses import dataclass
+from typing import Any
+
+from roll_core.engine.cluster import Cluster
+from roll_core.errors import RollError, WorkerDiedError
+
+PATHS = ("auto", "broadcast", "shared_memory", "driver")
+"""What `sync.path` may name."""
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """`sync.path`, `sync.bucket_mb`, `sync.timeout_s` (see roll_core/config/rlvr.py)."""
+
+    path: str = "auto"
+    bucket_mb: float = 256.0
+    timeout_s: float = 600.0
+
+    @property
+    def bucket_bytes(self) -> int:
+        return max(1, int(self.bucket_mb * 2**20))
+
+
+def choose_path(
+    requested: str, sender: dict[str, Any], receivers: Sequence[dict[str, Any]], *, driver_pid: int
+) -> str:
+    """The path a sync takes, from `sync.path` and where the members live (`endpoint()`
+    dicts: host, boot id, pid, device). Returns one of driver, same_process, shared_memory,
+    cuda_ipc, broadcast; raises RollError when `shared_memory` is asked across hosts."""
+    if requested not in PATHS:
+        raise RollError(f"sync.path: unknown path {requested!r}; valid: {', '.join(PATHS)}.")
+    if requested in ("driver", "broadcast"):
+        return requested
+    same_process = all(m["pid"] == driver_pid for m in [sender, *receivers])
+    elsewhere = [
+        i
+        for i, r in enumerate(receivers)
+        if (r["host"], r["boot"]) != (sender["host"], sender["boot"])
+    ]
+    if requested == "shared_memory" and elsewhere:
+        raise RollError(
+            f"sync.path=shared_memory, but actor_infer receiver(s) {elsewhere} run on another "
+            f"host than actor_train rank 0 ({sender['host']}): shared memory needs one host.",
+            hint="Set sync.path=auto (broadcast across hosts) or sync.path=broadcast.",
+        )
+    if requested == "auto" and same_process:
+        return "same_process"
+    if elsewhere:
+        return "broadcast"
+    all_cuda = all(m["device"] == "cuda" for m in [sender, *receivers])
+    return "cuda_ipc" if all_cuda else "shared_memory"
+
+
+def group_backend(path: str, members: Sequence[dict[str, Any]]) -> str:
+    """nccl for a broadcast among CUDA members only; gloo otherwise (the shared paths use
+    the group only for small messages and acks)."""
+    if path == "broadcast" and all(m["device"] == "cuda" for m in members):
+        return "nccl"
+    return "gloo"
+
+
+_ATTACHED: weakref.WeakKeyDictionary[Cluster, WeightSync] = weakref.WeakKeyDictionary()
+
+
+def attach_weight_sync(train: Cluster, infer: Cluster, settings: SyncSettings) -> WeightSync:
+    """Configure the sync from `train` into `infer` (the pipelines' role builder calls it)."""
+    ws = WeightSync(train, infer, settings)
+    _ATTACHED[infer] = ws
+    return ws
+
+
+def weight_sync_for(train: Cluster, infer: Cluster) -> WeightSync:
+    """The sync attached to `infer` (default settings when none was attached)."""
+    ws = _ATTACHED.get(infer)
+    if ws is None or ws.train is not train:
+        ws = attach_weight_sync(train, infer, SyncSettings())
+    return ws
+
+
+class WeightSync:
+    """actor_train -> actor_infer, planned once, run at every policy version."""
+
+    def __init__(self, train: Cluster, infer: Cluster, settings: SyncSettings) -> None:
+        self.train, self.infer, self.settings = train, infer, settings
+        self.path: str | None = None
+        self._joined = False
+        self._generation = 0
+
+    # ---- planning ---------------------------------------------------------------------------
+    def connect(self) -> str:
+        """Ask the members where they live, pick the path and (for the group paths) have
+        them all join the group at once. Returns the path."""
+        s = self.settings
+        if s.path == "driver":
+            self.path = "driver"
+            return self.path
+        sender = self.train.run_one(0, "sync_endpoint")
+        per_rank: list[list[dict[str, Any]]] = self.infer.run("sync_endpoints")
+        receivers = [ep for eps in per_rank for ep in eps]
+        path = choose_path(s.path, sender, receivers, driver_pid=os.getpid())
+        if path == "same_process" and not (_local(self.train) and _local(self.infer)):
+            path = "shared_memory"
+        self.path = path
+        if path == "same_process":
+            return path
+        host, port = self.train.run_one(0, "dist_endpoint")
+        world = 1 + len(receivers)
+        common = dict(
+            host=host,
+            port=port,
+            world_size=world,
+            backend=group_backend(path, [sender, *receivers]),
+            timeout_s=s.timeout_s,
+            mode=path,
+        )
+        futures = [self.train.submit(0, "sync_join", group_rank=0, **common)]
+        first = 1
+        for r, eps in enumerate(per_rank):
+            futures.append(self.infer.submit(r, "sync_join", group_rank=first, **common))
+            first += len(eps)
+        self._wait(futures, "joining the weight-sync group")
+        self._joined = True
+        return path
+
+    # ---- one sync ---------------------------------------------------------------------------
+    def sync(self, version: int) -> dict[str, float]:
+        """Send the current policy to every inference rank and stamp `version` there."""
+        start = time.perf_counter()
+        if self.path is None or (self.path not in ("driver", "same_process") and not self._joined):
+            self.connect()
+        if self.path == "driver":
+            stats = self._driver(version)
+        elif self.path == "same_process":
+            stats = self._same_process(version)
+        else:
+            stats = self._group(version)
+        return {
+            "sync/seconds": time.perf_counter() - start,
+            "sync/bytes": float(stats["bytes"]),
+            "sync/buckets": float(stats["buckets"]),
+            "sync/tensors": float(stats["tensors"]),
+        }
+
+    def _driver(self, version: int) -> dict[str, int]:
+        weights = self.train.named_weights()
+        self.infer.update_weights(weights, version=version)
+        size = sum(t.numel() * t.element_size() for t in weights.values())
+        return {"bytes": size, "buckets": 1, "tensors": len(weights)}
+
+    def _same_process(self, version: int) -> dict[str, int]:
+        sender = _worker(self.train, 0)
+        receivers = [_worker(self.infer, r) for r in range(self.infer.world_size)]
+        size = count = 0
+        for name, tensor in sender.sync_tensors(self.settings.bucket_bytes):
+            for receiver in receivers:
+                receiver.load_sync_bucket([(name, tensor)])
+            size += tensor.numel() * tensor.element_size()
+            count += 1
+        for receiver in receivers:
+            receiver.finish_sync(version)
+        return {"bytes": size, "buckets": count, "tensors": count}
+
+    def _group(self, version: int) -> dict[str, int]:
+        bucket = self.settings.bucket_bytes
+        futures = [self.train.submit(r, "sync_send", bucket) for r in range(self.train.world_size)]
+        futures += [
+            self.infer.submit(r, "sync_receive", version=version)
+            for r in range(self.infer.world_size)
+        ]
+        try:
+            results = self._wait(futures, f"the weight sync to policy version {version}")
+        except BaseException:
+            self._joined = False  # the group is broken: the next sync builds a new one
+            raise
+        sent = results[0]
+        for r, got in enumerate(results[self.train.world_size :]):
+            if got["tensors"] != sent["tensors"]:
+                raise RollError(
+                    f"weight sync: actor_infer rank {r} loaded {got['tensors']} tensors of "
+                    f"{sent['tensors']} sent by actor_train rank 0."
+                )
+        return sent
+
+    def _wait(self, futures: list[Future], what: str) -> list[Any]:
+        """Every future's result; on a failure, the death of a rank (named) before the errors
+        it caused in its peers, all within the sync timeout."""
+        timeout = self.settings.timeout_s
+        done, pending = wait(futures, timeout=timeout + 30, return_when=FIRST_EXCEPTION)
+        failed = [f for f in done if f.exception() is not None]
+        if failed:
+            done, pending = wait(futures, timeout=min(10.0, timeout))
+            errors = [e for f in done if (e := f.exception()) is not None]
+            raise next((e for e in errors if isinstance(e, WorkerDiedError)), errors[0])
+        if pending:
+            raise RollError(
+                f"{what} did not finish within sync.timeout_s={timeout:g} s (+30 s).",
+                hint="A rank is stuck; see its log. Raise sync.timeout_s for very large models.",
+            )
+        return [f.result() for f in futures]
+
+
+def _local(cluster: Cluster) -> bool:
+    return all(hasattr(h, "worker") for h in cluster.handles)
+
+
+def _worker(cluster: Cluster, rank: int) -> Any:
+    return cluster.handles[rank].worker  # type: ignore[attr-defined]
+
+
+def planned_path(cfg: Any) -> tuple[str, str]:
+    """The path a recipe's sync will take, as `--dry-run` shows it, with a note; raises
+    ConfigError for a path the recipe's placement cannot do (`shared_memory` with
+    actor_train rank 0 and an inference rank on different nodes). The choice made at the
+    start of a run (`WeightSync.connect`) follows the same rule, from where the ranks
+    really run."""
+    from roll_core.engine.resource_plan import gpu_plan
+    from roll_core.errors import ConfigError
+
+    s, train, infer, ex = cfg.sync, cfg.actor_train, cfg.actor_infer, cfg.executor
+    note = f"buckets of {s.bucket_mb:g} MiB, timeout {s.timeout_s:g} s"
+    if s.path == "driver":
+        return "driver", "fallback: rank 0 gathers every weight, the driver sends them; " + note
+    gp = gpu_plan(cfg)
+    one_host: bool | None = ex.type == "local" or (ex.type == "ray" and not ex.ray_address)
+    if gp is not None and "actor_infer" in gp.placement.roles:
+        per_node = ex.gpus_per_node
+        home = gp.placement.roles["actor_train"].ranks[0][0] // per_node
+        nodes = {ids[0] // per_node for ids in gp.placement.roles["actor_infer"].ranks}
+        one_host = nodes == {home} and (ex.type == "local" or one_host)
+        if nodes != {home}:
+            one_host = False
+            if s.path == "shared_memory":
+                raise ConfigError(
+                    f"sync.path=shared_memory, but the placement puts actor_train rank 0 on "
+                    f"node {home} and actor_infer ranks on node(s) {sorted(nodes - {home})}: "
+                    "shared memory needs one host.",
+                    hint="Set sync.path=auto (broadcast across nodes) or sync.path=broadcast.",
+                )
+    elif ex.type == "ray" and ex.ray_address:
+        one_host = None  # a joined cluster: where the ranks land is known at the start
+    gpu = gp is not None
+    shared = "shared_memory (cuda_ipc)" if gpu else "shared_memory"
+    bcast = f"broadcast ({'nccl' if gpu else 'gloo'})"
+    if s.path == "broadcast":
+        return bcast, note
+    in_process = (
+        ex.type == "local"
+        and train.backend == "torch"
+        and train.world_size == 1
+        and infer.backend == "hf"
+    )
+    if s.path == "auto" and in_process:
+        return "same_process", "in-place copies, trainer and inference in the driver; " + note
+    if one_host is None:
+        choice = shared if s.path == "shared_memory" else f"{shared} if one host, else {bcast}"
+        return choice, "decided at the start from where the ranks run; " + note
+    if s.path == "shared_memory" or one_host:
+        return shared, "every rank on one host; " + note
+    return bcast, "ranks on several hosts; " + note
