@@ -201,3 +201,69 @@ def test_weight_sync_is_in_place_and_exact(engine, hf, model_dir: str) -> None:
     assert [c.response_ids for c in engine.generate(requests(4), params)] == [
         c.response_ids for c in before
     ]
+
+
+def _fused(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The trainer's tensors as vLLM stores `name` (its fused q/k/v and gate/up layers)."""
+    fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    for key, parts in fused.items():
+        if f".{key}." in name:
+            return torch.cat([weights[name.replace(key, part)] for part in parts])
+    return weights[name]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_data_plane_sync_into_the_engine_is_bitwise(engine, model_dir: str) -> None:
+    """A torch trainer streams its weights straight into vLLM's worker process (the worker
+    joins the group itself), over shared memory and over a gloo broadcast; vLLM's parameters
+    are then bitwise the trainer's, and requests are stamped with the new version."""
+    import threading
+
+    from roll_core.backends.train import TorchTrainBackend
+    from roll_core.config.schema import OptimConfig
+    from roll_core.engine.sync_transport import SyncGroup
+    from roll_core.engine.worker import Worker
+
+    trainer = TorchTrainBackend(
+        model_path=model_dir, optim=OptimConfig(), total_steps=1, micro_batch_size=1,
+        seed=0, num_threads=1, device="cpu", precision="fp32",
+    )
+    original = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    try:
+        for k, mode in enumerate(("shared_memory", "broadcast")):
+            g = torch.Generator().manual_seed(k)
+            with torch.no_grad():
+                for p in trainer.model.parameters():
+                    p.add_(torch.randn(p.shape, generator=g) * 0.02)
+            host, port = Worker().dist_endpoint()
+            group = dict(host=host, port=port, world_size=2, backend="gloo", timeout_s=60,
+                         mode=mode)
+            sent: dict = {}
+
+            def send(group=group, sent=sent) -> None:
+                sender = SyncGroup(rank=0, **group)
+                sent.update(sender.send(trainer.sync_tensors(2**16), 2**16))  # 64 KiB buckets
+
+            thread = threading.Thread(target=send)
+            thread.start()
+            engine.sync_join(group_rank=1, **group)
+            got = engine.sync_receive(version=11 + k)
+            thread.join(60)
+            assert sent["buckets"] > 2 and got["tensors"] == sent["tensors"]
+            weights = {n: p.detach() for n, p in trainer.model.named_parameters()}
+            served = _served_parameters_of(engine)
+            for name, value in served.items():
+                assert torch.equal(value, _fused(weights, name)), (mode, name)
+            out = engine.generate(requests(2), SamplingParams(max_new_tokens=4))
+            assert {c.policy_version for c in out} == {11 + k}
+    finally:
+        engine.update_weights(original, version=0)  # the driver path, for the other tests
+
+
+def _served_parameters_of(engine) -> dict[str, torch.Tensor]:
+    raw = engine.llm.collective_rpc("roll_parameters")[0]
+    return {
+        n: torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).view(shape)
+        for n, (dtype, shape, data) in raw.items()
+    }

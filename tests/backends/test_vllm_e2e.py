@@ -40,7 +40,8 @@ def test_rlvr_with_vllm_keeps_sampler_and_trainer_in_sync(roll, tmp_path: Path) 
         },
         "trainer": {"max_steps": 3, "micro_batch_size": 16},
         "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-2}},
-        "actor_infer": {"backend": "vllm", "num_threads": 1, "vllm": {"sync_bucket_mb": 1}},
+        "actor_infer": {"backend": "vllm", "num_threads": 1},
+        "sync": {"bucket_mb": 1},  # several buckets, each straight into vLLM's worker
         "eval": {"every_steps": 3},
         "checkpoint": {"every_steps": 3},
         "tracking": {"backends": ["jsonl"]},

@@ -58,6 +58,10 @@ def use_live_cpu_weights() -> bool:
 use_live_cpu_weights()
 
 
+def _raw(t: torch.Tensor) -> bytes:
+    return bytes(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
 class RollWorkerExtension:
     """Methods vLLM adds to its worker. Names start with `roll_`: vLLM's worker already has
     an `update_weights` of its own."""
@@ -106,6 +110,16 @@ class RollWorkerExtension:
 
         stats = self._roll_sync_group.receive(load)
         return {**stats, "tensors": loaded}
+
+    def roll_parameters(self) -> dict[str, tuple[str, list[int], bytes]]:
+        """Every parameter of the served model by vLLM's name (fused layers fused) as
+        (dtype, shape, raw bytes): lets a test compare the served weights with the trainer's
+        bit for bit (raw bytes cross vLLM's RPC exactly)."""
+        model = self.model_runner.get_model()
+        return {
+            n: (str(p.dtype).removeprefix("torch."), list(p.shape), _raw(p))
+            for n, p in model.named_parameters()
+        }
 
     def roll_weight_checksum(self) -> float:
         """Sum of every parameter of the served model (float64): lets a test see that a
