@@ -26,6 +26,7 @@ NCCL orders the next pack after it on the stream); the shared modes wait for the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -127,11 +128,17 @@ class SyncGroup:
             raise ValueError(f"weight sync: unknown mode {mode!r}; valid: {', '.join(MODES)}")
         self.rank, self.world_size, self.mode = rank, world_size, mode
         self.timeout = timedelta(seconds=timeout_s)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if (
-            backend == "nccl"
-        ) else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if (backend == "nccl")
+            else torch.device("cpu")
+        )
         store = dist.TCPStore(
-            host, port, world_size, is_master=rank == 0, timeout=self.timeout,
+            host,
+            port,
+            world_size,
+            is_master=rank == 0,
+            timeout=self.timeout,
             wait_for_workers=False,
         )
         self.store = store
@@ -285,7 +292,9 @@ class SyncGroup:
             elif self.mode == "shared_memory":
                 path, cap = info["shm"]
                 if path not in self._shm:
-                    self._shm = {path: torch.from_file(path, shared=True, size=cap, dtype=torch.uint8)}
+                    self._shm = {
+                        path: torch.from_file(path, shared=True, size=cap, dtype=torch.uint8)
+                    }
                 load(_views(self._shm[path][:size], meta))
                 self._ack(f"bucket {k} (ack)")
             else:  # cuda_ipc: untested here (no GPU)
@@ -305,7 +314,5 @@ class SyncGroup:
         self._buf = None
         shutdown = getattr(self.pg, "shutdown", None) or getattr(self.pg, "abort", None)
         if shutdown is not None:
-            try:
+            with contextlib.suppress(Exception):  # best effort on a broken group
                 shutdown()
-            except Exception:  # noqa: BLE001 - best effort on a broken group
-                pass

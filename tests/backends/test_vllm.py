@@ -226,8 +226,14 @@ def test_data_plane_sync_into_the_engine_is_bitwise(engine, model_dir: str) -> N
     from roll_core.engine.worker import Worker
 
     trainer = TorchTrainBackend(
-        model_path=model_dir, optim=OptimConfig(), total_steps=1, micro_batch_size=1,
-        seed=0, num_threads=1, device="cpu", precision="fp32",
+        model_path=model_dir,
+        optim=OptimConfig(),
+        total_steps=1,
+        micro_batch_size=1,
+        seed=0,
+        num_threads=1,
+        device="cpu",
+        precision="fp32",
     )
     original = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     try:
@@ -237,8 +243,9 @@ def test_data_plane_sync_into_the_engine_is_bitwise(engine, model_dir: str) -> N
                 for p in trainer.model.parameters():
                     p.add_(torch.randn(p.shape, generator=g) * 0.02)
             host, port = Worker().dist_endpoint()
-            group = dict(host=host, port=port, world_size=2, backend="gloo", timeout_s=60,
-                         mode=mode)
+            group = dict(
+                host=host, port=port, world_size=2, backend="gloo", timeout_s=60, mode=mode
+            )
             sent: dict = {}
 
             def send(group=group, sent=sent) -> None:
