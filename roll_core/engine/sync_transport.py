@@ -31,6 +31,7 @@ import os
 import pickle
 import socket
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -92,6 +93,11 @@ def _layout(items: Named) -> tuple[list[tuple[str, str, tuple[int, ...], int, in
         meta.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
         offset += _aligned(nbytes)
     return meta, offset
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _used(meta: list[Any]) -> int:
@@ -158,6 +164,7 @@ class SyncGroup:
         self._buf_id = ""
         self._shm: dict[str, torch.Tensor] = {}
         self._shm_owned: list[str] = []
+        self._finalizers: list[weakref.finalize] = []
         self._ipc: dict[Any, torch.Tensor] = {}
 
     # ---- collectives ----------------------------------------------------------------------
@@ -215,15 +222,25 @@ class SyncGroup:
         return self._buf[:size]
 
     def _shm_file(self, size: int) -> tuple[str, torch.Tensor]:
-        """The sender's /dev/shm buffer of at least `size` bytes (a new file when it grows)."""
+        """The sender's /dev/shm buffer of at least `size` bytes, kept from sync to sync (its
+        pages stay mapped on both sides); a larger tensor gets a new, larger file. The file
+        is removed when the group closes, the sync fails, or the process exits."""
         for path, buf in self._shm.items():
             if buf.numel() >= size:
                 return path, buf
+        self._unlink_shm()
         path = f"/dev/shm/roll-sync-{uuid.uuid4().hex}"
         buf = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
         self._shm_owned.append(path)
+        self._finalizers.append(weakref.finalize(self, _unlink, path))
         self._shm = {path: buf}
         return path, buf
+
+    def _unlink_shm(self) -> None:
+        for path in self._shm_owned:
+            _unlink(path)
+        self._shm_owned.clear()
+        self._shm.clear()
 
     # ---- sender -----------------------------------------------------------------------------
     def send(self, named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> dict[str, int]:
@@ -236,12 +253,9 @@ class SyncGroup:
                 stats["tensors"] += len(items)
                 stats["bytes"] += sum(t.numel() * t.element_size() for _, t in items)
             self._send_bytes(pickle.dumps(stats), _END, "the end marker")
-        finally:
-            for path in self._shm_owned:
-                if os.path.exists(path):
-                    os.unlink(path)
-            self._shm_owned.clear()
-            self._shm.clear()
+        except BaseException:
+            self._unlink_shm()
+            raise
         return stats
 
     def _send_bucket(self, items: Named, what: str) -> None:
@@ -282,7 +296,6 @@ class SyncGroup:
             kind, payload = self._recv_bytes(f"bucket {k}")
             info = pickle.loads(payload)  # noqa: S301 - from our own actor_train rank 0
             if kind == _END:
-                self._shm.clear()
                 return info
             meta, size = info["tensors"], info["size"]
             if self.mode == "broadcast":
@@ -309,7 +322,7 @@ class SyncGroup:
             k += 1
 
     def close(self) -> None:
-        self._shm.clear()
+        self._unlink_shm()
         self._ipc.clear()
         self._buf = None
         shutdown = getattr(self.pg, "shutdown", None) or getattr(self.pg, "abort", None)
