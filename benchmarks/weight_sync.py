@@ -21,6 +21,7 @@ machine; report them with its load (`uptime`).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import tempfile
@@ -150,43 +151,44 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="roll-bench-sync-"))
-    print(f"load: {os.getloadavg()}  threads: 1 per process  repeats: {args.repeats} (median)")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load average: {load}; 1 thread per process; median of {args.repeats}", flush=True)
     header = f"{'model':<11} {'params':>8} {'MiB':>7} {'setting':<13} {'path':<14} {'ms/sync':>9}"
     print(header + f" {'new/raw':>8} {'new/old':>8}")
+    versions = itertools.count(1)
     for name in args.models.split(","):
         if name == "tiny":
             model, dtype = resolve_model_path("builtin:tiny-qwen3"), "float32"
         else:
             model, dtype = qwen3_half_b(root, resolve_model_path("builtin:tiny-qwen3"))
         raw, size, numel = raw_copy(model, dtype, args.repeats)
-
-        def row(setting: str, path: str, seconds: float, old: float | None) -> None:
-            ratio_old = f"{seconds / old:8.2f}" if old else f"{'-':>8}"
-            print(
-                f"{name:<11} {numel / 1e6:7.1f}M {size / 2**20:7.1f} {setting:<13} {path:<14} "
-                f"{seconds * 1e3:9.2f} {seconds / raw:8.2f} {ratio_old}",
-                flush=True,
-            )
-
-        row("one process", "raw copy_", raw, None)
+        what = f"{name:<11} {numel / 1e6:7.1f}M {size / 2**20:7.1f}"
+        row(what, "one process", "raw copy_", raw, raw, None)
         for separate, paths in ((False, ["same_process"]), (True, ["shared_memory", "broadcast"])):
             setting = "two processes" if separate else "one process"
             ex, train, infer = clusters(model, dtype, separate=separate)
             try:
-                version = iter(range(1, 10**6))
                 old_sync = WeightSync(train, infer, SyncSettings(path="driver"))
-                old = timed(lambda s=old_sync: s.sync(next(version)), args.repeats)
-                row(setting, "driver (old)", old, old)
+                old = timed(lambda s=old_sync: s.sync(next(versions)), args.repeats)
+                row(what, setting, "driver (old)", old, raw, old)
                 for path in paths:
                     requested = "auto" if path == "same_process" else path
                     ws = WeightSync(
                         train, infer, SyncSettings(path=requested, bucket_mb=args.bucket_mb)
                     )
-                    new = timed(lambda s=ws: s.sync(next(version)), args.repeats)
+                    new = timed(lambda s=ws: s.sync(next(versions)), args.repeats)
                     assert ws.path == path, (ws.path, path)
-                    row(setting, path, new, old)
+                    row(what, setting, path, new, raw, old)
             finally:
                 ex.shutdown()
+
+
+def row(what: str, setting: str, path: str, seconds: float, raw: float, old: float | None) -> None:
+    ratio_old = f"{seconds / old:8.2f}" if old else f"{'-':>8}"
+    print(
+        f"{what} {setting:<13} {path:<14} {seconds * 1e3:9.2f} {seconds / raw:8.2f} {ratio_old}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

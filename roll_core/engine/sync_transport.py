@@ -55,6 +55,7 @@ def endpoint(device: str | torch.device) -> dict[str, Any]:
         "boot": _boot_id(),
         "pid": os.getpid(),
         "device": torch.device(device).type,
+        "shm_free": shm_free(),
     }
 
 
@@ -116,6 +117,68 @@ def _views(buf: torch.Tensor, meta: list[Any]) -> Named:
     ]
 
 
+SHM_DIR = "/dev/shm"
+
+
+def shm_free() -> int:
+    """Free bytes in /dev/shm (0 when there is none)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def _check_room(size: int, what: str) -> None:
+    """Refuse a /dev/shm file that does not fit: writing past tmpfs's size is a SIGBUS."""
+    free = shm_free()
+    if size > free:
+        raise RollError(
+            f"weight sync: {what} needs {size / 2**20:.0f} MiB of /dev/shm, which has "
+            f"{free / 2**20:.0f} MiB free.",
+            hint="Lower sync.bucket_mb, set sync.path=broadcast, or give the container more "
+            "shared memory (docker --shm-size, Ray's object store shares it too).",
+        )
+
+
+def _map(path: str, size: int) -> torch.Tensor:
+    return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+
+
+class ParameterArena:
+    """CPU parameters moved into one /dev/shm file (their `.data` rebound to views of it; the
+    optimizer, which holds the parameter objects, is unaffected), so shared-memory receivers
+    copy straight from the trainer's live weights. Removed when the process exits."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        offsets, size = [], 0
+        for p in params:
+            offsets.append(size)
+            size += _aligned(p.numel() * p.element_size())
+        if size + (64 << 20) > shm_free():  # keep room for the bucket files
+            raise OSError("no room in /dev/shm")
+        self.path = f"{SHM_DIR}/roll-sync-params-{uuid.uuid4().hex}"
+        self.buf = _map(self.path, max(size, 1))
+        self._finalizer = weakref.finalize(self, _unlink, self.path)
+        self.size = max(size, 1)
+        with torch.no_grad():
+            for p, off in zip(params, offsets, strict=True):
+                view = self.buf[off : off + p.numel() * p.element_size()]
+                view = view.view(p.dtype).view(p.shape)
+                view.copy_(p.data)
+                p.data = view
+        self.base = self.buf.data_ptr()
+
+    def locate(self, t: torch.Tensor) -> int | None:
+        """`t`'s byte offset in the arena, or None if it does not live there."""
+        if t.device.type != "cpu" or not t.is_contiguous():
+            return None
+        off = t.data_ptr() - self.base
+        if off >= 0 and off + t.numel() * t.element_size() <= self.size:
+            return off
+        return None
+
+
 class SyncGroup:
     """This member's handle on the weight-sync group (rank 0 sends, the others receive)."""
 
@@ -164,6 +227,8 @@ class SyncGroup:
         self._buf_id = ""
         self._shm: dict[str, torch.Tensor] = {}
         self._shm_owned: list[str] = []
+        self.arena: ParameterArena | None = None
+        self._arena_map: tuple[str, torch.Tensor] | None = None
         self._finalizers: list[weakref.finalize] = []
         self._ipc: dict[Any, torch.Tensor] = {}
 
@@ -223,14 +288,17 @@ class SyncGroup:
 
     def _shm_file(self, size: int) -> tuple[str, torch.Tensor]:
         """The sender's /dev/shm buffer of at least `size` bytes, kept from sync to sync (its
-        pages stay mapped on both sides); a larger tensor gets a new, larger file. The file
-        is removed when the group closes, the sync fails, or the process exits."""
+        pages stay mapped on both sides); a larger tensor gets a new, larger file. The file's
+        name is removed once every receiver has mapped it (after the first ack), or when the
+        group closes, the sync fails, or the process exits; the memory goes with the last
+        mapping."""
         for path, buf in self._shm.items():
             if buf.numel() >= size:
                 return path, buf
         self._unlink_shm()
-        path = f"/dev/shm/roll-sync-{uuid.uuid4().hex}"
-        buf = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+        _check_room(size, "a sync bucket (sync.bucket_mb)")
+        path = f"{SHM_DIR}/roll-sync-{uuid.uuid4().hex}"
+        buf = _map(path, size)
         self._shm_owned.append(path)
         self._finalizers.append(weakref.finalize(self, _unlink, path))
         self._shm = {path: buf}
@@ -241,6 +309,33 @@ class SyncGroup:
             _unlink(path)
         self._shm_owned.clear()
         self._shm.clear()
+
+    # ---- the sender's parameters in shared memory ----------------------------------------------
+    def adopt(self, params: list[torch.Tensor]) -> bool:
+        """`shared_memory` mode, CPU sender: move `params` (live CPU parameters) into one
+        /dev/shm file, so receivers copy straight from them (one copy per sync instead of
+        pack + copy). Returns False, changing nothing, when /dev/shm has no room."""
+        if self.mode != "shared_memory" or not params:
+            return False
+        try:
+            self.arena = ParameterArena(params)
+        except OSError:
+            return False
+        return True
+
+    def _in_arena(self, items: Named) -> list[Any] | None:
+        """The bucket's metadata with offsets into the arena, or None if some tensor is not
+        an arena parameter (e.g. a LoRA-merged or gathered tensor, or a param moved since)."""
+        if self.arena is None:
+            return None
+        meta = []
+        for name, t in items:
+            off = self.arena.locate(t)
+            if off is None:
+                return None
+            nbytes = t.numel() * t.element_size()
+            meta.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), off, nbytes))
+        return meta
 
     # ---- sender -----------------------------------------------------------------------------
     def send(self, named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> dict[str, int]:
@@ -272,6 +367,14 @@ class SyncGroup:
             self._broadcast(data[: _used(meta)], what)
             return
         if self.mode == "shared_memory":
+            located = self._in_arena(items)
+            if located is not None:  # the receivers copy straight from the live parameters
+                info["tensors"] = located
+                info["arena"] = (self.arena.path, self.arena.size)  # type: ignore[union-attr]
+                self._send_bytes(pickle.dumps(info), _BUCKET, what)
+                self._ack(f"{what} (ack)")
+                _unlink(self.arena.path)  # type: ignore[union-attr]  # all have it mapped
+                return
             path, buf = self._shm_file(max(size, 1))
             info["shm"] = (path, buf.numel())
         else:  # cuda_ipc: untested here (no GPU)
@@ -286,6 +389,8 @@ class SyncGroup:
             torch.cuda.current_stream(buf.device).synchronize()
         self._send_bytes(pickle.dumps(info), _BUCKET, what)
         self._ack(f"{what} (ack)")  # every receiver has copied: the buffer may be refilled
+        if "shm" in info:  # and every receiver has mapped the file: its name can go
+            _unlink(info["shm"][0])
 
     # ---- receiver ---------------------------------------------------------------------------
     def receive(self, load: Callable[[Named], None]) -> dict[str, int]:
@@ -303,12 +408,16 @@ class SyncGroup:
                 self._broadcast(buf, f"bucket {k}")
                 load(_views(buf, meta))
             elif self.mode == "shared_memory":
-                path, cap = info["shm"]
-                if path not in self._shm:
-                    self._shm = {
-                        path: torch.from_file(path, shared=True, size=cap, dtype=torch.uint8)
-                    }
-                load(_views(self._shm[path][:size], meta))
+                if "arena" in info:
+                    path, cap = info["arena"]
+                    if self._arena_map is None or self._arena_map[0] != path:
+                        self._arena_map = (path, _map(path, cap))
+                    load(_views(self._arena_map[1], meta))
+                else:
+                    path, cap = info["shm"]
+                    if path not in self._shm:
+                        self._shm = {path: _map(path, cap)}
+                    load(_views(self._shm[path][:size], meta))
                 self._ack(f"bucket {k} (ack)")
             else:  # cuda_ipc: untested here (no GPU)
                 from torch.multiprocessing.reductions import rebuild_cuda_tensor
@@ -323,6 +432,7 @@ class SyncGroup:
 
     def close(self) -> None:
         self._unlink_shm()
+        self._arena_map = None
         self._ipc.clear()
         self._buf = None
         shutdown = getattr(self.pg, "shutdown", None) or getattr(self.pg, "abort", None)

@@ -49,11 +49,18 @@ class SyncSettings:
 
 
 def choose_path(
-    requested: str, sender: dict[str, Any], receivers: Sequence[dict[str, Any]], *, driver_pid: int
+    requested: str,
+    sender: dict[str, Any],
+    receivers: Sequence[dict[str, Any]],
+    *,
+    driver_pid: int,
+    shm_needed: int = 0,
 ) -> str:
     """The path a sync takes, from `sync.path` and where the members live (`endpoint()`
-    dicts: host, boot id, pid, device). Returns one of driver, same_process, shared_memory,
-    cuda_ipc, broadcast; raises RollError when `shared_memory` is asked across hosts."""
+    dicts: host, boot id, pid, device, free /dev/shm bytes). Returns one of driver,
+    same_process, shared_memory, cuda_ipc, broadcast; raises RollError when `shared_memory`
+    is asked across hosts. `auto` takes broadcast instead of CPU shared memory when the
+    sender's /dev/shm has less than `shm_needed` bytes free (e.g. Docker's 64 MiB default)."""
     if requested not in PATHS:
         raise RollError(f"sync.path: unknown path {requested!r}; valid: {', '.join(PATHS)}.")
     if requested in ("driver", "broadcast"):
@@ -74,8 +81,11 @@ def choose_path(
         return "same_process"
     if elsewhere:
         return "broadcast"
-    all_cuda = all(m["device"] == "cuda" for m in [sender, *receivers])
-    return "cuda_ipc" if all_cuda else "shared_memory"
+    if all(m["device"] == "cuda" for m in [sender, *receivers]):
+        return "cuda_ipc"
+    if requested == "auto" and sender.get("shm_free", 0) < shm_needed:
+        return "broadcast"
+    return "shared_memory"
 
 
 def group_backend(path: str, members: Sequence[dict[str, Any]]) -> str:
@@ -124,7 +134,9 @@ class WeightSync:
         sender = self.train.run_one(0, "sync_endpoint")
         per_rank: list[list[dict[str, Any]]] = self.infer.run("sync_endpoints")
         receivers = [ep for eps in per_rank for ep in eps]
-        path = choose_path(s.path, sender, receivers, driver_pid=os.getpid())
+        path = choose_path(
+            s.path, sender, receivers, driver_pid=os.getpid(), shm_needed=s.bucket_bytes
+        )
         if path == "same_process" and not (_local(self.train) and _local(self.infer)):
             path = "shared_memory"
         self.path = path

@@ -106,6 +106,9 @@ class ActorTrain(Worker):
         if self._sync_group is not None:
             self._sync_group.close()
         self._sync_group = SyncGroup(rank=group_rank, **group)
+        shareable = getattr(self._b(), "shareable_parameters", None)
+        if shareable is not None:  # shared_memory: receivers read the live CPU weights
+            self._sync_group.adopt(shareable())
 
     @dispatch("all")
     def sync_send(self, bucket_bytes: int) -> dict[str, int]:

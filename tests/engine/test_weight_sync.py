@@ -26,7 +26,7 @@ from roll_core.models import resolve_model_path
 from roll_core.workers.actor_infer import ActorInfer
 from roll_core.workers.actor_train import ActorTrain
 
-HOST = {"host": "a", "boot": "b", "pid": 10, "device": "cpu"}
+HOST = {"host": "a", "boot": "b", "pid": 10, "device": "cpu", "shm_free": 2**30}
 
 
 def test_choose_path_follows_where_the_ranks_live() -> None:
@@ -38,6 +38,9 @@ def test_choose_path_follows_where_the_ranks_live() -> None:
     assert choose_path("auto", HOST, [HOST], driver_pid=99) == "shared_memory"
     assert choose_path("auto", cuda, [{**cuda, "pid": 11}], driver_pid=10) == "cuda_ipc"
     assert choose_path("auto", HOST, [other_pid, other_host], driver_pid=10) == "broadcast"
+    # /dev/shm too small for a bucket (Docker's 64 MiB default): auto broadcasts instead
+    small = {**HOST, "shm_free": 2**26}
+    assert choose_path("auto", small, [other_pid], driver_pid=10, shm_needed=2**28) == "broadcast"
     assert choose_path("shared_memory", HOST, [HOST], driver_pid=10) == "shared_memory"
     assert choose_path("broadcast", HOST, [HOST], driver_pid=10) == "broadcast"
     assert choose_path("driver", HOST, [other_host], driver_pid=10) == "driver"
@@ -157,7 +160,8 @@ def assert_bitwise(infer: Cluster, expected: dict[str, torch.Tensor]) -> None:
     [
         ("auto", False, 256, "same_process"),
         ("broadcast", False, 0.001, "broadcast"),  # 1 KiB: every tensor is larger than a bucket
-        ("shared_memory", True, 0.05, "shared_memory"),
+        ("shared_memory", True, 0.05, "shared_memory"),  # LoRA: packed into /dev/shm buckets
+        ("shared_memory", False, 0.05, "shared_memory"),  # read from the trainer's own memory
         ("auto", True, 256, "same_process"),
     ],
 )
@@ -185,6 +189,8 @@ def test_torch_to_hf_is_bitwise(path: str, lora: bool, bucket_mb: float, expect:
         elif expect != "same_process":
             assert 1 < metrics["sync/buckets"] < len(expected)
         assert {h.worker.backend.version for h in infer.handles} == {3}
+        if expect == "shared_memory":  # the parameters live in shared memory unless merged
+            assert (train.handles[0].worker._sync_group.arena is None) == lora
         # a second sync reuses the group
         one_step(train)
         ws.sync(version=4)

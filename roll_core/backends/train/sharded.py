@@ -233,6 +233,10 @@ class ShardedTrainBackend(TorchTrainBackend):
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
             yield name, full.detach()
 
+    def shareable_parameters(self) -> list[torch.Tensor]:
+        """None: sharded parameters are gathered into fresh tensors at each sync."""
+        return []
+
     def state_digest(self) -> str:
         state = self.full_state_dict()
         return digest(state) if self.rank == 0 else ""

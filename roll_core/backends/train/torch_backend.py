@@ -296,6 +296,14 @@ class TorchTrainBackend:
         for name, p in self.model.named_parameters():
             yield name, p.detach()
 
+    def shareable_parameters(self) -> list[torch.Tensor]:
+        """Parameters the weight sync may move into shared memory (sync_transport's
+        ParameterArena): the CPU model's own, as `sync_tensors` yields them; none under LoRA
+        (merged tensors are computed at each sync) or on CUDA (CUDA IPC instead)."""
+        if self.lora is not None or self.device.type != "cpu":
+            return []
+        return list(self.model.parameters())
+
     def state_digest(self) -> str:
         """sha256 of every parameter's bytes, for exactness checks in tests and logs."""
         import hashlib
