@@ -55,8 +55,17 @@ def endpoint(device: str | torch.device) -> dict[str, Any]:
         "boot": _boot_id(),
         "pid": os.getpid(),
         "device": torch.device(device).type,
+        "gpu": _gpu_uuid(torch.device(device)),
         "shm_free": shm_free(),
     }
+
+
+def _gpu_uuid(device: torch.device) -> str:
+    """The physical GPU behind `device` ("" on CPU): CUDA IPC needs the sender's GPU."""
+    if device.type != "cuda":
+        return ""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return str(torch.cuda.get_device_properties(index).uuid)
 
 
 def _boot_id() -> str:

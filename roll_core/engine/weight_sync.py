@@ -9,8 +9,8 @@ tensors go rank to rank. Paths (`sync.path`):
   very process (executor ``local``, one torch rank, hf ranks): each parameter is copied in
   place into the inference model, no packing, no group.
 * ``shared_memory``: every member on one host: the sender packs buckets into ``/dev/shm``
-  (``cuda_ipc``: a CUDA buffer shared by IPC handle when sender and receivers are all on
-  CUDA) and the receivers copy from it.
+  (``cuda_ipc``: a CUDA buffer shared by IPC handle when every receiver is on the sender's
+  own GPU) and the receivers copy from it.
 * ``broadcast``: a gloo (CPU) or NCCL (all on CUDA) broadcast of each bucket.
 * ``driver``: the old path, kept as an explicit fallback: rank 0 gathers every weight and
   returns CPU copies to the driver, which sends them to every inference rank.
@@ -82,7 +82,12 @@ def choose_path(
     if elsewhere:
         return "broadcast"
     if all(m["device"] == "cuda" for m in [sender, *receivers]):
-        return "cuda_ipc"
+        # an IPC handle opens only on the GPU it came from (each rank sees its own GPUs):
+        # receivers on other GPUs of the host get an NCCL broadcast
+        same_gpu = all(r.get("gpu") == sender.get("gpu") for r in receivers)
+        if same_gpu or requested == "shared_memory":
+            return "cuda_ipc"
+        return "broadcast"
     if requested == "auto" and sender.get("shm_free", 0) < shm_needed:
         return "broadcast"
     return "shared_memory"
@@ -222,19 +227,19 @@ class WeightSync:
 
     def _wait(self, futures: list[Future], what: str) -> list[Any]:
         """Every future's result; on a failure, the death of a rank (named) before the errors
-        it caused in its peers, all within the sync timeout."""
-        timeout = self.settings.timeout_s
-        done, pending = wait(futures, timeout=timeout + 30, return_when=FIRST_EXCEPTION)
-        failed = [f for f in done if f.exception() is not None]
-        if failed:
-            done, pending = wait(futures, timeout=min(10.0, timeout))
+        it caused in its peers. No overall deadline (a large model may take longer than
+        `sync.timeout_s` in all): every collective inside the ranks has that timeout, so a
+        dead or stuck member makes the others fail within it."""
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in done):
+            done, _ = wait(futures, timeout=min(10.0, self.settings.timeout_s))
             errors = [e for f in done if (e := f.exception()) is not None]
-            raise next((e for e in errors if isinstance(e, WorkerDiedError)), errors[0])
-        if pending:
-            raise RollError(
-                f"{what} did not finish within sync.timeout_s={timeout:g} s (+30 s).",
-                hint="A rank is stuck; see its log. Raise sync.timeout_s for very large models.",
-            )
+            death = next((e for e in errors if isinstance(e, WorkerDiedError)), None)
+            if death is not None:
+                raise death
+            if isinstance(errors[0], RollError):
+                raise errors[0]
+            raise RollError(f"{what} failed: {errors[0]}") from errors[0]
         return [f.result() for f in futures]
 
 
@@ -261,20 +266,21 @@ def planned_path(cfg: Any) -> tuple[str, str]:
         return "driver", "fallback: rank 0 gathers every weight, the driver sends them; " + note
     gp = gpu_plan(cfg)
     one_host: bool | None = ex.type == "local" or (ex.type == "ray" and not ex.ray_address)
+    same_gpu = False
     if gp is not None and "actor_infer" in gp.placement.roles:
         per_node = ex.gpus_per_node
+        sender_gpus = set(gp.placement.roles["actor_train"].ranks[0])
+        same_gpu = all(set(ids) <= sender_gpus for ids in gp.placement.roles["actor_infer"].ranks)
         home = gp.placement.roles["actor_train"].ranks[0][0] // per_node
         nodes = {ids[0] // per_node for ids in gp.placement.roles["actor_infer"].ranks}
-        one_host = nodes == {home} and (ex.type == "local" or one_host)
-        if nodes != {home}:
-            one_host = False
-            if s.path == "shared_memory":
-                raise ConfigError(
-                    f"sync.path=shared_memory, but the placement puts actor_train rank 0 on "
-                    f"node {home} and actor_infer ranks on node(s) {sorted(nodes - {home})}: "
-                    "shared memory needs one host.",
-                    hint="Set sync.path=auto (broadcast across nodes) or sync.path=broadcast.",
-                )
+        one_host = nodes == {home}  # the placement names the node of every rank
+        if not one_host and s.path == "shared_memory":
+            raise ConfigError(
+                f"sync.path=shared_memory, but the placement puts actor_train rank 0 on "
+                f"node {home} and actor_infer ranks on node(s) {sorted(nodes - {home})}: "
+                "shared memory needs one host.",
+                hint="Set sync.path=auto (broadcast across nodes) or sync.path=broadcast.",
+            )
     elif ex.type == "ray" and ex.ray_address:
         one_host = None  # a joined cluster: where the ranks land is known at the start
     gpu = gp is not None
@@ -282,6 +288,8 @@ def planned_path(cfg: Any) -> tuple[str, str]:
     bcast = f"broadcast ({'nccl' if gpu else 'gloo'})"
     if s.path == "broadcast":
         return bcast, note
+    if gpu and one_host and not same_gpu and s.path == "auto":
+        return bcast, "one host, but inference ranks on other GPUs than actor_train rank 0; " + note
     in_process = (
         ex.type == "local"
         and train.backend == "torch"

@@ -37,6 +37,8 @@ def test_choose_path_follows_where_the_ranks_live() -> None:
     assert choose_path("auto", HOST, [other_pid], driver_pid=10) == "shared_memory"
     assert choose_path("auto", HOST, [HOST], driver_pid=99) == "shared_memory"
     assert choose_path("auto", cuda, [{**cuda, "pid": 11}], driver_pid=10) == "cuda_ipc"
+    other_gpu = {**cuda, "pid": 11, "gpu": "GPU-2"}  # one host, another GPU: NCCL
+    assert choose_path("auto", {**cuda, "gpu": "GPU-1"}, [other_gpu], driver_pid=10) == "broadcast"
     assert choose_path("auto", HOST, [other_pid, other_host], driver_pid=10) == "broadcast"
     # /dev/shm too small for a bucket (Docker's 64 MiB default): auto broadcasts instead
     small = {**HOST, "shm_free": 2**26}
@@ -75,6 +77,10 @@ def test_recipe_keys_validate_and_the_plan_names_the_path() -> None:
         "actor_infer.device=cuda",
     ]
     assert planned_path(load_recipe(recipe, two_nodes))[0] == "broadcast (nccl)"
+    one_gpu = ["actor_train.device=cuda", "actor_infer.device=cuda", "executor.num_gpus=1"]
+    assert planned_path(load_recipe(recipe, one_gpu))[0] == "same_process"  # local: one process
+    ray_one_gpu = [*one_gpu, "executor.type=ray"]  # colocated on one GPU, two processes
+    assert planned_path(load_recipe(recipe, ray_one_gpu))[0] == "shared_memory (cuda_ipc)"
     error = r"shared_memory.*node 1 and actor_infer ranks on node\(s\) \[0\]"
     with pytest.raises(ConfigError, match=error):
         planned_path(load_recipe(recipe, [*two_nodes, "sync.path=shared_memory"]))
