@@ -211,16 +211,16 @@ class SyncGroup:
             if (backend == "nccl")
             else torch.device("cpu")
         )
-        store = dist.TCPStore(
-            host,
-            port,
-            world_size,
-            is_master=rank == 0,
-            timeout=self.timeout,
-            wait_for_workers=False,
-        )
-        self.store = store
         try:
+            store = dist.TCPStore(
+                host,
+                port,
+                world_size,
+                is_master=rank == 0,
+                timeout=self.timeout,
+                wait_for_workers=False,
+            )
+            self.store = store
             if backend == "nccl":  # written for GPUs; not run in CI (no GPU there)
                 opts = dist.ProcessGroupNCCL.Options()
                 opts._timeout = self.timeout

@@ -126,7 +126,6 @@ class WeightSync:
         self.train, self.infer, self.settings = train, infer, settings
         self.path: str | None = None
         self._joined = False
-        self._generation = 0
 
     # ---- planning ---------------------------------------------------------------------------
     def connect(self) -> str:
@@ -162,7 +161,8 @@ class WeightSync:
         for r, eps in enumerate(per_rank):
             futures.append(self.infer.submit(r, "sync_join", group_rank=first, **common))
             first += len(eps)
-        self._wait(futures, "joining the weight-sync group")
+        labels = ["actor_train rank 0"] + [f"actor_infer rank {r}" for r in range(len(per_rank))]
+        self._wait(futures, labels, "joining the weight-sync group")
         self._joined = True
         return path
 
@@ -212,7 +212,9 @@ class WeightSync:
             for r in range(self.infer.world_size)
         ]
         try:
-            results = self._wait(futures, f"the weight sync to policy version {version}")
+            labels = [f"actor_train rank {r}" for r in range(self.train.world_size)]
+            labels += [f"actor_infer rank {r}" for r in range(self.infer.world_size)]
+            results = self._wait(futures, labels, f"the weight sync to policy version {version}")
         except BaseException:
             self._joined = False  # the group is broken: the next sync builds a new one
             raise
@@ -225,7 +227,7 @@ class WeightSync:
                 )
         return sent
 
-    def _wait(self, futures: list[Future], what: str) -> list[Any]:
+    def _wait(self, futures: list[Future], labels: list[str], what: str) -> list[Any]:
         """Every future's result; on a failure, the death of a rank (named) before the errors
         it caused in its peers. No overall deadline (a large model may take longer than
         `sync.timeout_s` in all): every collective inside the ranks has that timeout, so a
@@ -233,13 +235,18 @@ class WeightSync:
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         if any(f.exception() is not None for f in done):
             done, _ = wait(futures, timeout=min(10.0, self.settings.timeout_s))
-            errors = [e for f in done if (e := f.exception()) is not None]
-            death = next((e for e in errors if isinstance(e, WorkerDiedError)), None)
+            errors = [
+                (label, e)
+                for label, f in zip(labels, futures, strict=True)
+                if f in done and (e := f.exception()) is not None
+            ]
+            death = next((e for _, e in errors if isinstance(e, WorkerDiedError)), None)
             if death is not None:
                 raise death
-            if isinstance(errors[0], RollError):
-                raise errors[0]
-            raise RollError(f"{what} failed: {errors[0]}") from errors[0]
+            label, first = errors[0]
+            if isinstance(first, RollError):
+                raise first
+            raise RollError(f"{what} failed on {label}: {first}") from first
         return [f.result() for f in futures]
 
 
