@@ -26,11 +26,17 @@ def make_infer_backend(name: str, **kwargs: object) -> InferBackend:
 
 
 def infer_backend_options(
-    role: Any, *, model_dtype: str, seed: int = 0, train_precision: str = "auto"
+    role: Any,
+    *,
+    model_dtype: str,
+    seed: int = 0,
+    train_precision: str = "auto",
+    sleep_mode: bool = False,
 ) -> dict[str, Any]:
     """The backend-specific keyword arguments of an ActorInferConfig (the `vllm` block for
     the vllm backend; for hf the model dtype and the precision, `auto` meaning the
-    trainer's), for `backend_kwargs`."""
+    trainer's), for `backend_kwargs`. `sleep_mode`: the engine frees its memory between
+    turns (vLLM's sleep mode, colocated offload)."""
     if role.backend != "vllm":
         import torch
 
@@ -48,6 +54,7 @@ def infer_backend_options(
         "tensor_parallel_size": opts.tensor_parallel_size,
         "max_model_len": opts.max_model_len,
         "sync_bucket_mb": opts.sync_bucket_mb,
+        **({"sleep_mode": True} if sleep_mode else {}),
     }
 
 

@@ -51,6 +51,7 @@ class HFInferBackend:
 
     @torch.no_grad()
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
+        self.restore(["weights"])  # a call outside the turn order still sees its weights
         start = time.time()
         pad = self.tokenizer.pad_token_id
         inputs = [r.prompt_ids + r.prefix_ids for r in requests]  # prefix: partial rollout
@@ -142,6 +143,7 @@ class HFInferBackend:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:
+        self.restore(["weights"])
         tensors = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
         for name, value in named_tensors.items():
             target = tensors.get(name)
@@ -149,6 +151,30 @@ class HFInferBackend:
                 raise KeyError(f"weight sync: the inference model has no tensor {name!r}")
             target.copy_(torch.as_tensor(value).to(target.device, target.dtype))
         self.version = version
+
+    # ---- taking turns with a colocated trainer ------------------------------------------------
+    def release(self, parts: list[str], *, level: int = 1) -> int:
+        """Free `parts`: `weights` (parameters and buffers to CPU memory, storage freed:
+        roll_core/backends/offload.py); `kv_cache` (hf keeps none between calls: on CUDA the
+        allocator's cached blocks are released). Returns the bytes moved."""
+        from roll_core.backends.offload import StorageStash
+
+        moved = 0
+        if "weights" in parts:
+            if getattr(self, "_stash", None) is None:
+                self._stash = StorageStash(pin_memory=self.device.type == "cuda")
+            tensors = [*self.model.parameters(), *self.model.buffers()]
+            moved += self._stash.offload(tensors)
+        if "kv_cache" in parts and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return moved
+
+    def restore(self, parts: list[str]) -> int:
+        """Undo `release` for `parts`; returns the bytes moved."""
+        stash = getattr(self, "_stash", None)
+        if "weights" in parts and stash is not None and stash.offloaded:
+            return stash.reload()
+        return 0
 
     def get_rng_state(self) -> Any:
         return torch.get_rng_state()
