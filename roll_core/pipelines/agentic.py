@@ -106,6 +106,7 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
 def check_algorithm(cfg: AgenticConfig) -> None:
     """Algorithm choices this pipeline cannot run, as recipe errors (no model is loaded)."""
     algo = cfg.algorithm
+    roles.rollout_placement_of(cfg)  # async rollout must not share one device with training
     if algo.uses_critic:
         raise ConfigError(
             "algorithm.adv_estimator=gae needs a critic, and `roll train agentic` does not "

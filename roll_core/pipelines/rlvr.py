@@ -57,7 +57,6 @@ from roll_core.pipelines.turns import Turns
 from roll_core.rollout.async_scheduler import (
     AsyncRolloutScheduler,
     check_prefix_support,
-    rollout_placement,
 )
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.rewards import RewardStage
@@ -174,14 +173,7 @@ def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
 
 def placement(cfg: RLVRConfig) -> str:
     """Rollout/train placement in words; ConfigError for async on one shared device."""
-    return rollout_placement(
-        ratio=cfg.rollout.async_generation_ratio,
-        executor=cfg.executor.type,
-        train_device=cfg.actor_train.device,
-        infer_device=cfg.actor_infer.device,
-        train_gpus=getattr(cfg.actor_train, "device_mapping", None),
-        infer_gpus=getattr(cfg.actor_infer, "device_mapping", None),
-    )
+    return roles.rollout_placement_of(cfg)
 
 
 def check_chat_template(cfg: RLVRConfig) -> None:

@@ -58,6 +58,25 @@ def colocation_row(cfg: Any) -> RolePlan:
     return RolePlan("colocation", "Turns", "", 2, where, cfg.executor.type, choice.describe())
 
 
+def rollout_placement_of(cfg: Any) -> str:
+    """Rollout/train placement in words (rollout/async_scheduler.py `rollout_placement`), with
+    the GPUs each role is placed on (a role without a device_mapping takes the first GPUs, so
+    two such roles share them); ConfigError for async generation on a shared device."""
+    from roll_core.engine.resource_plan import gpu_plan
+    from roll_core.rollout.async_scheduler import rollout_placement
+
+    gp = gpu_plan(cfg)
+    placed = gp.placement.roles if gp is not None else {}
+    return rollout_placement(
+        ratio=cfg.rollout.async_generation_ratio,
+        executor=cfg.executor.type,
+        train_device=cfg.actor_train.device,
+        infer_device=cfg.actor_infer.device,
+        train_gpus=list(placed["actor_train"].gpus) if "actor_train" in placed else None,
+        infer_gpus=list(placed["actor_infer"].gpus) if "actor_infer" in placed else None,
+    )
+
+
 def executor_for(cfg: Any) -> Any:
     """The executor `cfg.executor` names (local, or Ray started or joined)."""
     ex = cfg.executor

@@ -60,8 +60,9 @@ class Turns:
                     self.metrics[key] = max(self.metrics.get(key, 0.0), v)
 
     def _measure(self, phase: str) -> None:
-        self._memory(phase, "actor_train", self.train.memory())
-        self._memory(phase, "actor_infer", self.infer.memory())
+        for role, cluster in (("actor_train", self.train), ("actor_infer", self.infer)):
+            reports = [{f"memory/{k}": v for k, v in r.items()} for r in cluster.memory()]
+            self._memory(phase, role, reports)
 
     def start(self) -> None:
         """After the roles are built (both resident): actor_train's chosen parts leave, so
