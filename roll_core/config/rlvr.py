@@ -253,8 +253,9 @@ class InferOffloadConfig(Strict):
     )
     vllm_sleep_level: Literal[1, 2] = Field(
         default=1,
-        description="vLLM sleep level: 1 keeps the weights in CPU memory (copied back on "
-        "wake-up), 2 discards them (the weight sync rewrites them; less host memory).",
+        description="vLLM sleep level (vllm backend): 1 keeps the weights in CPU memory "
+        "(copied back on wake-up); 2 discards them (less host memory: vLLM keeps only its "
+        "buffers, and the weight sync right after the wake-up rewrites every parameter).",
     )
 
 
@@ -302,6 +303,11 @@ class ActorInferConfig(Strict):
             raise ValueError(
                 f"actor_infer.vllm is set but actor_infer.backend is {self.backend!r}: "
                 "set actor_infer.backend=vllm or remove the vllm block"
+            )
+        if "vllm_sleep_level" in self.offload.model_fields_set and self.backend != "vllm":
+            raise ValueError(
+                "actor_infer.offload.vllm_sleep_level is set but actor_infer.backend is "
+                f"{self.backend!r}: it applies to the vllm backend only; remove it"
             )
         if self.precision != "auto" and self.backend == "vllm":
             raise ValueError(

@@ -120,3 +120,14 @@ def test_offload_with_async_training_is_a_recipe_error() -> None:
     assert not resolve_offload(cfg).active
     with pytest.raises(ConfigError, match="time-share one device"):
         plan(load_recipe(ROOT / "recipes" / "qwen3-8b.yaml", ["rollout.async_generation_ratio=1"]))
+
+
+def test_vllm_sleep_level_is_a_vllm_key() -> None:
+    with pytest.raises(ConfigError, match="applies to the vllm backend only"):
+        load_recipe(
+            ROOT / "recipes" / "tiny-arith-rlvr.yaml", ["actor_infer.offload.vllm_sleep_level=2"]
+        )
+    cfg = load_recipe(
+        ROOT / "recipes" / "qwen3-8b.yaml", [*TWO_GPUS, "actor_infer.offload.vllm_sleep_level=2"]
+    )
+    assert resolve_offload(cfg).sleep_level == 2
