@@ -216,27 +216,24 @@ def _candidates(
 ) -> list[tuple[tuple[str, ...], bool, bool]]:
     """Choices from least to most offload: explicit switches fixed, `auto` ones turned on in
     the order actor_infer, optimizer, grads, params."""
-    order = [("infer", None), ("train", "optimizer"), ("train", "grads"), ("train", "params")]
     on: set[str] = {k for k, v in train_sw.items() if v is True}
     iw, ik = infer_sw["weights"] is True, infer_sw["kv_cache"] is True
+    if vllm and (iw or ik):
+        iw = ik = True  # one sleep frees both
 
     def current() -> tuple[tuple[str, ...], bool, bool]:
         return tuple(p for p in TRAIN_PARTS if p in on), iw, ik
 
     out = [current()]
-    for role, part in order:
-        if role == "infer":
-            changed = False
-            if infer_sw["weights"] == "auto" and not iw:
-                iw = changed = True
-            if infer_sw["kv_cache"] == "auto" and not ik:
-                ik = changed = True
+    for step in ("infer", *TRAIN_PARTS):
+        if step == "infer":
+            iw = iw or infer_sw["weights"] == "auto"
+            ik = ik or infer_sw["kv_cache"] == "auto"
             if vllm and (iw or ik):
-                iw = ik = True
-        else:
-            changed = train_sw[part] == "auto" and part not in on
-            on.add(part) if changed else None
-        if changed:
+                iw = ik = True  # one sleep frees both
+        elif train_sw[step] == "auto":
+            on.add(step)
+        if current() != out[-1]:
             out.append(current())
     return out
 
