@@ -69,11 +69,17 @@ class StorageStash:
     def offloaded(self) -> bool:
         return bool(self._held)
 
-    def offload(self, tensors: Iterable[torch.Tensor]) -> int:
-        """Back up and free every distinct storage of `tensors`; returns the bytes freed."""
+    def offload(
+        self, tensors: Iterable[torch.Tensor], *, device: torch.device | None = None
+    ) -> int:
+        """Back up and free every distinct storage of `tensors` (with `device`: only those on
+        a device of its type; state a backend already keeps in CPU memory, e.g. DeepSpeed's
+        offload_optimizer, stays); returns the bytes freed."""
         if self._held:
             raise RuntimeError("StorageStash.offload: already offloaded (reload first)")
         locals_ = [_local(t) for t in tensors if isinstance(t, torch.Tensor)]
+        if device is not None:
+            locals_ = [t for t in locals_ if t.device.type == device.type]
         rehome(locals_)
         seen: set[int] = set()
         moved = 0

@@ -170,6 +170,8 @@ class VLLMInferBackend:
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
         from vllm.inputs import TokensPrompt
 
+        if self.asleep:  # a call outside the turn order: the engine must be fully awake
+            self.restore(["weights", "kv_cache"])
         start = time.time()
         # prefix_ids: a partial rollout continues from the response generated so far
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids + r.prefix_ids) for r in requests]
@@ -215,6 +217,7 @@ class VLLMInferBackend:
             yield save(bucket)
 
     def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:
+        self.restore(["weights"])  # no-op when awake (the turn order wakes them before)
         loaded = 0
         for bucket in self._buckets(named_tensors):
             # one result per worker (tensor-parallel rank); each loads every tensor

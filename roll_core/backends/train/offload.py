@@ -13,7 +13,9 @@ Three parts can leave the device between training turns, each chosen in the reci
   gradient partition buffer: it is moved like the others).
 
 The moving is `roll_core.backends.offload.StorageStash` (storage backed up and resized to 0;
-pinned CPU memory on a GPU), the same for the three backends. DeepSpeed's own
+pinned CPU memory on a GPU), the same for the three backends. State the backend already keeps
+in CPU memory (fsdp2 `cpu_offload`, DeepSpeed `offload_optimizer` / `offload_param`) is left
+where it is. DeepSpeed's own
 `engine.offload_states()` is not used: it accepts only DeepSpeed's FusedAdam, and roll steps
 ZeRO with torch's AdamW.
 """
@@ -86,7 +88,8 @@ class TrainOffloader:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        pin = getattr(backend, "device", torch.device("cpu")).type == "cuda"
+        self.device = getattr(backend, "device", torch.device("cpu"))
+        pin = self.device.type == "cuda"
         self.stashes = {part: StorageStash(pin_memory=pin) for part in TRAIN_PARTS}
 
     @property
@@ -103,18 +106,20 @@ class TrainOffloader:
             if part not in parts or self.stashes[part].offloaded:
                 continue
             if part == "optimizer":
-                moved = self.stashes[part].offload(optimizer_tensors(self.backend))
+                tensors = optimizer_tensors(self.backend)
             elif part == "params":
-                moved = self.stashes[part].offload(param_tensors(self.backend))
+                tensors = param_tensors(self.backend)
             else:
-                moved = release_grads(self.backend)
-                moved += self.stashes[part].offload(grad_buffers(self.backend))
+                tensors = grad_buffers(self.backend)
+            moved = release_grads(self.backend) if part == "grads" else 0
+            moved += self.stashes[part].offload(tensors, device=self.device)
             out[part] = float(moved)
         return out
 
     def held_bytes(self, part: str) -> int:
         """Bytes the device still holds for `part` (0 once it is offloaded): what tests and
         the report check the offload against."""
+        tensors: list[torch.Tensor]
         if part == "optimizer":
             tensors = optimizer_tensors(self.backend)
         elif part == "params":
@@ -124,8 +129,10 @@ class TrainOffloader:
             tensors = grads + grad_buffers(self.backend)
         storages = {}
         for t in tensors:
-            s = getattr(t, "_local_tensor", t).untyped_storage()
-            storages[s.data_ptr()] = s.nbytes()
+            local = getattr(t, "_local_tensor", t)
+            if local.device.type == self.device.type:
+                s = local.untyped_storage()
+                storages[s.data_ptr()] = s.nbytes()
         return sum(storages.values())
 
     def reload(self, parts: tuple[str, ...] = TRAIN_PARTS) -> dict[str, float]:
