@@ -304,10 +304,11 @@ class ActorInferConfig(Strict):
                 f"actor_infer.vllm is set but actor_infer.backend is {self.backend!r}: "
                 "set actor_infer.backend=vllm or remove the vllm block"
             )
-        if "vllm_sleep_level" in self.offload.model_fields_set and self.backend != "vllm":
+        if self.offload.vllm_sleep_level != 1 and self.backend != "vllm":
             raise ValueError(
-                "actor_infer.offload.vllm_sleep_level is set but actor_infer.backend is "
-                f"{self.backend!r}: it applies to the vllm backend only; remove it"
+                f"actor_infer.offload.vllm_sleep_level={self.offload.vllm_sleep_level} but "
+                f"actor_infer.backend is {self.backend!r}: it applies to the vllm backend "
+                "only; remove it"
             )
         if self.precision != "auto" and self.backend == "vllm":
             raise ValueError(

@@ -22,13 +22,12 @@ from roll_core.engine.colocation import OffloadChoice
 
 
 class Turns:
-    """One run's colocated turn-taking; `events` records the moves in order (tests)."""
+    """One run's colocated turn-taking (a no-op when nothing is chosen to move)."""
 
     def __init__(self, choice: OffloadChoice, clusters: dict[str, Cluster]) -> None:
         self.choice = choice
         self.train = clusters["actor_train"]
         self.infer = clusters["actor_infer"]
-        self.events: list[str] = []
         self.metrics: dict[str, float] = {}
         self.training = False
         """actor_train's turn (its state resident, actor_infer's offloaded)."""
@@ -42,7 +41,6 @@ class Turns:
         start = time.perf_counter()
         reports = call()
         seconds = time.perf_counter() - start
-        self.events.append(f"{role}.{verb}")
         m = self.metrics
         m[f"time/{verb}"] = m.get(f"time/{verb}", 0.0) + seconds
         m[f"{verb}/{role}_s"] = m.get(f"{verb}/{role}_s", 0.0) + seconds
@@ -74,10 +72,10 @@ class Turns:
             self._move("actor_train", "offload", "start", lambda: self.train.offload(parts))
         self.metrics = {}
 
-    def to_train(self) -> dict[str, float]:
+    def to_train(self) -> None:
         """After the rollout: actor_infer frees its memory, actor_train's state comes back."""
         if not self.active or self.training:
-            return {}
+            return
         self._measure("after_generate")
         if self.choice.infer_parts:
             parts = list(self.choice.infer_parts)
@@ -90,7 +88,6 @@ class Turns:
         if self.choice.train:
             self._move("actor_train", "reload", "after_train_reload", self.train.reload)
         self.training = True
-        return {}
 
     def sync(self, update: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
         """`update` (the weight sync) wrapped in the moves around it (module doc)."""
@@ -126,7 +123,6 @@ class Turns:
                 lambda: self.infer.reload(["weights"]),
             )
         if sync is not None:
-            self.events.append("sync")
             synced = sync()
         if "params" in self.choice.train:
             self._move(

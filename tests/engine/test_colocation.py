@@ -123,7 +123,7 @@ def test_offload_with_async_training_is_a_recipe_error() -> None:
 
 
 def test_vllm_sleep_level_is_a_vllm_key() -> None:
-    with pytest.raises(ConfigError, match="applies to the vllm backend only"):
+    with pytest.raises(ConfigError, match="applies to the vllm backend"):
         load_recipe(
             ROOT / "recipes" / "tiny-arith-rlvr.yaml", ["actor_infer.offload.vllm_sleep_level=2"]
         )
