@@ -10,7 +10,8 @@ where the backup is another CPU buffer: the storage is really freed in between (
 `nbytes() == 0`), so the path is exercised without a GPU.
 
 A storage that cannot be resized (a CPU tensor memory-mapped from a safetensors file) is first
-given a resizable copy of its own (`rehome`), once.
+given a resizable copy of its own (`rehome`), once. CPU storages in shared memory are left in
+place: other processes map them (and they are host memory already).
 
 `device_memory()` measures the memory of the calling process's device: CUDA allocated and
 reserved bytes, or the process's resident set size on CPU.
@@ -45,7 +46,7 @@ def rehome(tensors: list[torch.Tensor]) -> None:
     groups: dict[int, list[torch.Tensor]] = {}
     for t in tensors:
         s = t.untyped_storage()
-        if not s.resizable() and s.nbytes():
+        if not s.resizable() and s.nbytes() and not (s.device.type == "cpu" and s.is_shared()):
             groups.setdefault(s.data_ptr(), []).append(t)
     for group in groups.values():
         old = group[0].untyped_storage()
@@ -88,6 +89,8 @@ class StorageStash:
             n = s.nbytes()
             if n == 0 or s.data_ptr() in seen:
                 continue  # already freed (e.g. FSDP's unsharded buffers) or shared
+            if s.device.type == "cpu" and s.is_shared():
+                continue  # host shared memory that other processes map (e.g. a weight sync)
             seen.add(s.data_ptr())
             key = len(self._held)
             backup = self._buffers.get(key)

@@ -74,6 +74,16 @@ def test_stash_rehomes_memory_mapped_storage(tmp_path) -> None:
     assert torch.equal(w, torch.arange(6, dtype=torch.float32))
 
 
+def test_stash_leaves_shared_memory_alone() -> None:
+    shared = torch.arange(4, dtype=torch.float32).share_memory_()  # e.g. mapped by a receiver
+    private = torch.ones(2)
+    stash = StorageStash()
+    assert stash.offload([shared, private]) == 8
+    assert shared.untyped_storage().nbytes() == 16 and shared.is_shared()
+    stash.reload()
+    assert torch.equal(private, torch.ones(2))
+
+
 def test_device_memory_reports_rss_on_cpu() -> None:
     mem = device_memory("cpu")
     assert set(mem) == {"rss_gb"} and 0 < mem["rss_gb"] < 1024
