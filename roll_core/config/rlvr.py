@@ -8,7 +8,16 @@ from pydantic import Field, model_validator
 
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.config.reward import RewardConfig
-from roll_core.config.schema import DatasetSource, OptimConfig, RunConfig, Strict
+from roll_core.config.schema import (
+    ActorTrainConfig,
+    DatasetSource,
+    OptimConfig,
+    RunConfig,
+    Strict,
+)
+
+OffloadSwitch = bool | Literal["auto"]
+"""`true`: moved between turns; `false`: stays; `auto`: moved only if the memory plan needs it."""
 
 
 class RLDataConfig(Strict):
@@ -195,6 +204,66 @@ class VLLMConfig(Strict):
     )
 
 
+class TrainOffloadConfig(Strict):
+    """What actor_train moves off its devices while actor_infer generates, when the two are
+    colocated (docs/scaling.md, "Colocated roles"). `auto`: moved only when the memory plan
+    says the colocated peak would not fit `executor.gpu_memory_gib` otherwise (never on a CPU
+    recipe). Offload on a disaggregated mapping, or with rollout.async_generation_ratio > 0,
+    is a recipe error."""
+
+    optimizer: OffloadSwitch = Field(
+        default="auto",
+        description="AdamW moments (and ZeRO's fp32 master partitions) to CPU memory after "
+        "the update; back before the next one. Costs two copies of the optimizer state per "
+        "step.",
+    )
+    grads: OffloadSwitch = Field(
+        default="auto",
+        description="Release the gradients the update left (each step starts from zero "
+        "gradients, so nothing is copied; ZeRO-3's flat gradient buffer is copied).",
+    )
+    params: OffloadSwitch = Field(
+        default="auto",
+        description="Parameters (each rank's shard) to CPU memory after the weight sync (they "
+        "are its source); back before the next log-probs. Costs two copies of the weights.",
+    )
+
+
+class InferOffloadConfig(Strict):
+    """What actor_infer frees while actor_train trains, when the two are colocated
+    (docs/scaling.md, "Colocated roles"). `auto` as for actor_train.offload. vLLM frees both
+    at once (sleep mode, CUDA build only): weights and kv_cache must then be equal."""
+
+    weights: OffloadSwitch = Field(
+        default="auto",
+        description="hf: the inference model's parameters to CPU memory; vllm: "
+        "`LLM.sleep(level)`. Back (`wake_up(tags=['weights'])`) before the weight sync.",
+    )
+    kv_cache: OffloadSwitch = Field(
+        default="auto",
+        description="vllm: the KV cache is freed by the same sleep and re-allocated "
+        "(`wake_up(tags=['kv_cache'])`) after the weight sync. hf keeps no KV cache between "
+        "calls: on CUDA the allocator's cached blocks are released (`empty_cache`), on CPU "
+        "nothing is held.",
+    )
+    vllm_sleep_level: Literal[1, 2] = Field(
+        default=1,
+        description="vLLM sleep level (vllm backend): 1 keeps the weights in CPU memory "
+        "(copied back on wake-up); 2 discards them (less host memory: vLLM keeps only its "
+        "buffers, and the weight sync right after the wake-up rewrites every parameter).",
+    )
+
+
+class RLActorTrainConfig(ActorTrainConfig):
+    """actor_train in the RL pipelines: the training role, plus what it offloads when it
+    takes turns with actor_infer on shared devices."""
+
+    offload: TrainOffloadConfig = Field(
+        default_factory=TrainOffloadConfig,
+        description="What moves off the devices while actor_infer generates (colocated only).",
+    )
+
+
 class ActorInferConfig(Strict):
     """The role that generates rollouts."""
 
@@ -211,6 +280,10 @@ class ActorInferConfig(Strict):
         default="auto", description="Device of each rank."
     )
     num_threads: int | None = Field(default=None, ge=1, description="torch CPU threads per rank.")
+    offload: InferOffloadConfig = Field(
+        default_factory=InferOffloadConfig,
+        description="What is freed while actor_train trains (colocated only).",
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
         description="hf backend: `bf16` generates under bfloat16 autocast, `fp32` without; "
@@ -225,6 +298,12 @@ class ActorInferConfig(Strict):
             raise ValueError(
                 f"actor_infer.vllm is set but actor_infer.backend is {self.backend!r}: "
                 "set actor_infer.backend=vllm or remove the vllm block"
+            )
+        if self.offload.vllm_sleep_level != 1 and self.backend != "vllm":
+            raise ValueError(
+                f"actor_infer.offload.vllm_sleep_level={self.offload.vllm_sleep_level} but "
+                f"actor_infer.backend is {self.backend!r}: it applies to the vllm backend "
+                "only; remove it"
             )
         if self.precision != "auto" and self.backend == "vllm":
             raise ValueError(
@@ -317,12 +396,33 @@ class RLConfig(RunConfig):
     rollout: SamplingConfig = Field(default_factory=SamplingConfig, description="Rollout.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
     trainer: RLTrainerConfig = Field(description="Driver loop.")
+    actor_train: RLActorTrainConfig = Field(
+        default_factory=RLActorTrainConfig, description="The training role."
+    )
     actor_infer: ActorInferConfig = Field(
         default_factory=ActorInferConfig, description="Inference role."
     )
     sync: SyncConfig = Field(
         default_factory=SyncConfig, description="Weight sync actor_train -> actor_infer."
     )
+
+    @model_validator(mode="after")
+    def _offload_needs_sync(self) -> RLConfig:
+        ratio = getattr(self.rollout, "async_generation_ratio", 0)
+        if ratio == 0:
+            return self
+        switches = {
+            **{f"actor_train.offload.{k}": v for k, v in self.actor_train.offload},
+            **{f"actor_infer.offload.{k}": v for k, v in self.actor_infer.offload},
+        }
+        asked = [k for k, v in switches.items() if v is True]
+        if asked:
+            raise ValueError(
+                f"{asked[0]} is true but rollout.async_generation_ratio is {ratio}: offload "
+                "makes the colocated roles take turns, and async training overlaps them. Set "
+                "it to auto/false, or rollout.async_generation_ratio to 0"
+            )
+        return self
 
 
 class RLVRConfig(RLConfig):

@@ -40,7 +40,7 @@ class GpuPlan:
     def colocation(self) -> str:
         pairs = self.placement.colocated()
         if pairs:
-            return "colocated (take turns on shared GPUs, offloaded between phases): " + ", ".join(
+            return "colocated (take turns on shared GPUs; see the colocation row): " + ", ".join(
                 f"{a} + {b}" for a, b in pairs
             )
         return "disaggregated: no GPU is shared between roles"

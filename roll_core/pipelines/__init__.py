@@ -78,7 +78,27 @@ def gpu_plan_rows(cfg: Any) -> list[RolePlan]:
         rows.append(RolePlan("memory/GPU", "estimate", "", len(gpus), where, ex, text))
     note = gp.model_note + "; activations not included"
     rows.append(RolePlan("memory/GPU", "model", "", p.num_gpus, "", ex, note))
+    if hasattr(cfg, "actor_infer") and hasattr(cfg.actor_train, "offload"):
+        rows += phase_rows(cfg, gp)
     return rows
+
+
+def phase_rows(cfg: Any, gp: Any) -> list[RolePlan]:
+    """Colocated GPUs: the estimated peak of each phase with the resolved offload."""
+    from roll_core.engine.colocation import PHASES, resolve_offload
+    from roll_core.engine.placement import span
+
+    choice = resolve_offload(cfg, gp)
+    groups: dict[str, list[int]] = {}
+    for gpu, peaks in choice.peaks.items():
+        text = ", ".join(f"{ph} {peaks[ph] / 1024**3:.1f} GiB" for ph in PHASES)
+        text += f" (of {cfg.executor.gpu_memory_gib:g} GiB)"
+        groups.setdefault(text, []).append(gpu)
+    ex = cfg.executor.type
+    return [
+        RolePlan("memory/phase", "estimate", "", len(g), f"GPUs {span(g)}", ex, text)
+        for text, g in groups.items()
+    ]
 
 
 def _execute(

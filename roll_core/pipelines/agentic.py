@@ -12,6 +12,7 @@ The driver loop::
         batch  += advantages                       # GRPO-family on episode returns, or GiGPO
         metrics = actor_train.train_step(batch, "rl")
         suspend rollout -> sync_weights -> resume  # policy version = step
+                                                   # colocated: turn moves, pipelines/turns.py
         if validation due: metrics |= validate()   # held-out env seeds, greedy
 
 Roles, weight sync, the update and the RL maths are those of `roll train rlvr`
@@ -20,6 +21,7 @@ Roles, weight sync, the update and the RL maths are those of `roll train rlvr`
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from roll_core.backends.infer import Completion, SamplingParams
 from roll_core.config.agentic import AgenticConfig, EnvEntry
 from roll_core.data import Batch
 from roll_core.engine import Cluster
+from roll_core.engine.colocation import resolve_offload
 from roll_core.envs import get_env_class, make_env
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.errors import ConfigError, RollError
@@ -53,6 +56,7 @@ from roll_core.pipelines.rl_iteration import (
     sync_weights,
     update_policy,
 )
+from roll_core.pipelines.turns import Turns
 from roll_core.rollout.agentic import (
     ChatFormat,
     EnvRolloutManager,
@@ -81,6 +85,7 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
     if cfg.algorithm.uses_reference:
         rows.append(roles.frozen_row(cfg, "reference", "Reference", "KL"))
     rows.append(roles.weight_sync_row(cfg))
+    rows.append(roles.colocation_row(cfg))
     envs = ", ".join(f"{e.name} x{e.groups_per_step} groups" for e in cfg.envs)
     rows.append(
         RolePlan(
@@ -102,6 +107,7 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
 def check_algorithm(cfg: AgenticConfig) -> None:
     """Algorithm choices this pipeline cannot run, as recipe errors (no model is loaded)."""
     algo = cfg.algorithm
+    roles.rollout_placement_of(cfg)  # async rollout must not share one device with training
     if algo.uses_critic:
         raise ConfigError(
             "algorithm.adv_estimator=gae needs a critic, and `roll train agentic` does not "
@@ -356,11 +362,17 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
     )
     executor = roles.executor_for(cfg)
     manager: EnvRolloutManager | None = None
+    choice = resolve_offload(cfg)
     try:
         with loop.phase("loading models"):
             clusters = roles.build_rl_roles(
-                cfg, executor, model_path=setup.model_path, tokenizer_path=setup.tokenizer_path
+                cfg,
+                executor,
+                model_path=setup.model_path,
+                tokenizer_path=setup.tokenizer_path,
+                sleep_mode=choice.infer_weights and cfg.actor_infer.backend == "vllm",
             )
+        turns = Turns(choice, clusters)  # colocated roles take turns (engine/colocation.py)
         manager = EnvRolloutManager(
             infer=clusters["actor_infer"],
             tokenizer=setup.tokenizer,
@@ -372,7 +384,8 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         mgr = manager
 
         def save_state(ckpt: Path) -> dict[str, Any]:
-            save_roles(clusters, ckpt)
+            with turns.train_turn():
+                save_roles(clusters, ckpt)
             return {"rollout": mgr.state_dict(), "rl": rl_state.state_dict()}
 
         def load_state(ckpt: Path, state: dict[str, Any]) -> None:
@@ -401,19 +414,22 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
             )
             loop.log_extra(0, metrics)
         _sync(clusters, manager, start)
+        turns.start()
         if evaluate and start == 0:
             loop.log_eval(0, lambda: validate(cfg, mgr, specs))
         for step in loop.steps(start, cfg.trainer.max_steps):
             metrics = _logging_faults(
-                loop, step, lambda: _train_step(cfg, setup, clusters, manager, rl_state, reuse)
+                loop,
+                step,
+                lambda: _train_step(cfg, setup, clusters, manager, rl_state, reuse, turns),
             )
-            metrics |= _sync(clusters, manager, step)
+            metrics |= _sync(clusters, manager, step, turns)
             loop.end_step(
                 step,
                 metrics,
                 evaluate=(lambda s: validate(cfg, mgr, specs)) if evaluate else None,
             )
-        return loop.finish(export=lambda p: clusters["actor_train"].export(str(p)))
+        return loop.finish(export=lambda p: _export(clusters, turns, p))
     finally:
         if manager is not None:
             manager.close()
@@ -430,13 +446,23 @@ def _logging_faults(loop: DriverLoop, step: int, fn: Any) -> dict[str, float]:
         raise
 
 
+def _export(clusters: dict[str, Cluster], turns: Turns, path: Path) -> None:
+    with turns.train_turn():
+        clusters["actor_train"].export(str(path))
+
+
 def _sync(
-    clusters: dict[str, Cluster], manager: EnvRolloutManager, version: int
+    clusters: dict[str, Cluster],
+    manager: EnvRolloutManager,
+    version: int,
+    turns: Turns | None = None,
 ) -> dict[str, float]:
-    """Suspend generation, actor_train -> actor_infer, resume with the new policy version."""
+    """Suspend generation, actor_train -> actor_infer, resume with the new policy version
+    (colocated: inside the turn moves, pipelines/turns.py)."""
     t = time.perf_counter()
     manager.suspend()
-    metrics = sync_weights(clusters, version=version)
+    update = functools.partial(sync_weights, clusters, version=version)
+    metrics = turns.sync(update)() if turns is not None else update()
     manager.resume(version)
     metrics["sync/suspended_s"] = time.perf_counter() - t
     return metrics
@@ -449,11 +475,15 @@ def _train_step(
     manager: EnvRolloutManager,
     rl_state: RLState,
     reuse_log_probs: bool = False,
+    turns: Turns | None = None,
 ) -> dict[str, float]:
     timers: dict[str, float] = {}
     t = step_start = time.perf_counter()
     rollout = manager.next_batch(0)
     timers["time/rollout"] = time.perf_counter() - t
+    if turns is not None and turns.active:
+        manager.suspend()  # no episode generates while the engine is offloaded
+        turns.to_train()
     trajs = [tr for g in rollout.groups for tr in g]
     pad = setup.tokenizer.pad_token_id
     if cfg.rollout.mode == "step":

@@ -12,6 +12,11 @@ The driver loop::
         metrics = critic.train_step(batch)            # only for gae: clipped value loss
         metrics = actor_train.train_step(batch, "rl") # ppo_epochs x mini_batches updates
         sync_weights(actor_train -> actor_infer)      # policy version = step
+
+Colocated roles take turns around these calls (pipelines/turns.py): after the rollout the
+inference engine frees its memory and the training state comes back; after the update the
+optimizer state leaves, the inference weights come back, the sync runs, then the params leave
+and the KV cache comes back, as the recipe's `offload` switches choose.
         if validation due: metrics |= validate()
 """
 
@@ -30,6 +35,7 @@ from roll_core.backends.infer.base import PREFIX_CONTINUATION_BACKENDS
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import StatefulLoader, encode_prompt, load_rows, require_columns
 from roll_core.engine import Cluster
+from roll_core.engine.colocation import resolve_offload
 from roll_core.errors import ConfigError, DataError
 from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from roll_core.pipelines import roles
@@ -47,10 +53,10 @@ from roll_core.pipelines.rl_iteration import (
     sync_weights,
     update_policy,
 )
+from roll_core.pipelines.turns import Turns
 from roll_core.rollout.async_scheduler import (
     AsyncRolloutScheduler,
     check_prefix_support,
-    rollout_placement,
 )
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.rewards import RewardStage
@@ -80,6 +86,7 @@ def plan(cfg: RLVRConfig) -> list[RolePlan]:
         value = f"value model from {c.model_path or cfg.model.path}, lr {c.optim.lr:g}"
         rows.append(RolePlan("critic", "Critic", c.backend, 1, c.device, cfg.executor.type, value))
     rows.append(roles.weight_sync_row(cfg))
+    rows.append(roles.colocation_row(cfg))
     domains = "domains: " + ", ".join(cfg.reward.domains)
     rows.append(
         RolePlan("rewards", "RewardRouter", "threads", r.reward_workers, "cpu", "driver", domains)
@@ -167,14 +174,7 @@ def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
 
 def placement(cfg: RLVRConfig) -> str:
     """Rollout/train placement in words; ConfigError for async on one shared device."""
-    return rollout_placement(
-        ratio=cfg.rollout.async_generation_ratio,
-        executor=cfg.executor.type,
-        train_device=cfg.actor_train.device,
-        infer_device=cfg.actor_infer.device,
-        train_gpus=getattr(cfg.actor_train, "device_mapping", None),
-        infer_gpus=getattr(cfg.actor_infer, "device_mapping", None),
-    )
+    return roles.rollout_placement_of(cfg)
 
 
 def check_chat_template(cfg: RLVRConfig) -> None:
@@ -297,17 +297,24 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
     params = sampling_params(cfg.rollout)
     executor = roles.executor_for(cfg)
     scheduler = None
+    choice = resolve_offload(cfg)
     try:
         with loop.phase("loading models"):
             clusters = roles.build_rl_roles(
-                cfg, executor, model_path=setup.model_path, tokenizer_path=setup.tokenizer_path
+                cfg,
+                executor,
+                model_path=setup.model_path,
+                tokenizer_path=setup.tokenizer_path,
+                sleep_mode=choice.infer_weights and cfg.actor_infer.backend == "vllm",
             )
+        turns = Turns(choice, clusters)  # colocated roles take turns (engine/colocation.py)
         scheduler = _make_scheduler(cfg, clusters, stream, rewards, params)
         rl_state = RLState(cfg.algorithm)
         reuse = reuses_update_log_probs(cfg) and not any(clusters["actor_train"].has_dropout())
 
         def save_state(ckpt: Path) -> dict[str, Any]:
-            save_roles(clusters, ckpt)
+            with turns.train_turn():
+                save_roles(clusters, ckpt)
             held = scheduler.state_dict()  # async: groups not yet trained on
             if held:
                 torch.save(held, ckpt / "async_rollout.pt")
@@ -330,14 +337,16 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
 
         start = loop.begin(save_state=save_state, load_state=load_state)
         sync_weights(clusters, version=start)
+        turns.start()
         if cfg.eval.every_steps and setup.eval and start == 0:
             loop.log_eval(0, lambda: validate(cfg, setup, clusters, eval_rewards))
         for step in loop.steps(start, cfg.trainer.max_steps):
-            metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state, reuse)
+            metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state, reuse, turns)
             metrics |= rewards.step_metrics()
-            # version v = the weights after v updates; async: suspend -> sync -> resume
+            # version v = the weights after v updates; async: suspend -> sync -> resume;
+            # colocated: optimizer off, inference weights back, sync, params off, KV back
             update = functools.partial(sync_weights, clusters, version=step)
-            metrics |= scheduler.sync(update, step)
+            metrics |= scheduler.sync(turns.sync(update), step)
             loop.end_step(
                 step,
                 metrics,
@@ -345,7 +354,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
                 if setup.eval
                 else None,
             )
-        return loop.finish(export=lambda p: clusters["actor_train"].export(str(p)))
+        return loop.finish(export=lambda p: _export(clusters, turns, p))
     finally:
         if scheduler is not None:
             scheduler.close()
@@ -353,6 +362,11 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         if eval_rewards is not rewards:
             eval_rewards.close()
         executor.shutdown()
+
+
+def _export(clusters: dict[str, Cluster], turns: Turns, path: Path) -> None:
+    with turns.train_turn():
+        clusters["actor_train"].export(str(path))
 
 
 def _make_scheduler(
@@ -410,11 +424,14 @@ def _train_step(
     step: int,
     rl_state: RLState,
     reuse_log_probs: bool = False,
+    turns: Turns | None = None,
 ) -> dict[str, float]:
     timers: dict[str, float] = {}
     t = step_start = time.perf_counter()
     rollout = scheduler.next_batch(step)
     timers["time/rollout"] = time.perf_counter() - t
+    if turns is not None:
+        turns.to_train()  # colocated: inference frees its memory, training state comes back
     if not rollout.groups:
         raise DataError(
             "rollout produced no groups (every group was dropped by dynamic sampling).",

@@ -57,6 +57,35 @@ def frozen_row(cfg: Any, role: str, worker: str, detail: str) -> RolePlan:
     return RolePlan(role, worker, "torch", 1, cfg.actor_train.device, cfg.executor.type, detail)
 
 
+def colocation_row(cfg: Any) -> RolePlan:
+    """The `--dry-run` row of what actor_train and actor_infer offload between turns
+    (roll_core/engine/colocation.py); a ConfigError for an offload that cannot run."""
+    from roll_core.engine.colocation import resolve_offload
+
+    choice = resolve_offload(cfg)
+    where = cfg.actor_train.device if not choice.peaks else "cuda"
+    return RolePlan("colocation", "Turns", "", 2, where, cfg.executor.type, choice.describe())
+
+
+def rollout_placement_of(cfg: Any) -> str:
+    """Rollout/train placement in words (rollout/async_scheduler.py `rollout_placement`), with
+    the GPUs each role is placed on (a role without a device_mapping takes the first GPUs, so
+    two such roles share them); ConfigError for async generation on a shared device."""
+    from roll_core.engine.resource_plan import gpu_plan
+    from roll_core.rollout.async_scheduler import rollout_placement
+
+    gp = gpu_plan(cfg)
+    placed = gp.placement.roles if gp is not None else {}
+    return rollout_placement(
+        ratio=cfg.rollout.async_generation_ratio,
+        executor=cfg.executor.type,
+        train_device=cfg.actor_train.device,
+        infer_device=cfg.actor_infer.device,
+        train_gpus=list(placed["actor_train"].gpus) if "actor_train" in placed else None,
+        infer_gpus=list(placed["actor_infer"].gpus) if "actor_infer" in placed else None,
+    )
+
+
 def executor_for(cfg: Any) -> Any:
     """The executor `cfg.executor` names (local, or Ray started or joined)."""
     ex = cfg.executor
@@ -172,10 +201,16 @@ def uses_critic(cfg: Any) -> bool:
 
 
 def build_rl_roles(
-    cfg: Any, executor: Any, *, model_path: str, tokenizer_path: str | None = None
+    cfg: Any,
+    executor: Any,
+    *,
+    model_path: str,
+    tokenizer_path: str | None = None,
+    sleep_mode: bool = False,
 ) -> dict[str, Cluster]:
     """The roles of rlvr and agentic, set up: actor_train and actor_infer, the reference
-    when KL is used, the critic when the estimator needs one."""
+    when KL is used, the critic when the estimator needs one. `sleep_mode`: actor_infer
+    frees its memory between colocated turns (roll_core/engine/colocation.py)."""
     t = cfg.trainer
     total_updates = t.max_steps * t.ppo_epochs * t.mini_batches
     infer = cfg.actor_infer
@@ -208,6 +243,7 @@ def build_rl_roles(
                         sync_bucket_mb=cfg.sync.bucket_mb,
                         seed=cfg.seed,
                         train_precision=cfg.actor_train.precision,
+                        sleep_mode=sleep_mode,
                     ),
                 ),
             },

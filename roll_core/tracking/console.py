@@ -71,8 +71,10 @@ TIME_SPLIT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("values", ("time/values",)),
     ("train", ("time/train",)),
     ("sync", ("sync/suspended_s", "sync/seconds")),
+    ("offload", ("time/offload", "time/reload")),
 )
-"""(label, keys) of the parts of an RL step. Keys are summed, except for sync where the first
+"""(label, keys) of the parts of an RL step (`offload`: colocated roles moving state off and
+back on their devices, docs/scaling.md). Keys are summed, except for sync where the first
 present wins (``sync/suspended_s`` includes ``sync/seconds``)."""
 
 

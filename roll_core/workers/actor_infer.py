@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from roll_core.backends.infer import (
@@ -107,3 +108,32 @@ class ActorInfer(Worker):
     @dispatch("scatter")
     def set_rng_state(self, state: Any) -> None:
         self._b().set_rng_state(state)
+
+    # ---- taking turns with a colocated actor_train (docs/scaling.md "Colocated roles") -------
+    def _report(self, moved: int, start: float) -> dict[str, float]:
+        from roll_core.backends.offload import device_memory
+
+        backend = self._b()
+        out = {"bytes/moved": float(moved), "seconds": time.perf_counter() - start}
+        memory = getattr(backend, "memory", None)
+        mem = memory() if memory is not None else device_memory(getattr(backend, "device", None))
+        return out | {f"memory/{k}": v for k, v in mem.items()}
+
+    @dispatch("all")
+    def offload(self, parts: list[str], *, level: int = 1) -> dict[str, float]:
+        """Free `parts` (`weights`, `kv_cache`) of this rank's engine (vLLM: sleep at
+        `level`); returns seconds, bytes and the device memory after."""
+        start = time.perf_counter()
+        return self._report(self._b().release(list(parts), level=level), start)
+
+    @dispatch("all")
+    def reload(self, parts: list[str]) -> dict[str, float]:
+        """Bring `parts` back (vLLM: wake_up(tags=parts)); the same report."""
+        start = time.perf_counter()
+        return self._report(self._b().restore(list(parts)), start)
+
+    @dispatch("all")
+    def memory(self) -> dict[str, float]:
+        """This rank's device memory now (GiB)."""
+        report = self._report(0, time.perf_counter())
+        return {k.removeprefix("memory/"): v for k, v in report.items() if k.startswith("memory/")}

@@ -6,6 +6,7 @@ constructor so a load error surfaces as the user's error, not as an actor-creati
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ class ActorTrain(Worker):
         self.backend_kwargs = backend_kwargs
         self.backend: TrainBackend | None = None
         self._sync_group: Any = None
+        self.offloader: Any = None
 
     @classmethod
     def needs_process_group(cls, world_size: int, kwargs: dict[str, Any]) -> bool:
@@ -61,27 +63,27 @@ class ActorTrain(Worker):
     @dispatch("dp")
     def train_step(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:
         """One optimizer step on `batch` with the named objective (workers/objectives.py)."""
-        return self._b().train_step(batch, get_objective(objective, **params))
+        return self._resident().train_step(batch, get_objective(objective, **params))
 
     @dispatch("dp")
     def evaluate(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:
         """Summed objective metrics on `batch`, no update."""
-        return self._b().evaluate(batch, get_objective(objective, **params))
+        return self._resident().evaluate(batch, get_objective(objective, **params))
 
     @dispatch("dp")
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         """Next-token log-probs [B, T-1] under the current weights."""
-        return self._b().log_probs(batch, temperature=temperature)
+        return self._resident(("params",)).log_probs(batch, temperature=temperature)
 
     @dispatch("rank0")
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
-        return self._b().generate(prompts, max_new_tokens=max_new_tokens)
+        return self._resident(("params",)).generate(prompts, max_new_tokens=max_new_tokens)
 
     @dispatch("dp")
     def reference_log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         """Next-token log-probs [B, T-1] of the base model, LoRA adapters disabled: the
         reference policy under LoRA without a second model (needs actor_train.lora)."""
-        backend = self._b()
+        backend = self._resident(("params",))
         with backend.adapters_disabled():  # type: ignore[attr-defined]
             return backend.log_probs(batch, temperature=temperature)
 
@@ -89,7 +91,7 @@ class ActorTrain(Worker):
     def sync_tensors(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
         """The weights to sync, one (name, tensor) at a time, as the plain model names them
         (LoRA merged in); every rank of a sharded backend iterates it (it gathers)."""
-        return self._b().sync_tensors(bucket_bytes)  # type: ignore[attr-defined]
+        return self._resident(("params",)).sync_tensors(bucket_bytes)  # type: ignore[attr-defined]
 
     @dispatch("rank0")
     def sync_endpoint(self) -> dict[str, Any]:
@@ -125,10 +127,10 @@ class ActorTrain(Worker):
 
     @dispatch("rank0")
     def named_weights(self) -> dict[str, torch.Tensor]:
-        """The `sync.path: driver` payload: every tensor of the plain model by name, detached
-        CPU copies, returned to the driver. Under LoRA the adapters are merged in
-        (W + scale * B @ A), so the inference engine gets ordinary weights."""
-        backend = self._b()
+        """The weight-sync payload: every tensor of the plain model by name, detached CPU
+        copies. Under LoRA the adapters are merged in (W + scale * B @ A), so the inference
+        engine gets ordinary weights."""
+        backend = self._resident(("params",))
         if hasattr(backend, "full_weights"):  # sharded: gathered on rank 0 (collective)
             return dict(backend.full_weights())
         if getattr(backend, "lora", None) is not None:
@@ -151,33 +153,69 @@ class ActorTrain(Worker):
         """Write this rank's state (see `_state_dir`)."""
         target = self._state_dir(path)
         target.mkdir(parents=True, exist_ok=True)
-        self._b().save(target)
+        self._resident().save(target)
 
     @dispatch("all")
     def load(self, path: str) -> None:
-        self._b().load(self._state_dir(path))
+        self._resident().load(self._state_dir(path))
 
     @dispatch("rank0")
     def export(self, path: str) -> None:
-        self._b().export(Path(path))
+        self._resident(("params",)).export(Path(path))
 
     @dispatch("rank0")
     def state_digest(self) -> str:
-        return self._b().state_digest()
+        return self._resident(("params",)).state_digest()
+
+    # ---- taking turns with a colocated role (roll_core/backends/train/offload.py) ----------
+    def _offloader(self) -> Any:
+        if self.offloader is None:
+            from roll_core.backends.train.offload import TrainOffloader
+
+            self.offloader = TrainOffloader(self._b())
+        return self.offloader
+
+    def _resident(self, parts: tuple[str, ...] = ("optimizer", "grads", "params")) -> TrainBackend:
+        """The backend with `parts` of its state on the device: what is offloaded comes back
+        first (the driver reloads explicitly at the start of the training turn; this guard
+        keeps a call outside the turn order, e.g. an export, correct)."""
+        backend = self._b()
+        if self.offloader is not None and self.offloader.offloaded:
+            self.offloader.reload(parts)
+        return backend
 
     @dispatch("all")
-    def offload(self) -> dict[str, float]:
-        """Free this rank's GPU for a colocated role: weights, grads and optimizer state to
-        CPU memory (no-op on CPU). Call `reload` before the next forward."""
-        from roll_core.backends.train.offload import offload
+    def offload(self, parts: list[str]) -> dict[str, float]:
+        """Move `parts` of this rank's state off its device (`optimizer`, `grads`, `params`;
+        see backends/train/offload.py); returns seconds, bytes per part and the device
+        memory after, measured in this process."""
+        from roll_core.backends.offload import device_memory
 
-        return offload(self._b())
+        start = time.perf_counter()
+        offloader = self._offloader()
+        moved = offloader.offload(list(parts))
+        out = {f"bytes/{k}": v for k, v in moved.items()}
+        out["seconds"] = time.perf_counter() - start
+        out |= {f"held/{k}": float(offloader.held_bytes(k)) for k in parts}
+        return out | {f"memory/{k}": v for k, v in device_memory(self._b().device).items()}
 
     @dispatch("all")
-    def reload(self) -> None:
-        from roll_core.backends.train.offload import reload
+    def reload(self) -> dict[str, float]:
+        """Everything `offload` moved back on the device; the same report."""
+        from roll_core.backends.offload import device_memory
 
-        reload(self._b())
+        start = time.perf_counter()
+        moved = self._offloader().reload() if self.offloader is not None else {}
+        out = {f"bytes/{k}": v for k, v in moved.items()}
+        out["seconds"] = time.perf_counter() - start
+        return out | {f"memory/{k}": v for k, v in device_memory(self._b().device).items()}
+
+    @dispatch("all")
+    def memory(self) -> dict[str, float]:
+        """This rank's device memory now (GiB; see backends/offload.py `device_memory`)."""
+        from roll_core.backends.offload import device_memory
+
+        return device_memory(self._b().device)
 
 
 def _numel(p: torch.Tensor) -> int:

@@ -28,6 +28,14 @@ def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "roll[cpu]" in str(err.value) and "roll[gpu]" in str(err.value)
 
 
+@needs_vllm
+def test_sleep_mode_is_refused_on_the_cpu_build() -> None:
+    # colocated offload asks vLLM to sleep between turns: CUDA-only, refused before any engine
+    with pytest.raises(ConfigError, match="sleep mode is CUDA-only") as err:
+        make_infer_backend("vllm", model_path="unused", device="cpu", sleep_mode=True)
+    assert "actor_infer.offload" in str(err.value)
+
+
 def test_unknown_backend_lists_vllm() -> None:
     with pytest.raises(ConfigError, match="hf, vllm"):
         make_infer_backend("vllm2", model_path="unused")

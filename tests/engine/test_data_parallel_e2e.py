@@ -38,8 +38,10 @@ def test_rlvr_two_train_ranks_one_infer_rank_on_ray(roll, tmp_path: Path) -> Non
             "device": "cpu",
             "num_threads": 1,
             "optim": {"lr": 1.0e-3},
+            # colocated on the host: the roles take turns, their state offloaded in between
+            "offload": {"optimizer": True, "params": True},
         },
-        "actor_infer": {"num_threads": 1, "device": "cpu"},
+        "actor_infer": {"num_threads": 1, "device": "cpu", "offload": {"weights": True}},
         "checkpoint": {"every_steps": 2},
         "executor": {"type": "ray", "num_cpus": 4},
         "tracking": {"backends": ["jsonl"]},
@@ -57,6 +59,14 @@ def test_rlvr_two_train_ranks_one_infer_rank_on_ray(roll, tmp_path: Path) -> Non
         assert r["train_infer/logprob_diff"] < 1e-3
         assert math.isfinite(r["train/grad_norm"])  # one global norm, not a sum over ranks
         assert r["sync/bytes"] > 0
+        # offload ran in the Ray actors, and each measured its own process's memory
+        assert r["offload/actor_train_bytes"] > 0 and r["offload/actor_infer_bytes"] > 0
+        assert r["memory/after_update/actor_train_rss_gb"] > 0
+        assert r["memory/after_update/actor_infer_rss_gb"] > 0
+        assert (
+            r["memory/after_update/actor_train_rss_gb"]
+            != r["memory/after_update/actor_infer_rss_gb"]
+        )
     assert (run / "checkpoints" / "step-000002" / "actor_train" / "dcp" / ".metadata").exists()
     assert (run / "final" / "model.safetensors").exists()
 

@@ -32,10 +32,13 @@ def infer_backend_options(
     seed: int = 0,
     train_precision: str = "auto",
     sync_bucket_mb: float = 256,
+    sleep_mode: bool = False,
 ) -> dict[str, Any]:
     """The backend-specific keyword arguments of an ActorInferConfig (the `vllm` block for
     the vllm backend, with `sync.bucket_mb` for its `driver` sync path; for hf the model
-    dtype and the precision, `auto` meaning the trainer's), for `backend_kwargs`."""
+    dtype and the precision, `auto` meaning the trainer's), for `backend_kwargs`.
+    `sleep_mode`: the engine frees its memory between turns (vLLM's sleep mode, colocated
+    offload)."""
     if role.backend != "vllm":
         import torch
 
@@ -53,6 +56,7 @@ def infer_backend_options(
         "tensor_parallel_size": opts.tensor_parallel_size,
         "max_model_len": opts.max_model_len,
         "sync_bucket_mb": sync_bucket_mb,
+        **({"sleep_mode": True} if sleep_mode else {}),
     }
 
 

@@ -52,6 +52,7 @@ class HFInferBackend:
 
     @torch.no_grad()
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
+        self.restore(["weights"])  # a call outside the turn order still sees its weights
         start = time.time()
         pad = self.tokenizer.pad_token_id
         inputs = [r.prompt_ids + r.prefix_ids for r in requests]  # prefix: partial rollout
@@ -151,6 +152,7 @@ class HFInferBackend:
     def load_weights_bucket(self, items: list[tuple[str, Any]]) -> None:
         """Copy each (name, tensor) into the model's tensor of that name, in place (cast to
         its dtype and device). The sources may be views into a sync buffer: not kept."""
+        self.restore(["weights"])  # colocated: the weights may be in CPU memory
         if self._targets is None:
             self._targets = self.model.state_dict(keep_vars=True)  # tied: under both names
         for name, value in items:
@@ -162,6 +164,30 @@ class HFInferBackend:
     def finish_sync(self, version: int) -> None:
         """The weights loaded since the last call are policy `version`."""
         self.version = version
+
+    # ---- taking turns with a colocated trainer ------------------------------------------------
+    def release(self, parts: list[str], *, level: int = 1) -> int:
+        """Free `parts`: `weights` (parameters and buffers to CPU memory, storage freed:
+        roll_core/backends/offload.py); `kv_cache` (hf keeps none between calls: on CUDA the
+        allocator's cached blocks are released). Returns the bytes moved."""
+        from roll_core.backends.offload import StorageStash
+
+        moved = 0
+        if "weights" in parts:
+            if getattr(self, "_stash", None) is None:
+                self._stash = StorageStash(pin_memory=self.device.type == "cuda")
+            tensors = [*self.model.parameters(), *self.model.buffers()]
+            moved += self._stash.offload(tensors)
+        if "kv_cache" in parts and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return moved
+
+    def restore(self, parts: list[str]) -> int:
+        """Undo `release` for `parts`; returns the bytes moved."""
+        stash = getattr(self, "_stash", None)
+        if "weights" in parts and stash is not None and stash.offloaded:
+            return stash.reload()
+        return 0
 
     def get_rng_state(self) -> Any:
         return torch.get_rng_state()

