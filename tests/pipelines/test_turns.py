@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from roll_core.config import load_recipe
+from roll_core.engine.weight_sync import WeightSync
 from roll_core.engine.worker import Worker
 from roll_core.pipelines import launch
 
@@ -29,8 +30,6 @@ KEPT = {
     "reload",
     "log_probs",
     "train_step",
-    "named_weights",
-    "update_weights",
     "save",
     "export",
 }
@@ -43,8 +42,7 @@ ONE_STEP = [
     "ActorTrain.train_step",  # (old log-probs come from the update itself here)
     "ActorTrain.offload(optimizer,grads)",
     "ActorInfer.reload(weights)",
-    "ActorTrain.named_weights",  # the weight sync reads the params ...
-    "ActorInfer.update_weights",
+    "sync",  # the weight sync reads the params ...
     "ActorTrain.offload(params)",  # ... before they leave
     "ActorInfer.reload(kv_cache)",
 ]
@@ -65,7 +63,14 @@ def _record(monkeypatch: pytest.MonkeyPatch) -> list[str]:
                     calls.append(name)
         return original(self, method, *args, **kwargs)
 
+    def sync(self: WeightSync, version: int) -> dict[str, float]:
+        with lock:
+            calls.append("sync")  # on any path (same_process calls the ranks directly)
+        return original_sync(self, version)
+
+    original_sync = WeightSync.sync
     monkeypatch.setattr(Worker, "call", call)
+    monkeypatch.setattr(WeightSync, "sync", sync)
     return calls
 
 
@@ -97,9 +102,8 @@ def test_rlvr_phase_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     calls = _record(monkeypatch)
     launch(load_recipe(path, []), recipe=str(path), run_id="order")
     # the initial sync, then the params leave (start of the first generation turn)
-    assert calls[:3] == [
-        "ActorTrain.named_weights",
-        "ActorInfer.update_weights",
+    assert calls[:2] == [
+        "sync",
         "ActorTrain.offload(optimizer,grads,params)",
     ]
     first, second = _steps(calls)
