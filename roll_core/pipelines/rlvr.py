@@ -257,7 +257,7 @@ def validate(
     futures = []
     for k, i in enumerate(range(0, len(setup.eval), chunk)):
         reqs = [
-            Request(p.index, p.prompt_ids, seed=cfg.seed + p.index)
+            Request(p.index, p.prompt_ids, seed=cfg.seed + p.index, vision=p.vision)
             for p in setup.eval[i : i + chunk]
         ]
         futures.append(infer.submit(k % infer.world_size, "generate", reqs, params))

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from roll_core.backends.train.schedules import make_optimizer
 from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
+from roll_core.data.vision import vision_model_inputs
 from roll_core.errors import CheckpointError
 from roll_core.models import load_causal_lm, load_tokenizer
 from roll_core.models.lora import apply_lora, export_merged, load_adapter, save_adapter
@@ -122,14 +123,18 @@ class TorchTrainBackend:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def forward(self, mb: Batch, *, logits_from: int = 0) -> torch.Tensor:
-        """Logits [B, T, V] of one micro-batch (train or eval mode as set by the caller);
+        """Logits [B, T, V] of one micro-batch (train or eval mode as set by the caller; a
+        vision-language model also gets the rows' images, see roll_core/data/vision.py);
         with `logits_from` > 0 only those of columns logits_from.. ([B, T - logits_from, V]:
         the LM head runs on those positions only)."""
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
         keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
+        vision = vision_model_inputs(mb, self.device)  # VLM rows: their pixel_values, grids
         with self._autocast():
-            return self.model(input_ids=ids, attention_mask=attn, use_cache=False, **keep).logits
+            return self.model(
+                input_ids=ids, attention_mask=attn, use_cache=False, **keep, **vision
+            ).logits
 
     def train_step(self, batch: Batch, objective: Objective) -> dict[str, float]:
         """One optimizer step: `objective` on each micro-batch, backward, clip, AdamW, LR.
