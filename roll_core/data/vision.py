@@ -25,8 +25,9 @@ them (see docs/vlm.md).
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
     from roll_core.data.batch import Batch
+
+log = logging.getLogger(__name__)
 
 VISION_FIELDS = ("pixel_values", "image_grid_thw")
 """The Batch non-tensor fields that carry a sample's vision inputs."""
@@ -171,3 +174,50 @@ def _read_one(value: Any, *, base_dir: Path | None, column: str) -> Image:
 
 def _rgb(image: Image) -> Image:
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+@dataclass
+class ImageRows:
+    """How a loader reads one dataset's image column for a vision-language model."""
+
+    column: str
+    """The image column (``data.image_key``)."""
+    processor: Any
+    """The model's :class:`~roll_core.models.vision.VisionProcessor`."""
+    base_dir: Path | None
+    """Relative image paths are relative to this (the data file's directory)."""
+    bad: list[str] = field(default_factory=list)
+    """The first few messages of rows skipped for an unreadable image."""
+
+    def read(self, value: Any) -> list[Image]:
+        return read_images(value, base_dir=self.base_dir, column=self.column)
+
+    def warn(self, index: int, err: BadImageError) -> None:
+        if len(self.bad) < MAX_BAD_IMAGE_MESSAGES:
+            self.bad.append(f"row {index}: {err.message}")
+            log.warning("skipping row %d: %s", index, err.message)
+
+
+MAX_BAD_IMAGE_MESSAGES = 5
+
+
+def image_rows(
+    ds: Any, *, column: str, processor: Any | None, data_path: str, model: str
+) -> ImageRows | None:
+    """The :class:`ImageRows` of dataset ``ds`` when it has the image column ``column`` (None:
+    a text dataset). A text-only model (``processor`` None) given image rows is a DataError
+    naming the model and the column."""
+    if column not in ds.column_names:
+        return None
+    if not any(v not in (None, [], "") for v in ds[column]):
+        return None  # the column is there but holds no image
+    if processor is None:
+        raise DataError(
+            f"{data_path} has images in column {column!r}, but the model {model} is a text-only "
+            "model.",
+            hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL, Qwen2-VL), "
+            f"or point data.image_key at another column (or drop the column {column!r}).",
+        )
+    local = Path(data_path).expanduser()
+    base = (local if local.is_dir() else local.parent) if local.exists() else None
+    return ImageRows(column, processor, base)

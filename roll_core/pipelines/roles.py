@@ -16,6 +16,7 @@ from typing import Any
 
 from roll_core.backends.infer import infer_backend_options
 from roll_core.engine import Cluster, make_executor
+from roll_core.errors import ConfigError
 from roll_core.engine.resource_plan import cluster_placement
 from roll_core.models import resolve_model_path
 from roll_core.pipelines.common import RolePlan
@@ -230,3 +231,40 @@ def build_rl_roles(
     for cluster in clusters.values():
         cluster.setup()
     return clusters
+
+
+def check_vision_support(cfg: Any) -> None:
+    """A vision-language model (``model.path``) with a role or backend that cannot feed it
+    images is a ConfigError at validation (no model is loaded: config.json only)."""
+    from roll_core.errors import ModelError
+    from roll_core.models.loading import is_vision_model
+
+    model = getattr(getattr(cfg, "model", None), "path", None)
+    if model is None:
+        return
+    try:
+        if not is_vision_model(model):
+            return
+    except ModelError:  # a missing model is reported by its own check
+        return
+    train = getattr(cfg, "actor_train", None)
+    if train is not None and train.backend != "torch":
+        raise ConfigError(
+            f"{model} is a vision-language model, and actor_train.backend={train.backend!r} "
+            "does not feed images to it yet (its sharding wraps text decoder layers only).",
+            hint="Use actor_train.backend: torch for vision-language models (docs/vlm.md).",
+        )
+    infer = getattr(cfg, "actor_infer", None)
+    if infer is not None and infer.backend != "hf":
+        raise ConfigError(
+            f"{model} is a vision-language model, and actor_infer.backend={infer.backend!r} "
+            "does not generate from images in roll yet.",
+            hint="Use actor_infer.backend: hf for vision-language models (docs/vlm.md).",
+        )
+    if getattr(cfg, "critic", None) is not None:
+        raise ConfigError(
+            f"{model} is a vision-language model; the critic (value model) does not take "
+            "images.",
+            hint="Remove the `critic:` section and use a critic-free estimator (grpo, "
+            "reinforce_plus_plus, ...).",
+        )

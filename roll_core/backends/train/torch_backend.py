@@ -22,9 +22,11 @@ from safetensors.torch import load_file
 from roll_core.backends.train.schedules import make_optimizer
 from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
-from roll_core.data.vision import vision_model_inputs
+from roll_core.data.vision import VisionInputs, concat_vision, vision_model_inputs
 from roll_core.errors import CheckpointError
 from roll_core.models import load_causal_lm, load_tokenizer
+from roll_core.models.loading import is_vision_model
+from roll_core.models.vision import load_processor
 from roll_core.models.lora import apply_lora, export_merged, load_adapter, save_adapter
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -100,6 +102,12 @@ class TorchTrainBackend:
         self.micro_batch_size = micro_batch_size
         self.tokenizer = load_tokenizer(tokenizer_path or model_path)
         self.model = load_causal_lm(model_path, dtype=_DTYPES[dtype], device=self.device)
+        # a VLM's image processor is exported with the model, so the export loads as a VLM
+        self.image_processor = (
+            load_processor(model_path, self.tokenizer).image_processor
+            if is_vision_model(model_path)
+            else None
+        )
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.lora = lora
@@ -204,7 +212,13 @@ class TorchTrainBackend:
         return self.model.disable_adapter()  # type: ignore[operator]
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        vision: list[VisionInputs | None] | None = None,
+    ) -> list[list[int]]:
         self.model.eval()
         pad = self.tokenizer.pad_token_id
         eos = self.tokenizer.eos_token_id
@@ -216,6 +230,7 @@ class TorchTrainBackend:
             attn[i, width - len(p) :] = 1
         with self._autocast():
             out = self.model.generate(  # type: ignore[operator]
+                **concat_vision(vision or [], device=self.device),
                 input_ids=ids.to(self.device),
                 attention_mask=attn.to(self.device),
                 max_new_tokens=max_new_tokens,
@@ -282,6 +297,8 @@ class TorchTrainBackend:
         else:
             self.model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+        if self.image_processor is not None:
+            self.image_processor.save_pretrained(path)
 
     def state_digest(self) -> str:
         """sha256 of every parameter's bytes, for exactness checks in tests and logs."""
