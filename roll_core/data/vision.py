@@ -147,10 +147,11 @@ def _read_one(value: Any, *, base_dir: Path | None, column: str) -> Image:
         raise BadImageError(
             f"image column {column!r}: a dict value needs 'bytes' or 'path', got {sorted(value)}."
         )
+    where = "image value"
     try:
         if isinstance(value, (bytes, bytearray)):
-            image = Image.open(io.BytesIO(value))
             where = "image bytes"
+            image = Image.open(io.BytesIO(value))
         elif isinstance(value, str):
             path = Path(value).expanduser()
             if not path.is_absolute() and base_dir is not None:
