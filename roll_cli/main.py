@@ -352,7 +352,7 @@ def data_shapes(
     ],
     n_train: Annotated[int, typer.Option(help="Training rows.")] = 1000,
     n_test: Annotated[int, typer.Option(help="Held-out rows (images disjoint from train).")] = 200,
-    max_count: Annotated[int, typer.Option(help="Most squares in one image (1..16).")] = 6,
+    max_count: Annotated[int, typer.Option(help="Most squares in one image (1..4).")] = 4,
     seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
     debug: Debug = False,
 ) -> None:
@@ -360,10 +360,10 @@ def data_shapes(
     from roll_core.data.shapes import write_shapes_dataset
     from roll_core.errors import ConfigError
 
-    if not 1 <= max_count <= 16:
+    if not 1 <= max_count <= 4:
         raise ConfigError(
-            f"--max-count must be between 1 and 16 (a 4x4 grid of cells), got {max_count}.",
-            hint="Pass --max-count 6 (the default) or another value in 1..16.",
+            f"--max-count must be between 1 and 4 (a 2x2 grid of cells), got {max_count}.",
+            hint="Pass --max-count 4 (the default) or another value in 1..4.",
         )
     write_shapes_dataset(out_dir, n_train=n_train, n_test=n_test, seed=seed, max_count=max_count)
     out.print(

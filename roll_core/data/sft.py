@@ -30,8 +30,8 @@ import torch
 
 from roll_core.data.batch import Batch
 from roll_core.data.chat import encode_chat_images, image_message, render_chat
-from roll_core.data.vision import BadImageError, ImageRows, vision_fields
 from roll_core.data.sources import require_columns
+from roll_core.data.vision import BadImageError, ImageRows, vision_fields
 from roll_core.errors import DataError
 
 if TYPE_CHECKING:

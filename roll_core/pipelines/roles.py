@@ -16,8 +16,8 @@ from typing import Any
 
 from roll_core.backends.infer import infer_backend_options
 from roll_core.engine import Cluster, make_executor
-from roll_core.errors import ConfigError
 from roll_core.engine.resource_plan import cluster_placement
+from roll_core.errors import ConfigError
 from roll_core.models import resolve_model_path
 from roll_core.pipelines.common import RolePlan
 from roll_core.workers.actor_infer import ActorInfer
@@ -263,8 +263,7 @@ def check_vision_support(cfg: Any) -> None:
         )
     if getattr(cfg, "critic", None) is not None:
         raise ConfigError(
-            f"{model} is a vision-language model; the critic (value model) does not take "
-            "images.",
+            f"{model} is a vision-language model; the critic (value model) does not take images.",
             hint="Remove the `critic:` section and use a critic-free estimator (grpo, "
             "reinforce_plus_plus, ...).",
         )

@@ -104,7 +104,7 @@ def test_shapes_dataset_is_deterministic_and_test_images_are_not_in_train(tmp_pa
     assert not train & test
     import random
 
-    scene = make_scene(random.Random(0), 6)
+    scene = make_scene(random.Random(0), 4)
     image = draw_scene(scene)
     # every square's pixels are its colour; the count is the number of squares
     lit = sum(1 for px in image.getdata() if px != (0, 0, 0))

@@ -112,5 +112,7 @@ def test_token_in_token_out_and_trainer_log_probs_equal_the_samplers(vlm_dir: Pa
     assert float(gap) < 1e-4
     # the images matter: the same ids with another image give other log-probs
     other = batch.select([0, 1, 2])
-    other.non_tensors["pixel_values"] = [torch.zeros_like(v) if v is not None else None for v in other.non_tensors["pixel_values"]]
+    other.non_tensors["pixel_values"] = [
+        torch.zeros_like(v) if v is not None else None for v in other.non_tensors["pixel_values"]
+    ]
     assert float(((trainer.log_probs(other) - log_probs) * mask).abs().max()) > 1e-3

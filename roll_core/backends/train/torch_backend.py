@@ -26,8 +26,8 @@ from roll_core.data.vision import VisionInputs, concat_vision, vision_model_inpu
 from roll_core.errors import CheckpointError
 from roll_core.models import load_causal_lm, load_tokenizer
 from roll_core.models.loading import is_vision_model
-from roll_core.models.vision import load_processor
 from roll_core.models.lora import apply_lora, export_merged, load_adapter, save_adapter
+from roll_core.models.vision import load_processor
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -277,7 +277,15 @@ class TorchTrainBackend:
             torch.cuda.set_rng_state_all(rng["cuda"])
 
     def _load_full_weights(self, path: Path) -> None:
-        state = load_file(str(path / "model" / "model.safetensors"), device=str(self.device))
+        if self.image_processor is not None:
+            # transformers saves a VLM under its hub checkpoint names (model.layers...), not the
+            # module names (model.language_model.layers...): read it back through from_pretrained
+            dtype = next(self.model.parameters()).dtype
+            state = load_causal_lm(
+                str(path / "model"), dtype=dtype, device=self.device
+            ).state_dict()
+        else:
+            state = load_file(str(path / "model" / "model.safetensors"), device=str(self.device))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = {k for k in missing if k.endswith("lm_head.weight")}
         if set(missing) - tied or unexpected:
