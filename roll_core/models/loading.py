@@ -318,12 +318,12 @@ def _summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:
         "hidden_size": text.get("hidden_size"),
         "vocab_size": text.get("vocab_size"),
         "approx_params": _approx_params(text, vision=config.get("vision_config")),
-        "vision_params": _approx_vision_params(config.get("vision_config")),
+        "vision_params": approx_vision_params(config.get("vision_config")),
         "context": text.get("max_position_embeddings"),
     }
 
 
-def _approx_vision_params(vision: Mapping[str, Any] | None) -> int | None:
+def approx_vision_params(vision: Mapping[str, Any] | None) -> int | None:
     """Parameters of a Qwen2.5-VL vision tower (patch embedding, blocks, patch merger)."""
     if not vision:
         return None
@@ -365,4 +365,4 @@ def _approx_params(
     qk_norm = 2 * head_dim if config.get("model_type") == "qwen3" else 0  # q_norm, k_norm
     layer = attn + qk_norm + 3 * hidden * inter + 2 * hidden  # + gate/up/down MLP + 2 norms
     lm_head = 0 if config.get("tie_word_embeddings", False) else vocab * hidden
-    return vocab * hidden + layers * layer + hidden + lm_head + (_approx_vision_params(vision) or 0)
+    return vocab * hidden + layers * layer + hidden + lm_head + (approx_vision_params(vision) or 0)

@@ -236,16 +236,16 @@ def build_rl_roles(
 def check_vision_support(cfg: Any) -> None:
     """A vision-language model (``model.path``) with a role or backend that cannot feed it
     images is a ConfigError at validation (no model is loaded: config.json only)."""
+    from roll_core.engine.model_sizes import model_config
     from roll_core.errors import ModelError
-    from roll_core.models.loading import is_vision_model
 
     model = getattr(getattr(cfg, "model", None), "path", None)
     if model is None:
         return
-    try:
-        if not is_vision_model(model):
+    try:  # config.json of a builtin, a local dir, a cached hub id or a known hub model
+        if "vision_config" not in (model_config(model) or {}):
             return
-    except ModelError:  # a missing model is reported by its own check
+    except (ModelError, OSError, ValueError):  # a missing model is reported by its own check
         return
     train = getattr(cfg, "actor_train", None)
     if train is not None and train.backend != "torch":
