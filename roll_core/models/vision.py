@@ -76,3 +76,12 @@ def load_processor(name_or_path: str, tokenizer: Any | None = None) -> VisionPro
         )
     merge = int(getattr(image_processor, "merge_size", 0) or 2)
     return VisionProcessor(tokenizer, image_processor, token, merge)
+
+
+def vision_token_ids(config: Any) -> list[int]:
+    """Ids a VLM must never generate: the image / video placeholders and the vision start
+    token. A sampled ``<|image_pad|>`` would be a placeholder with no image behind it when the
+    sequence is trained on (the model's forward refuses such a batch); the generators suppress
+    these ids (their logits are -inf while sampling; log-probs are of the raw logits)."""
+    names = ("image_token_id", "video_token_id", "vision_start_token_id")
+    return sorted({int(i) for n in names if (i := getattr(config, n, None)) is not None})

@@ -23,6 +23,7 @@ from roll_core.data.vision import concat_vision
 from roll_core.errors import ModelError
 from roll_core.models import load_causal_lm, load_tokenizer
 from roll_core.models.loading import is_vision_model
+from roll_core.models.vision import vision_token_ids
 
 _GLOBAL_RNG = threading.Lock()
 
@@ -53,6 +54,8 @@ class HFInferBackend:
         self.model = load_causal_lm(model_path, dtype=dtype, device=self.device)
         self.model_path = model_path
         self.is_vision = is_vision_model(model_path)
+        # never sample an image placeholder (docs/vlm.md): None for text models
+        self.suppress = vision_token_ids(self.model.config) if self.is_vision else None
         self.model.eval()
         self.version = 0
 
@@ -131,6 +134,7 @@ class HFInferBackend:
             pad_token_id=pad,
             stop_strings=list(params.stop) or None,
             tokenizer=self.tokenizer if params.stop else None,
+            suppress_tokens=self.suppress,
             output_logits=True,
             return_dict_in_generate=True,
         )

@@ -27,7 +27,7 @@ from roll_core.errors import CheckpointError
 from roll_core.models import load_causal_lm, load_tokenizer
 from roll_core.models.loading import is_vision_model
 from roll_core.models.lora import apply_lora, export_merged, load_adapter, save_adapter
-from roll_core.models.vision import load_processor
+from roll_core.models.vision import load_processor, vision_token_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -235,6 +235,9 @@ class TorchTrainBackend:
                 attention_mask=attn.to(self.device),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
+                suppress_tokens=(
+                    vision_token_ids(self.model.config) if self.image_processor is not None else None
+                ),
                 eos_token_id=eos,
                 pad_token_id=pad,
             )
