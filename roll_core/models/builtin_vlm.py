@@ -139,7 +139,7 @@ def write_vlm_dir(
     config = Qwen2_5_VLConfig(**config_kwargs, dtype="float32")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+        model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)  # type: ignore[arg-type]
     text = config_kwargs["text_config"]
     model.generation_config = GenerationConfig(
         eos_token_id=text["eos_token_id"], pad_token_id=text["pad_token_id"]

@@ -331,7 +331,7 @@ def approx_vision_params(vision: Mapping[str, Any] | None) -> int | None:
         h, depth = int(vision["hidden_size"]), int(vision["depth"])
         inter = int(vision.get("intermediate_size") or 4 * h)
         patch, merge = int(vision["patch_size"]), int(vision.get("spatial_merge_size", 2))
-        out = int(vision.get("out_hidden_size") or vision.get("hidden_size"))
+        out = int(vision.get("out_hidden_size") or h)
     except (KeyError, TypeError, ValueError):
         return None
     embed = int(vision.get("in_channels", 3)) * int(vision.get("temporal_patch_size", 2))

@@ -75,7 +75,7 @@ def load_processor(name_or_path: str, tokenizer: Any | None = None) -> VisionPro
             hint="Use the tokenizer saved with the model (model.tokenizer unset).",
         )
     merge = int(getattr(image_processor, "merge_size", 0) or 2)
-    return VisionProcessor(tokenizer, image_processor, token, merge)
+    return VisionProcessor(tokenizer, image_processor, str(token), merge)
 
 
 def vision_token_ids(config: Any) -> list[int]:

@@ -236,7 +236,9 @@ class TorchTrainBackend:
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 suppress_tokens=(
-                    vision_token_ids(self.model.config) if self.image_processor is not None else None
+                    vision_token_ids(self.model.config)
+                    if self.image_processor is not None
+                    else None
                 ),
                 eos_token_id=eos,
                 pad_token_id=pad,
