@@ -312,15 +312,18 @@ def _cached_hub_config(repo_id: str) -> dict[str, Any]:
 def _summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     text = config.get("text_config") or config  # multimodal configs nest the language model
     architectures = config.get("architectures") or []
-    return {
+    vision = config.get("vision_config")
+    summary = {
         "architecture": architectures[0] if architectures else config.get("model_type"),
         "num_layers": text.get("num_hidden_layers"),
         "hidden_size": text.get("hidden_size"),
         "vocab_size": text.get("vocab_size"),
-        "approx_params": _approx_params(text, vision=config.get("vision_config")),
-        "vision_params": approx_vision_params(config.get("vision_config")),
+        "approx_params": _approx_params(text, vision=vision),
         "context": text.get("max_position_embeddings"),
     }
+    if vision:  # a vision-language model: its vision tower's share of approx_params
+        summary["vision_params"] = approx_vision_params(vision)
+    return summary
 
 
 def approx_vision_params(vision: Mapping[str, Any] | None) -> int | None:

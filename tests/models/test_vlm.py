@@ -48,6 +48,13 @@ def test_tiny_vlm_is_a_hf_model_directory_with_its_processor(vlm_dir: Path) -> N
     assert type(proc.image_processor).__name__ == "Qwen2VLImageProcessorPil"  # no torchvision
 
 
+def test_rematerializing_the_tiny_vlm_is_byte_identical(vlm_dir: Path, tmp_path: Path) -> None:
+    again = materialize_builtin(VLM, tmp_path)
+    files = sorted(p.name for p in vlm_dir.iterdir())
+    assert files == sorted(p.name for p in again.iterdir())
+    assert all((vlm_dir / f).read_bytes() == (again / f).read_bytes() for f in files)
+
+
 def test_image_placeholders_expand_to_one_token_per_merged_patch(vlm_dir: Path) -> None:
     proc = load_processor(str(vlm_dir))
     pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
