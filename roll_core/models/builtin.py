@@ -129,7 +129,7 @@ BUILTIN_MODELS: dict[str, BuiltinSpec] = {
         BuiltinSpec(
             "tiny-qwen2.5-vl",
             "Qwen2.5-VL, vision tower 2 layers x 64 (patch 14, merge 2), LM 2 layers x 128 "
-            "(~0.6M params): the vision-language model of CPU recipes.",
+            "(~0.69M params): the vision-language model of CPU recipes.",
             MappingProxyType(
                 dict(
                     hidden_size=128,

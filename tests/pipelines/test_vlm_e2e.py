@@ -155,3 +155,6 @@ def test_vlm_bad_inputs_are_clear_errors(roll, shapes: Path, tmp_path: Path) -> 
     assert res.returncode == 2 and "actor_infer.backend: hf" in res.stderr
     res = roll("validate", str(recipe), "model.path=builtin:tiny-qwen2.5-vl")
     assert res.returncode == 0, res.stderr
+    # roll eval scores text prompts only: image data is refused, not silently read as text
+    res = roll("eval", "builtin:tiny-qwen2.5-vl", "--data", str(shapes / "test.jsonl"))
+    assert res.returncode == 2 and "'images'" in res.stderr and "Traceback" not in res.stderr
