@@ -243,9 +243,12 @@ def check_vision_support(cfg: Any) -> None:
     if model is None:
         return
     try:  # config.json of a builtin, a local dir, a cached hub id or a known hub model
-        if "vision_config" not in (model_config(model) or {}):
-            return
+        config = model_config(model)
     except (ModelError, OSError, ValueError):  # a missing model is reported by its own check
+        return
+    if config is not None and "vision_config" not in config:
+        _check_no_images(cfg, model)
+    if "vision_config" not in (config or {}):
         return
     train = getattr(cfg, "actor_train", None)
     if train is not None and train.backend != "torch":
@@ -267,3 +270,32 @@ def check_vision_support(cfg: Any) -> None:
             hint="Remove the `critic:` section and use a critic-free estimator (grpo, "
             "reinforce_plus_plus, ...).",
         )
+
+
+def _check_no_images(cfg: Any, model: str) -> None:
+    """A text-only model with a local jsonl dataset whose first row has images: a ConfigError
+    at validation (the data loader checks every row again, for every source)."""
+    import json
+    from pathlib import Path
+
+    data = getattr(cfg, "data", None)
+    column = getattr(data, "image_key", None)
+    if column is None:
+        return
+    for key in ("train", "eval"):
+        source = getattr(data, key, None)
+        path = Path(source.path).expanduser() if source is not None else None
+        if path is None or path.suffix.lower() != ".jsonl" or not path.is_file():
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                first = json.loads(f.readline() or "{}")
+        except (OSError, ValueError):
+            continue  # unreadable data is reported by the loader
+        if isinstance(first, dict) and first.get(column):
+            raise ConfigError(
+                f"data.{key}.path {source.path} has images in column {column!r}, but the "
+                f"model {model} is a text-only model.",
+                hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL, "
+                f"Qwen2-VL), or point data.image_key at another column (or drop {column!r}).",
+            )

@@ -15,6 +15,7 @@ from roll_core.data.vision import (
     BadImageError,
     VisionInputs,
     concat_vision,
+    image_rows,
     read_images,
     sample_vision,
     vision_fields,
@@ -109,3 +110,28 @@ def test_shapes_dataset_is_deterministic_and_test_images_are_not_in_train(tmp_pa
     # every square's pixels are its colour; the count is the number of squares
     lit = sum(1 for px in image.getdata() if px != (0, 0, 0))
     assert lit == sum(side * side for _, _, _, side, _ in scene)
+
+
+def test_image_rows_of_a_text_model_name_the_model_and_column(tmp_path: Path) -> None:
+    import datasets
+
+    from roll_core.errors import DataError
+
+    ds = datasets.Dataset.from_list([{"prompt": "p", "pics": ["a.png"]}])
+    with pytest.raises(DataError, match="'pics'.*builtin:tiny-qwen3 is a text-only"):
+        image_rows(
+            ds, column="pics", processor=None, data_path="d.parquet", model="builtin:tiny-qwen3"
+        )
+    # no such column, or an empty one: text rows
+    assert image_rows(ds, column="images", processor=None, data_path="d", model="m") is None
+    empty = datasets.Dataset.from_list([{"prompt": "p", "pics": []}])
+    assert image_rows(empty, column="pics", processor=None, data_path="d", model="m") is None
+    rows = image_rows(
+        ds, column="pics", processor=object(), data_path=str(tmp_path / "x.jsonl"), model="m"
+    )
+    assert rows is not None and rows.base_dir is None  # x.jsonl does not exist
+    (tmp_path / "x.jsonl").write_text("{}\n")
+    rows = image_rows(
+        ds, column="pics", processor=object(), data_path=str(tmp_path / "x.jsonl"), model="m"
+    )
+    assert rows is not None and rows.base_dir == tmp_path
