@@ -61,6 +61,8 @@ def load_processor(name_or_path: str, tokenizer: Any | None = None) -> VisionPro
             hint="Use a Qwen2-VL or Qwen2.5-VL model (builtin:tiny-qwen2.5-vl on CPU).",
         )
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(name_or_path)
+    if not getattr(tokenizer, "chat_template", None):
+        _adopt_processor_template(tokenizer, resolved)
 
     def from_pretrained(path: str, **kwargs: Any) -> Any:
         return AutoImageProcessor.from_pretrained(path, backend="pil", **kwargs)
@@ -76,6 +78,29 @@ def load_processor(name_or_path: str, tokenizer: Any | None = None) -> VisionPro
         )
     merge = int(getattr(image_processor, "merge_size", 0) or 2)
     return VisionProcessor(tokenizer, image_processor, str(token), merge)
+
+
+def _adopt_processor_template(tokenizer: Any, resolved: str) -> None:
+    """Hub VLMs may keep their chat template with the processor (``chat_template.json``)
+    rather than the tokenizer: give it to the tokenizer, which renders every chat in roll."""
+    import json
+    from pathlib import Path
+
+    directory = Path(resolved)
+    if not directory.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(resolved, "chat_template.json")
+        if not isinstance(cached, str):
+            return
+        directory = Path(cached).parent
+    jinja, packed = directory / "chat_template.jinja", directory / "chat_template.json"
+    if jinja.is_file():
+        tokenizer.chat_template = jinja.read_text(encoding="utf-8")
+    elif packed.is_file():
+        template = json.loads(packed.read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(template, str):
+            tokenizer.chat_template = template
 
 
 def vision_token_ids(config: Any) -> list[int]:

@@ -123,3 +123,18 @@ def test_token_in_token_out_and_trainer_log_probs_equal_the_samplers(vlm_dir: Pa
         torch.zeros_like(v) if v is not None else None for v in other.non_tensors["pixel_values"]
     ]
     assert float(((trainer.log_probs(other) - log_probs) * mask).abs().max()) > 1e-3
+
+
+def test_a_chat_template_kept_with_the_processor_is_used(vlm_dir: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    model = tmp_path / "vlm"
+    shutil.copytree(vlm_dir, model)
+    template = (model / "chat_template.jinja").read_text()
+    (model / "chat_template.jinja").unlink()
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    assert load_processor(str(model)).tokenizer.chat_template == template
