@@ -158,3 +158,18 @@ def test_vlm_bad_inputs_are_clear_errors(roll, shapes: Path, tmp_path: Path) -> 
     # roll eval scores text prompts only: image data is refused, not silently read as text
     res = roll("eval", "builtin:tiny-qwen2.5-vl", "--data", str(shapes / "test.jsonl"))
     assert res.returncode == 2 and "'images'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_roll_data_shapes(roll, tmp_path: Path) -> None:
+    res = roll("data", "shapes", str(tmp_path / "s"), "--n-train", "6", "--n-test", "2")
+    assert res.returncode == 0, res.stderr
+    write_shapes_dataset(tmp_path / "ref", n_train=6, n_test=2)
+    for name in ("train.jsonl", "test.jsonl", "images/test-00001.png"):
+        assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+    # the shipped data set is the seed-0 default
+    shipped = Path(__file__).resolve().parents[2] / "data" / "tiny-shapes"
+    write_shapes_dataset(tmp_path / "default")
+    for name in ("train.jsonl", "test.jsonl", "images/train-00999.png"):
+        assert (shipped / name).read_bytes() == (tmp_path / "default" / name).read_bytes()
+    res = roll("data", "shapes", str(tmp_path / "x"), "--max-count", "9")
+    assert res.returncode == 2 and "--max-count" in res.stderr and "Traceback" not in res.stderr
