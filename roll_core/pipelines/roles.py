@@ -294,7 +294,7 @@ def _check_no_images(cfg: Any, model: str) -> None:
             continue  # unreadable data is reported by the loader
         if isinstance(first, dict) and first.get(column):
             raise ConfigError(
-                f"data.{key}.path {source.path} has images in column {column!r}, but the "
+                f"data.{key}.path {path} has images in column {column!r}, but the "
                 f"model {model} is a text-only model.",
                 hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL, "
                 f"Qwen2-VL), or point data.image_key at another column (or drop {column!r}).",
