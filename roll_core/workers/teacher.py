@@ -2,7 +2,10 @@
 
 It holds no optimizer and computes no gradients (its memory is the weights alone). It returns
 its next-token distributions at the positions the student trains on, full or top-k (see
-roll_core/algorithms/distill.py), and greedy generations for the exact-match comparison.
+roll_core/algorithms/distill.py), and greedy generations for the exact-match comparison. A
+vision-language teacher gets each row's images from the batch (``pixel_values`` /
+``image_grid_thw``, made once by the processor both models share), so it sees exactly the
+student's inputs.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from roll_core.algorithms.distill import teacher_targets
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data import Batch
+from roll_core.data.vision import vision_model_inputs
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm, load_tokenizer
@@ -77,8 +81,10 @@ class Teacher(Worker):
             raise RuntimeError("Teacher.setup() was not called")
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
+        vision = vision_model_inputs(mb, self.device)  # image rows: the images the student sees
         with self._autocast():
-            return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
+            out = self.model(input_ids=ids, attention_mask=attn, use_cache=False, **vision)
+            return out.logits.float()
 
     @dispatch("dp")
     @torch.no_grad()
