@@ -157,6 +157,37 @@ BUILTIN_MODELS: dict[str, BuiltinSpec] = {
                 )
             ),
         ),
+        BuiltinSpec(
+            "small-qwen2.5-vl",
+            "Qwen2.5-VL, the tiny VLM's vision tower and image processor, LM 4 layers x 256 "
+            "(~3.5M params): a vision-language teacher for distillation on CPU.",
+            MappingProxyType(
+                dict(
+                    hidden_size=256,
+                    num_hidden_layers=4,
+                    num_attention_heads=8,
+                    num_key_value_heads=4,
+                    intermediate_size=768,
+                    tie_word_embeddings=True,
+                    max_position_embeddings=1024,
+                )
+            ),
+            family="qwen2.5-vl",
+            vision_kwargs=MappingProxyType(
+                dict(
+                    depth=2,
+                    hidden_size=64,
+                    intermediate_size=128,
+                    num_heads=2,
+                    patch_size=14,
+                    spatial_merge_size=2,
+                    temporal_patch_size=2,
+                    window_size=56,
+                    fullatt_block_indexes=[1],
+                    in_channels=3,
+                )
+            ),
+        ),
     )
 }
 

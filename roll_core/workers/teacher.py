@@ -18,7 +18,7 @@ import torch
 from roll_core.algorithms.distill import teacher_targets
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data import Batch
-from roll_core.data.vision import vision_model_inputs
+from roll_core.data.vision import VisionInputs, concat_vision, vision_model_inputs
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm, load_tokenizer
@@ -68,7 +68,7 @@ class Teacher(Worker):
         return {
             "params": sum(p.numel() for p in self.model.parameters()),
             "device": str(self.device),
-            "vocab_size": int(self.model.config.vocab_size),
+            "vocab_size": int(self.model.config.get_text_config().vocab_size),
         }
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -114,8 +114,15 @@ class Teacher(Worker):
 
     @dispatch("rank0")
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
-        """Greedy continuations (no prompt tokens, cut at the eos token)."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        vision: list[VisionInputs | None] | None = None,
+    ) -> list[list[int]]:
+        """Greedy continuations (no prompt tokens, cut at the eos token); ``vision``: each
+        prompt's images (vision-language models)."""
         if self.model is None:
             raise RuntimeError("Teacher.setup() was not called")
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
@@ -127,6 +134,7 @@ class Teacher(Worker):
             attn[i, width - len(p) :] = 1
         with self._autocast():
             out = self.model.generate(
+                **concat_vision(vision or [], device=self.device),
                 input_ids=ids.to(self.device),
                 attention_mask=attn.to(self.device),
                 max_new_tokens=max_new_tokens,

@@ -155,8 +155,10 @@ def test_step_rows_carry_the_images_of_their_window(parts: tuple) -> None:
     assert gap(trainer, batch) < 2e-4
 
 
-def test_a_text_model_cannot_take_image_observations() -> None:
-    tok = load_tokenizer("builtin:tiny-qwen3")
+def test_a_text_model_cannot_take_image_observations(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    tok = load_tokenizer(str(materialize_builtin("tiny-qwen3", tmp_path_factory.mktemp("c"))))
     obs, _ = env().reset(0)
     with pytest.raises(ModelError, match="text-only model"):
         ChatFormat(tok).first_prompt("Lake.", obs)
