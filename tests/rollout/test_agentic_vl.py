@@ -162,3 +162,33 @@ def test_a_text_model_cannot_take_image_observations(
     obs, _ = env().reset(0)
     with pytest.raises(ModelError, match="text-only model"):
         ChatFormat(tok).first_prompt("Lake.", obs)
+
+
+def test_a_vlm_never_generates_image_placeholders(model_path: str) -> None:
+    """A response with an image placeholder would hold more image tokens than images, which
+    breaks the next turn and training: the hf backend suppresses the vision tokens."""
+    from roll_core.backends.infer import Request
+    from roll_core.backends.infer.hf import HFInferBackend
+
+    backend = HFInferBackend(model_path=model_path, device="cpu", num_threads=1)
+    tok = backend.tokenizer
+    vision_ids = [tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|vision_start|>")]
+    assert set(vision_ids) <= set(backend.suppress)
+    head = backend.model.get_output_embeddings()
+    bias = torch.zeros(head.weight.shape[0])
+    bias[vision_ids] = 50.0  # the model now prefers the vision tokens by far
+
+    def prefer_vision(_module: Any, _inputs: Any, logits: torch.Tensor) -> torch.Tensor:
+        return logits + bias
+
+    hook = head.register_forward_hook(prefer_vision)
+    try:
+        prompt = tok("hello", add_special_tokens=False)["input_ids"]
+        params = SamplingParams(max_new_tokens=6, temperature=1.0)
+        (out,) = backend.generate([Request(0, prompt, seed=1)], params)
+        backend.suppress = []  # the same request without suppression: only vision tokens
+        (raw,) = backend.generate([Request(0, prompt, seed=1)], params)
+    finally:
+        hook.remove()
+    assert out.response_ids and not set(out.response_ids) & set(vision_ids)
+    assert set(raw.response_ids) <= set(vision_ids)
