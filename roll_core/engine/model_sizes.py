@@ -42,6 +42,19 @@ _QWEN25_VL_7B = {
         "out_hidden_size": 3584,
     },
 }
+_QWEN25_VL_3B = {
+    "num_hidden_layers": 36,
+    "hidden_size": 2048,
+    "intermediate_size": 11008,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "attention_bias": True,
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "vision_config": {**_QWEN25_VL_7B["vision_config"], "out_hidden_size": 2048},
+}
 _QWEN3_30B_A3B = {
     **_QWEN3,
     "num_hidden_layers": 48,
@@ -79,6 +92,7 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen2.5-7B": _QWEN25_7B,
     "Qwen/Qwen2.5-7B-Instruct": _QWEN25_7B,
     "Qwen/Qwen2.5-Math-7B": _QWEN25_7B,
+    "Qwen/Qwen2.5-VL-3B-Instruct": _QWEN25_VL_3B,
     "Qwen/Qwen2.5-VL-7B-Instruct": _QWEN25_VL_7B,
 }
 """Published config.json fields of the hub models the recipes use (`-Base` variants share
