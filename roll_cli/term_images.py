@@ -70,7 +70,9 @@ def inline_image(image: Image, protocol: str) -> str:
 
 def sixel(image: Image) -> str:
     """``image`` as DEC sixel graphics: a palette of at most 256 colours, bands of 6 rows."""
-    paletted = image.convert("RGB").quantize(colors=256, dither=0)
+    from PIL import Image as PILImage
+
+    paletted = image.convert("RGB").quantize(colors=256, dither=PILImage.Dither.NONE)
     width, height = paletted.size
     raw = paletted.getpalette() or []
     pixels = list(paletted.getdata())
