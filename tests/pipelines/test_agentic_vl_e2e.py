@@ -53,8 +53,12 @@ def test_image_env_with_a_text_model_is_a_recipe_error(roll) -> None:
     assert "Traceback" not in res.stderr
 
 
-def test_dry_run_of_the_vl_agentic_recipes(roll) -> None:
-    for name in ("tiny-vl-frozenlake", "qwen2.5-vl-3b-sokoban"):
-        res = roll("train", "agentic", str(ROOT / "recipes" / f"{name}.yaml"), "--dry-run")
+def test_dry_run_of_the_real_scale_vl_recipes(roll) -> None:
+    for command, name in (
+        ("train agentic", "qwen2.5-vl-3b-sokoban"),
+        ("distill", "qwen2.5-vl-7b-distill"),
+    ):
+        res = roll(*command.split(), str(ROOT / "recipes" / f"{name}.yaml"), "--dry-run")
         assert res.returncode == 0, name + res.stderr
         assert "recipe is valid" in res.stdout
+        assert "3.75B params (0.67B of them the vision tower)" in res.stdout
