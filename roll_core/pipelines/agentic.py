@@ -37,6 +37,7 @@ from roll_core.data import Batch
 from roll_core.data.vision import VISION_FIELDS
 from roll_core.engine import Cluster
 from roll_core.envs import get_env_class, make_env
+from roll_core.envs.base import observation_images
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.envs.registry import validate_options
 from roll_core.errors import ConfigError, RollError
@@ -164,12 +165,14 @@ def check_images(cfg: AgenticConfig) -> None:
             )
 
 
-def _check_env(entry: EnvEntry, timeout: float) -> None:
-    """Build and reset each env once, so a bad name or option fails before a run exists."""
+def _check_env(entry: EnvEntry, timeout: float) -> bool:
+    """Build and reset each env once, so a bad name or option fails before a run exists;
+    returns whether its observations carry images."""
     get_env_class(entry.env)
     env = make_env(entry.env, **entry.options)
     try:
-        call_with_timeout(env.reset, 0, timeout=timeout)
+        observation, _ = call_with_timeout(env.reset, 0, timeout=timeout)
+        return bool(observation_images(observation))
     except RollError:
         raise  # already a user-facing error (e.g. options that cannot make a room)
     except Exception as err:  # noqa: BLE001 - the user's env raised or hung
@@ -183,13 +186,21 @@ def _check_env(entry: EnvEntry, timeout: float) -> None:
 
 def prepare(cfg: AgenticConfig) -> AgenticSetup:
     check_algorithm(cfg)
-    for entry in cfg.envs:
-        _check_env(entry, cfg.rollout.step_timeout_s)
+    shows_images = [_check_env(entry, cfg.rollout.step_timeout_s) for entry in cfg.envs]
     model_path = resolve_model_path(cfg.model.path)
     tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
     check_images(cfg)
-    processor = load_processor(model_path, tokenizer) if is_vision_model(model_path) else None
+    vision = is_vision_model(model_path)
+    for i, entry in enumerate(cfg.envs):
+        if shows_images[i] and not vision:  # e.g. a user env with render_image()
+            raise ConfigError(
+                f"envs[{i}] ({entry.name}) shows pictures (its observations carry images), "
+                f"but model.path={cfg.model.path} is a text-only model: it cannot see them.",
+                hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL), or "
+                "make the env's render_image() return None.",
+            )
+    processor = load_processor(model_path, tokenizer) if vision else None
     ChatFormat(tokenizer, processor)  # a template that cannot render turns incrementally fails
     max_context = cfg.rollout.max_context or _model_context(model_path)
     return AgenticSetup(model_path, tok_path, tokenizer, max_context, processor)

@@ -62,3 +62,35 @@ def test_dry_run_of_the_real_scale_vl_recipes(roll) -> None:
         assert res.returncode == 0, name + res.stderr
         assert "recipe is valid" in res.stdout
         assert "3.75B params (0.67B of them the vision tower)" in res.stdout
+
+
+def test_user_env_with_pictures_and_a_text_model_is_refused(roll, tmp_path: Path) -> None:
+    (tmp_path / "pic_env.py").write_text(
+        "from PIL import Image\n"
+        "from roll_core.envs import TextEnv, Transition\n\n"
+        "class PicEnv(TextEnv):\n"
+        "    def on_reset(self, rng):\n"
+        "        return 'Look.', {}\n"
+        "    def parse_action(self, text):\n"
+        "        return text\n"
+        "    def on_step(self, action):\n"
+        "        return Transition('Done.', 1.0, True)\n"
+        "    def render(self):\n"
+        "        return 'a picture'\n"
+        "    def render_image(self):\n"
+        "        return Image.new('RGB', (28, 28))\n"
+    )
+    recipe = tmp_path / "pic.yaml"
+    recipe.write_text(
+        "pipeline: agentic\n"
+        f"runs_dir: {tmp_path / 'runs'}\n"
+        "model: {path: builtin:tiny-qwen3}\n"
+        "envs: [{env: 'pic_env:PicEnv', groups_per_step: 1}]\n"
+        "rollout: {group_size: 2}\n"
+        "trainer: {max_steps: 1}\n"
+    )
+    res = roll("train", "agentic", str(recipe), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr + res.stdout
+    assert "envs[0] (picenv) shows pictures" in res.stderr
+    assert "model.path=builtin:tiny-qwen3 is a text-only model" in res.stderr
+    assert not (tmp_path / "runs").exists()
