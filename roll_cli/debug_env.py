@@ -154,6 +154,13 @@ def debug_env(
     cls = get_env_class(env)
     name = env_id(cls)
     if list_options:
+        if options:
+            raise UsageError(
+                f"--options lists the options of {name} and plays nothing; it takes no "
+                f"name=value ({' '.join(options)}).",
+                hint=f"To play with them give them without --options: roll debug-env {env} "
+                f"{' '.join(options)}.",
+            )
         _print_options(cls)
         return
     kwargs = parse_option_args(options or [])

@@ -144,6 +144,10 @@ def test_model_policy_with_a_builtin_model(cli_env: dict[str, str], tmp_path: Pa
             "cannot write the recording /nonexistent-dir/x.jsonl",
         ),
         (
+            ["sokoban", "--options", "obs_mode=image"],
+            "roll debug-env sokoban obs_mode=image",
+        ),
+        (
             ["frozen_lake", "obs_mode=image", "--model", "builtin:tiny-qwen3"],
             "env frozen_lake shows pictures (obs_mode=image)",
         ),
