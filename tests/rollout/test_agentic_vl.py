@@ -186,7 +186,7 @@ def test_a_vlm_never_generates_image_placeholders(model_path: str) -> None:
         prompt = tok("hello", add_special_tokens=False)["input_ids"]
         params = SamplingParams(max_new_tokens=6, temperature=1.0)
         (out,) = backend.generate([Request(0, prompt, seed=1)], params)
-        backend.suppress = []  # the same request without suppression: only vision tokens
+        backend.suppress = None  # the same request without suppression: only vision tokens
         (raw,) = backend.generate([Request(0, prompt, seed=1)], params)
     finally:
         hook.remove()
