@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from roll_core.models.loading import approx_vision_params
 
@@ -53,7 +53,10 @@ _QWEN25_VL_3B = {
     "attention_bias": True,
     "architectures": ["Qwen2_5_VLForConditionalGeneration"],
     "model_type": "qwen2_5_vl",
-    "vision_config": {**_QWEN25_VL_7B["vision_config"], "out_hidden_size": 2048},
+    "vision_config": {
+        **cast(dict[str, Any], _QWEN25_VL_7B["vision_config"]),
+        "out_hidden_size": 2048,
+    },
 }
 _QWEN3_30B_A3B = {
     **_QWEN3,
