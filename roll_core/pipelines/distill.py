@@ -32,6 +32,7 @@ import torch
 from roll_core.config.preference import DistillConfig
 from roll_core.data import Batch, collate_sft
 from roll_core.engine import Cluster
+from roll_core.engine.model_sizes import model_shape
 from roll_core.errors import ConfigError, ModelError
 from roll_core.models import (
     load_tokenizer,
@@ -64,13 +65,29 @@ def plan(cfg: DistillConfig) -> list[RolePlan]:
     lora, k = cfg.actor_train.lora, cfg.distill.top_k
     batch = cfg.trainer.global_batch_size(cfg.actor_train.world_size)
     student = f"student {cfg.model.path}; global batch {batch}"
-    teacher = f"frozen {cfg.teacher.path}; {cfg.distill.loss}, "
+    teacher = f"frozen {cfg.teacher.path}{_teacher_size(cfg)}; {cfg.distill.loss}, "
     return [
         roles.actor_train_row(cfg, student + (f"; LoRA rank {lora.rank}" if lora else "")),
         roles.frozen_row(
             cfg, "teacher", "Teacher", teacher + (f"top-{k} + tail" if k else "full vocabulary")
         ),
     ]
+
+
+def _teacher_size(cfg: DistillConfig) -> str:
+    """`` (8.29B params, 0.68B vision tower; weights 15.4 GiB in bfloat16)``: the frozen
+    teacher's memory on the student's device, when its shape is known offline."""
+    shape = model_shape(cfg.teacher.path)
+    if shape is None:
+        return ""
+
+    def count(n: int) -> str:
+        return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+    vision = f", {count(shape.vision_params)} vision tower" if shape.vision_params else ""
+    size = shape.params * {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.teacher.dtype]
+    shown = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    return f" ({count(shape.params)} params{vision}; weights {shown} in {cfg.teacher.dtype})"
 
 
 #: Image-processor settings that decide the pixel values and the image-token count of an image.

@@ -63,6 +63,9 @@ def test_real_scale_vl_recipes_plan_the_vision_tower() -> None:
         notes = " ".join(r.detail for r in rows if r.role == "memory/GPU")
         assert "3.75B params (0.67B of them the vision tower)" in notes, name
         assert "actor_train 55.9 GiB (params 7.0, grads 7.0, optim 42.0)" in notes, name
+        if name.endswith("distill"):  # the teacher's weights beside the student (8.29e9 x 2 B)
+            (teacher,) = [r.detail for r in rows if r.role == "teacher"]
+            assert "(8.29B params, 676.6M vision tower; weights 15.4 GiB in bfloat16)" in teacher
 
 
 def test_user_env_with_pictures_and_a_text_model_is_refused(roll, tmp_path: Path) -> None:
