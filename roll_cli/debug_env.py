@@ -105,6 +105,15 @@ def debug_env(
             help="Seconds an env reset/step may take before it is reported as hung (0: no limit).",
         ),
     ] = 30.0,
+    image_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--image-dir",
+            help="Where image observations (obs_mode=image) are saved as PNG, one file per "
+            "turn. Default: runs/debug-env/ENV-TIME/.",
+            show_default=False,
+        ),
+    ] = None,
     list_options: Annotated[
         bool,
         typer.Option(
@@ -125,6 +134,9 @@ def debug_env(
     Free-text envs (tool_use) read every action as such a line.
     Without a terminal, each line of stdin is one action.
     `roll debug-env ENV --options` lists the env's options.
+    Image observations (e.g. `roll debug-env sokoban obs_mode=image`) are saved as PNG files
+    (--image-dir), their paths printed each turn, and drawn inline in terminals that speak
+    the kitty, iTerm2 or sixel image protocol.
     """
     from roll_core.envs import get_env_class, parse_option_args
     from roll_core.envs.play import (
@@ -142,6 +154,13 @@ def debug_env(
     cls = get_env_class(env)
     name = env_id(cls)
     if list_options:
+        if options:
+            raise UsageError(
+                f"--options lists the options of {name} and plays nothing; it takes no "
+                f"name=value ({' '.join(options)}).",
+                hint=f"To play with them give them without --options: roll debug-env {env} "
+                f"{' '.join(options)}.",
+            )
         _print_options(cls)
         return
     kwargs = parse_option_args(options or [])
@@ -165,6 +184,7 @@ def debug_env(
 
     instance = cls(**(recorded[0].options if recorded else kwargs))
     printer = _Printer(instance.options.model_dump(), len(seeds))
+    printer.images = _ImageSaver(image_dir or _default_image_dir(name))
     player: Any
     if chosen == "model":
         from roll_core.envs.model_policy import ModelPolicy
@@ -476,6 +496,49 @@ def _read_escape(fd: int) -> str:
 
 
 # ---- output ----------------------------------------------------------------------------------
+def _default_image_dir(env_name: str) -> Path:
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in env_name)
+    return Path("runs") / "debug-env" / f"{safe}-{stamp}-{os.getpid()}"
+
+
+class _ImageSaver:
+    """Saves the pictures of image observations (PNG), prints each path, draws them inline
+    where the terminal can (:mod:`roll_cli.term_images`). The directory is made on first use."""
+
+    def __init__(self, directory: Path) -> None:
+        from roll_cli.term_images import terminal_protocol
+
+        self.directory = directory
+        self.protocol = terminal_protocol()
+
+    def show(self, observation: str, label: str) -> None:
+        from roll_core.envs.base import observation_images
+        from roll_core.errors import UsageError
+
+        images = observation_images(observation)
+        for k, image in enumerate(images):
+            path = self.directory / (f"{label}.png" if len(images) == 1 else f"{label}-{k + 1}.png")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                image.save(path)
+            except OSError as err:
+                raise UsageError(
+                    f"cannot save the image observation {path}: {err.strerror or err}.",
+                    hint="Give --image-dir a writable directory.",
+                ) from None
+            out.print(
+                Text(f"image {image.width}x{image.height}: {path}", style="dim"), soft_wrap=True
+            )
+            if self.protocol is not None:
+                from roll_cli.term_images import inline_image
+
+                out.file.write(inline_image(image, self.protocol) + "\n")
+                out.file.flush()
+
+
 def _shown(text: str) -> Text:
     """``text`` for the terminal: control characters escaped, never interpreted as markup."""
     return Text("".join(ch if ch.isprintable() or ch in "\n\t" else repr(ch)[1:-1] for ch in text))
@@ -488,6 +551,7 @@ class _Printer:
         self.options = options
         self.total = total
         self.index = 0
+        self.images: _ImageSaver | None = None
 
     def start(self, episode: Any) -> None:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
@@ -515,6 +579,8 @@ class _Printer:
                 expand=False,
             )
         )
+        if self.images is not None:
+            self.images.show(observation, f"episode{self.index + 1:02d}-turn{number:02d}")
 
     def turn(self, number: int, turn: Any) -> None:
         valid = turn.info.get("action_is_valid", True)
@@ -567,6 +633,10 @@ class _Printer:
                     expand=False,
                 )
             )
+            if self.images is not None:
+                self.images.show(
+                    episode.turns[-1].observation, f"episode{self.index + 1:02d}-final"
+                )
         outcome = "quit" if episode.aborted else "success" if episode.success else "failure"
         out.print(
             Text(

@@ -344,6 +344,34 @@ def data_arith_pairs(
     )
 
 
+@data_app.command("shapes")
+@handle_errors
+def data_shapes(
+    out_dir: Annotated[
+        Path, typer.Argument(help="Directory for train.jsonl, test.jsonl and images/.")
+    ],
+    n_train: Annotated[int, typer.Option(help="Training rows.")] = 1000,
+    n_test: Annotated[int, typer.Option(help="Held-out rows (images disjoint from train).")] = 200,
+    max_count: Annotated[int, typer.Option(help="Most squares in one image (1..4).")] = 4,
+    seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
+    debug: Debug = False,
+) -> None:
+    """Write the count-the-squares image dataset of the vision-language recipes (56x56 PNGs)."""
+    from roll_core.data.shapes import write_shapes_dataset
+    from roll_core.errors import ConfigError
+
+    if not 1 <= max_count <= 4:
+        raise ConfigError(
+            f"--max-count must be between 1 and 4 (a 2x2 grid of cells), got {max_count}.",
+            hint="Pass --max-count 4 (the default) or another value in 1..4.",
+        )
+    write_shapes_dataset(out_dir, n_train=n_train, n_test=n_test, seed=seed, max_count=max_count)
+    out.print(
+        f"wrote {out_dir}/train.jsonl ({n_train} rows), {out_dir}/test.jsonl ({n_test} rows) "
+        f"and {n_train + n_test} images in {out_dir}/images/"
+    )
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"roll {__version__}")

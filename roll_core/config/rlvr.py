@@ -27,6 +27,13 @@ class RLDataConfig(Strict):
     eval: DatasetSource | None = Field(default=None, description="Held-out prompts for validation.")
     prompt_key: str = Field(default="prompt", description="Column holding the prompt text.")
     answer_key: str = Field(default="answer", description="Column holding the reference answer.")
+    image_key: str = Field(
+        default="images",
+        description="Column holding each row's image(s) for a vision-language model: a path "
+        "(relative to the data file), bytes, a datasets.Image value, or a list of them. Rows "
+        "with an unreadable image are skipped and counted; a text-only model given a dataset "
+        "with images in this column is an error. No such column: text rows. See docs/vlm.md.",
+    )
     system_prompt: str | None = Field(
         default=None, description="Optional system message before every prompt."
     )

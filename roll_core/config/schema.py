@@ -66,6 +66,13 @@ class SFTDataConfig(Strict):
     prompt_key: str = Field(default="prompt", description="Column holding the prompt.")
     response_key: str = Field(default="response", description="Column holding the response.")
     messages_key: str = Field(default="messages", description="Column holding chat messages.")
+    image_key: str = Field(
+        default="images",
+        description="Column holding each row's image(s) for a vision-language model: a path "
+        "(relative to the data file), bytes, a datasets.Image value, or a list of them. Rows "
+        "with an unreadable image are skipped and counted; a text-only model given a dataset "
+        "with images in this column is an error. No such column: text rows. See docs/vlm.md.",
+    )
     max_length: int = Field(
         default=1024,
         ge=8,

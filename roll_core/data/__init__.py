@@ -1,12 +1,12 @@
 """Data: the Batch type, chat-template rendering, dataset sources, SFT tokenisation and masks, the resumable loader,
-and the tiny arithmetic data set.
+the tiny arithmetic and image data sets, and the per-sample vision inputs of VLMs (vision.py).
 
 Nothing here imports ``roll_core.engine``, Ray or the CLI; everything runs on CPU in tests.
 """
 
 from roll_core.data.arith import PROMPT_TEMPLATE, arith_row, make_arith_rows, write_arith_dataset
 from roll_core.data.batch import Batch
-from roll_core.data.chat import encode_chat, render_chat
+from roll_core.data.chat import encode_chat, encode_chat_images, image_message, render_chat
 from roll_core.data.loader import StatefulLoader
 from roll_core.data.sft import (
     build_sft_dataset,
@@ -17,23 +17,28 @@ from roll_core.data.sft import (
     encode_prompt_response,
 )
 from roll_core.data.sources import BUILDERS, is_local_path, load_rows, require_columns
+from roll_core.data.vision import VisionInputs, read_images
 
 __all__ = [
     "BUILDERS",
     "PROMPT_TEMPLATE",
     "Batch",
+    "VisionInputs",
     "StatefulLoader",
     "arith_row",
     "build_sft_dataset",
     "collate_sft",
     "encode_chat",
+    "encode_chat_images",
     "encode_chat_prompt",
     "encode_messages",
     "encode_prompt",
     "encode_prompt_response",
+    "image_message",
     "is_local_path",
     "load_rows",
     "make_arith_rows",
+    "read_images",
     "render_chat",
     "require_columns",
     "write_arith_dataset",

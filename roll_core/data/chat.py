@@ -3,7 +3,9 @@
 Every caller that turns messages into a prompt (SFT/DPO tokenisation, the agentic rollout's
 token-in/token-out pieces, the model policy of `roll debug-env`, the LLM judge) goes through
 :func:`render_chat` (text) or :func:`encode_chat` (token ids), so the template is applied the
-same way everywhere.
+same way everywhere. Vision-language models: :func:`image_message` builds a user turn with image
+parts and :func:`encode_chat_images` gives its token ids (placeholders expanded) and the
+images' :class:`~roll_core.data.vision.VisionInputs`.
 
 ``fold_system=True`` retries a conversation the template rejects with its system message folded
 into the first turn (``system + "\\n\\n" + first["content"]`` as a user message), for templates
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from roll_core.data.vision import VisionInputs
 
 Message = Mapping[str, Any]
 
@@ -70,3 +74,54 @@ def _apply(
             add_generation_prompt=add_generation_prompt,
             tokenize=tokenize,
         )
+
+
+def image_message(text: str, num_images: int) -> dict[str, Any]:
+    """A user message with ``num_images`` image parts before its text (Qwen-VL's layout); plain
+    text content when there is no image."""
+    if not num_images:
+        return {"role": "user", "content": text}
+    parts: list[dict[str, Any]] = [{"type": "image"} for _ in range(num_images)]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+def encode_chat_images(
+    processor: Any,
+    messages: Sequence[Message],
+    images: Sequence[Any],
+    *,
+    add_generation_prompt: bool,
+    fold_system: bool = False,
+) -> tuple[list[int], VisionInputs | None]:
+    """Token ids and vision inputs of a conversation whose ``{"type": "image"}`` parts take
+    ``images`` in order (a vision-language model's :class:`~roll_core.models.vision.
+    VisionProcessor`).
+
+    The template writes one image placeholder per image part; each placeholder token becomes
+    as many placeholder tokens as the image has merged patches (what Qwen-VL's processor does),
+    so the ids are exactly what the model is fed. Raises ``ValueError`` when the number of
+    placeholders differs from ``len(images)``."""
+    text = render_chat(
+        processor.tokenizer,
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        fold_system=fold_system,
+    )
+    pad = processor.image_token
+    pieces = text.split(pad)
+    if len(pieces) - 1 != len(images):
+        raise ValueError(
+            f"the chat template wrote {len(pieces) - 1} image placeholder(s) {pad!r} for "
+            f"{len(images)} image(s)."
+        )
+    if not images:
+        return [
+            int(i) for i in processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ], None
+    vision = processor.process_images(images)
+    counts = vision.num_image_tokens(processor.merge_size)
+    expanded = pieces[0] + "".join(
+        pad * n + rest for n, rest in zip(counts, pieces[1:], strict=True)
+    )
+    ids = processor.tokenizer(expanded, add_special_tokens=False)["input_ids"]
+    return [int(i) for i in ids], vision

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from roll_core.data.batch import Batch
-from roll_core.data.chat import render_chat
+from roll_core.data.chat import encode_chat_images, image_message, render_chat
 from roll_core.data.sources import require_columns
+from roll_core.data.vision import BadImageError, ImageRows, vision_fields
 from roll_core.errors import DataError
 
 if TYPE_CHECKING:
@@ -92,6 +93,28 @@ def encode_messages(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Messa
     return {"input_ids": full_ids, "loss_mask": loss_mask}
 
 
+def encode_prompt_response_images(
+    processor: Any,
+    prompt: str,
+    response: str,
+    images: Sequence[Any],
+    *,
+    system: str | None = None,
+) -> Example:
+    """:func:`encode_prompt_response` for a vision-language model: the user turn shows
+    ``images`` before ``prompt`` (placeholders expanded, see ``encode_chat_images``); the
+    example also holds ``vision``, the images' :class:`~roll_core.data.vision.VisionInputs`."""
+    context = [*_prompt_messages("", system)[:-1], image_message(prompt, len(images))]
+    prompt_ids, vision = encode_chat_images(processor, context, images, add_generation_prompt=True)
+    full = [*context, {"role": "assistant", "content": response}]
+    full_ids, _ = encode_chat_images(processor, full, images, add_generation_prompt=False)
+    _require_prefix(prompt_ids, full_ids, "the prompt with its generation header")
+    stop = _strip_trailing_whitespace(processor.tokenizer, full_ids, len(prompt_ids), len(full_ids))
+    loss_mask = [0] * len(full_ids)
+    loss_mask[len(prompt_ids) : stop] = [1] * (stop - len(prompt_ids))
+    return {"input_ids": full_ids, "loss_mask": loss_mask, "vision": vision}  # type: ignore[dict-item]
+
+
 def build_sft_dataset(
     rows: datasets.Dataset,
     tokenizer: PreTrainedTokenizerBase,
@@ -102,13 +125,16 @@ def build_sft_dataset(
     response_key: str = "response",
     messages_key: str = "messages",
     system: str | None = None,
+    images: ImageRows | None = None,
 ) -> tuple[list[Example], dict[str, int]]:
     """Encode every row; drop (never truncate) rows longer than ``max_length`` tokens.
 
     Returns the examples and ``{"rows", "kept", "dropped_too_long", "dropped_empty",
-    "longest"}`` (``longest``: the most tokens of any non-empty row, kept or not). A row is
-    empty when its prompt or response is blank, or its chat has no non-blank assistant turn.
-    ``system`` (prompt_response only) is sent as a system turn before every prompt.
+    "dropped_bad_image", "longest"}`` (``longest``: the most tokens of any non-empty row, kept
+    or not). A row is empty when its prompt or response is blank, or its chat has no non-blank
+    assistant turn. ``system`` (prompt_response only) is sent as a system turn before every
+    prompt. ``images`` (a vision-language model, prompt_response only): the image column and
+    the processor; a row whose image cannot be read is dropped and counted.
     """
     if fmt == "prompt_response":
         keys = [prompt_key, response_key]
@@ -119,11 +145,41 @@ def build_sft_dataset(
     else:
         raise DataError(f"Unknown SFT data format {fmt!r}; use 'prompt_response' or 'messages'.")
     require_columns(rows, keys, what="The SFT data", hint=hint)
+    if images is not None and fmt != "prompt_response":
+        raise DataError(
+            f"The SFT data has an image column {images.column!r}, but data.format is {fmt!r}; "
+            "image rows are read in the prompt_response format.",
+            hint="Use data.format: prompt_response (the images are shown before the prompt).",
+        )
     columns = [list(rows[key]) for key in keys]
+    image_values = rows[images.column] if images is not None else [None] * len(rows)
     examples: list[Example] = []
-    stats = {"rows": len(rows), "kept": 0, "dropped_too_long": 0, "dropped_empty": 0, "longest": 0}
+    stats = {
+        "rows": len(rows),
+        "kept": 0,
+        "dropped_too_long": 0,
+        "dropped_empty": 0,
+        "dropped_bad_image": 0,
+        "longest": 0,
+    }
     for index, values in enumerate(zip(*columns, strict=True)):
-        example = _encode_row(tokenizer, fmt, values, keys, index, system)
+        if images is not None:
+            try:
+                pictures = images.read(image_values[index])
+            except BadImageError as err:
+                stats["dropped_bad_image"] += 1
+                images.warn(index, err)
+                continue
+            prompt, response = (_text(v, key, index) for v, key in zip(values, keys, strict=True))
+            if not prompt.strip() or not response.strip():
+                example = None
+            else:
+                example = encode_prompt_response_images(
+                    images.processor, prompt, response, pictures, system=system
+                )
+                example["row"] = index  # type: ignore[assignment]  # eval: the row's answer
+        else:
+            example = _encode_row(tokenizer, fmt, values, keys, index, system)
         if example is None:
             stats["dropped_empty"] += 1
             continue
@@ -159,7 +215,8 @@ def collate_sft(examples: Sequence[Example], *, pad_id: int) -> Batch:
         attention_mask[row, :n] = 1
         loss_mask[row, :n] = torch.tensor(example["loss_mask"], dtype=torch.long)
     return Batch(
-        tensors={"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        tensors={"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask},
+        non_tensors=vision_fields([e.get("vision") for e in examples]),  # type: ignore[misc]
     )
 
 
@@ -216,8 +273,9 @@ def _all_dropped_error(stats: dict[str, int], max_length: int) -> DataError:
         return DataError("The SFT data has no rows.", hint="Point the recipe at a non-empty file.")
     message = (
         f"All {stats['rows']} rows of the SFT data were dropped: {stats['dropped_too_long']} "
-        f"are longer than data.max_length={max_length} tokens and {stats['dropped_empty']} have "
-        "nothing to train on (blank prompt or response, or no assistant turn)."
+        f"are longer than data.max_length={max_length} tokens, {stats['dropped_empty']} have "
+        "nothing to train on (blank prompt or response, or no assistant turn) and "
+        f"{stats.get('dropped_bad_image', 0)} have an image that cannot be read."
     )
     if stats["dropped_too_long"]:
         return DataError(

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from roll_core.models.loading import approx_vision_params
 
 _QWEN3 = {"vocab_size": 151936, "head_dim": 128, "attention_bias": False}
 _QWEN25_7B = {
@@ -23,6 +25,38 @@ _QWEN25_7B = {
     "vocab_size": 152064,
     "tie_word_embeddings": False,
     "attention_bias": True,
+}
+_QWEN25_VL_7B = {
+    **_QWEN25_7B,
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "vision_config": {
+        "depth": 32,
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+        "out_hidden_size": 3584,
+    },
+}
+_QWEN25_VL_3B = {
+    "num_hidden_layers": 36,
+    "hidden_size": 2048,
+    "intermediate_size": 11008,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "attention_bias": True,
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "vision_config": {
+        **cast(dict[str, Any], _QWEN25_VL_7B["vision_config"]),
+        "out_hidden_size": 2048,
+    },
 }
 _QWEN3_30B_A3B = {
     **_QWEN3,
@@ -61,6 +95,8 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen2.5-7B": _QWEN25_7B,
     "Qwen/Qwen2.5-7B-Instruct": _QWEN25_7B,
     "Qwen/Qwen2.5-Math-7B": _QWEN25_7B,
+    "Qwen/Qwen2.5-VL-3B-Instruct": _QWEN25_VL_3B,
+    "Qwen/Qwen2.5-VL-7B-Instruct": _QWEN25_VL_7B,
 }
 """Published config.json fields of the hub models the recipes use (`-Base` variants share
 them)."""
@@ -82,6 +118,8 @@ class ModelShape:
     num_experts: int = 0
     moe_intermediate_size: int = 0
     experts_per_token: int = 0
+    vision_params: int = 0
+    """Parameters of a vision-language model's vision tower (0: a text model)."""
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
@@ -101,6 +139,7 @@ class ModelShape:
             num_experts=int(text.get("num_experts") or text.get("num_local_experts") or 0),
             moe_intermediate_size=int(text.get("moe_intermediate_size") or 0),
             experts_per_token=int(text.get("num_experts_per_tok") or 0),
+            vision_params=approx_vision_params(config.get("vision_config")) or 0,
         )
 
     @property
@@ -116,7 +155,7 @@ class ModelShape:
             mlp = 3 * h * self.intermediate_size
         norms = 2 * h + 2 * d  # input / post-attention norms, q / k norms (Qwen3)
         embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
-        return self.num_layers * (attn + mlp + norms) + embed + h
+        return self.num_layers * (attn + mlp + norms) + embed + h + self.vision_params
 
     @property
     def active_params(self) -> int:

@@ -144,6 +144,8 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
         note = f"model {cfg.model.path}: size unknown offline, no estimate"
     else:
         note = f"{cfg.model.path}: {shape.params / 1e9:.2f}B params"
+        if shape.vision_params:
+            note += f" ({shape.vision_params / 1e9:.2f}B of them the vision tower)"
         if shape.num_experts:
             note += f", {shape.active_params / 1e9:.2f}B active (MoE)"
         ds = getattr(train, "deepspeed", None)

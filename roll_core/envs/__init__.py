@@ -8,10 +8,12 @@ from roll_core.envs.base import (
     EnvOptions,
     EnvStateError,
     InvalidAction,
+    Observation,
     StepResult,
     TextEnv,
     Transition,
     extract_answer,
+    observation_images,
     parse_choice,
 )
 from roll_core.envs.frozen_lake import FrozenLakeEnv
@@ -32,6 +34,7 @@ __all__ = [
     "EnvStateError",
     "FrozenLakeEnv",
     "InvalidAction",
+    "Observation",
     "SokobanEnv",
     "StepResult",
     "TextEnv",
@@ -42,6 +45,7 @@ __all__ = [
     "extract_answer",
     "get_env_class",
     "make_env",
+    "observation_images",
     "parse_choice",
     "parse_option_args",
     "register_env",

@@ -34,6 +34,12 @@ invalid actions, return, the ``info`` keys every caller may rely on)::
         def render(self):
             return "coin: hidden"
 
+An env may also *show* its state: when :meth:`TextEnv.render_image` returns a picture (the grid
+games with ``obs_mode=image``), every observation is an :class:`Observation`, a ``str`` (the
+text part: feedback, the legal actions) that also carries ``.images``. Text-only code keeps
+working on it as a string; image-aware code (the agentic rollout, ``roll debug-env``) reads
+:func:`observation_images`.
+
 See docs/envs.md for the authoring guide.
 """
 
@@ -43,14 +49,17 @@ import difflib
 import hashlib
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from roll_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 #: ``info`` keys every step result carries (see :meth:`TextEnv.step`).
 INFO_KEYS: tuple[str, ...] = ("action_is_valid", "step", "success", "episode_return")
@@ -68,6 +77,39 @@ class EnvOptions(BaseModel):
     end_on_invalid_action: bool = Field(
         False, description="End the episode (terminated) at the first invalid action."
     )
+
+
+class Observation(str):
+    """An observation with pictures: its text (this string) plus ``images`` (PIL RGB images).
+
+    It *is* the text, so code written for text envs (printing, string checks, recordings)
+    works unchanged and sees the text part only; string operations (``obs + "..."``) give a
+    plain ``str`` without the images. In a chat message the images come first, then the text.
+    Equality is the text's: compare :func:`observation_images` as well where pixels matter.
+    """
+
+    images: tuple[Image, ...]
+
+    def __new__(cls, text: str, images: Sequence[Image] = ()) -> Observation:
+        obj = super().__new__(cls, text)
+        obj.images = tuple(images)
+        return obj
+
+    @property
+    def text(self) -> str:
+        """The text part as a plain ``str``."""
+        return str.__str__(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (Ray, threads) with its images
+        return (Observation, (self.text, self.images))
+
+    def __repr__(self) -> str:
+        return f"Observation({self.text!r}, images={len(self.images)})"
+
+
+def observation_images(observation: str) -> tuple[Image, ...]:
+    """The images of an observation (``()`` for a plain text observation)."""
+    return tuple(getattr(observation, "images", ()))
 
 
 class StepResult(NamedTuple):
@@ -140,7 +182,7 @@ class TextEnv(ABC):
         self._done, self._started, self._success = False, True, False
         observation, info = self.on_reset(self._rng)
         info = {**info, "step": 0, "success": False, "episode_return": 0.0, "seed": seed}
-        return observation, info
+        return self._with_image(observation), info
 
     def step(self, action: str) -> StepResult:
         """Apply the model's response ``action``; returns ``StepResult`` (a 5-tuple).
@@ -181,11 +223,28 @@ class TextEnv(ABC):
             "success": self._success,
             "episode_return": self._return,
         }
-        return StepResult(t.observation, float(t.reward), bool(t.terminated), truncated, info)
+        observation = self._with_image(t.observation)
+        return StepResult(observation, float(t.reward), bool(t.terminated), truncated, info)
+
+    def _with_image(self, text: str) -> str:
+        """``text`` as an :class:`Observation` with the current picture, when there is one."""
+        if isinstance(text, Observation):
+            return text
+        picture = self.render_image()
+        return text if picture is None else Observation(text, (picture,))
 
     @abstractmethod
     def render(self) -> str:
         """The current state as text for a human (usually the same grid the model sees)."""
+
+    def render_image(self) -> Image | None:
+        """The current state as a picture (a PIL RGB image), or None for a text-only env.
+
+        When it returns an image, :meth:`reset` and :meth:`step` hand out every observation
+        as an :class:`Observation` carrying that picture (the grid games' ``obs_mode=image``).
+        It must be deterministic: the same state, the same pixels.
+        """
+        return None
 
     # ---- what subclasses implement -----------------------------------------------------------
     @abstractmethod

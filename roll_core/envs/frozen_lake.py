@@ -12,23 +12,48 @@ Same game as gymnasium's ``FrozenLake-v1`` (maps, dynamics and rewards), in text
   ``hole_reward`` (0) and ends it; other moves give ``step_reward`` (0).
 
 Grid symbols: ``S`` start, ``F`` frozen, ``H`` hole, ``G`` goal, ``P`` you.
+
+With ``obs_mode=image`` the lake is a picture instead (:func:`roll_core.envs.grid.grid_image`):
+white start, light blue ice, dark blue holes, a gold goal and a red square for you; the text
+says what happened and lists the moves.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from roll_core.envs.base import EnvOptions, TextEnv, Transition
-from roll_core.envs.grid import ARROW_KEYS, MOVES, Pos, parse_move, shift
+from roll_core.envs.base import TextEnv, Transition
+from roll_core.envs.grid import (
+    ARROW_KEYS,
+    MOVES,
+    RGB,
+    GridOptions,
+    Pos,
+    grid_image,
+    parse_move,
+    picture_caption,
+    shift,
+)
 from roll_core.envs.registry import register_env
 from roll_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 #: Gymnasium's action order; the perpendicular moves of action ``a`` are ``a - 1`` and ``a + 1``.
 ACTIONS = ("Left", "Down", "Right", "Up")
 _ATTEMPTS = 10_000
+#: Colours of the picture (obs_mode=image), by map symbol; ``P`` (you) is a centred square.
+PALETTE: dict[str, RGB] = {
+    "S": (250, 250, 250),
+    "F": (170, 215, 245),
+    "H": (20, 40, 110),
+    "G": (240, 190, 0),
+    "P": (220, 40, 40),
+}
 
 
 def has_path(grid: list[str]) -> bool:
@@ -73,7 +98,7 @@ def slip_probabilities(action: str, success_rate: float) -> dict[str, float]:
     return probs
 
 
-class FrozenLakeOptions(EnvOptions):
+class FrozenLakeOptions(GridOptions):
     """Options of the FrozenLake env."""
 
     size: int = Field(4, ge=2, le=16, description="Side of a generated square map.")
@@ -134,9 +159,22 @@ class FrozenLakeEnv(TextEnv):
         "slide sideways instead.\n"
         "Answer with the move only, like <answer>Right</answer>."
     )
+    #: The instructions with ``obs_mode=image``.
+    image_instructions = (
+        "You are on a frozen lake. Reach the goal without falling into a hole.\n"
+        "Each turn you see a picture of the lake, one square per cell: white start, light blue "
+        "ice, dark blue hole, gold goal, a red square you.\n"
+        "Each turn, move one cell: Up, Down, Left or Right. The ice may be slippery: you can "
+        "slide sideways instead.\n"
+        "Answer with the move only, like <answer>Right</answer>."
+    )
 
     grid: list[str]
     player: Pos
+
+    @property
+    def system_prompt(self) -> str:
+        return self.image_instructions if self.options.obs_mode == "image" else self.instructions
 
     def on_reset(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
         o = self.options
@@ -153,7 +191,7 @@ class FrozenLakeEnv(TextEnv):
         self.player = next(
             (r, c) for r, row in enumerate(self.grid) for c, ch in enumerate(row) if ch == "S"
         )
-        return self.render(), {}
+        return self._view(), {}
 
     def parse_action(self, text: str) -> str:
         return parse_move(text)
@@ -188,7 +226,7 @@ class FrozenLakeEnv(TextEnv):
             "cell": cell,
             "success": cell == "G",
         }
-        return Transition(f"{feedback}\n{self.render()}", reward, terminated, info)
+        return Transition(f"{feedback}\n{self._view()}", reward, terminated, info)
 
     @property
     def cell(self) -> str:
@@ -199,6 +237,20 @@ class FrozenLakeEnv(TextEnv):
         rows = [list(row) for row in self.grid]
         rows[self.player[0]][self.player[1]] = "P"
         return "\n".join("".join(row) for row in rows)
+
+    def render_image(self) -> Image | None:
+        if self.options.obs_mode != "image":
+            return None
+        return grid_image(self.grid, {self.player: "P"}, PALETTE, self.options.cell_px)
+
+    def invalid_observation(self, reason: str) -> str:
+        if self.options.obs_mode == "image":  # the caption lists the moves
+            return f"Invalid action: {reason}.\n{self._view()}"
+        return super().invalid_observation(reason)
+
+    def _view(self) -> str:
+        """The lake in an observation: the text grid, or (image mode) a caption."""
+        return picture_caption("lake") if self.options.obs_mode == "image" else self.render()
 
     def valid_actions(self) -> list[str]:
         return ["Up", "Down", "Left", "Right"]

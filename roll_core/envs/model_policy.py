@@ -53,6 +53,13 @@ class ModelPolicy:
         self._info: dict[str, Any] = {}
 
     def start(self, env: TextEnv, seed: int) -> None:
+        if env.render_image() is not None:
+            raise ModelError(
+                f"--policy model plays text observations, but env {type(env).name or 'env'} "
+                "shows pictures (obs_mode=image) that the model would not see.",
+                hint="Play it with obs_mode=text, or with --policy random / human (the "
+                "pictures are saved and printed as files).",
+            )
         self.messages = (
             [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
         )

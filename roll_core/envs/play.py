@@ -9,6 +9,7 @@ and :class:`ReplayPolicy` plays a recording back, checking that the env reproduc
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -17,7 +18,7 @@ from typing import IO, Any, Protocol
 
 import numpy as np
 
-from roll_core.envs.base import TextEnv
+from roll_core.envs.base import TextEnv, observation_images
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.envs.registry import env_id
 from roll_core.errors import DataError, RollError, UsageError
@@ -38,6 +39,7 @@ class Turn:
     truncated: bool
     info: dict[str, Any] = field(default_factory=dict)
     policy_info: dict[str, Any] = field(default_factory=dict)  # e.g. token counts of a model
+    observation_images: list[str] = field(default_factory=list)  # digests (image_digest)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     model: str | None = None
     aborted: bool = False  # the player quit before the episode ended
+    initial_images: list[str] = field(default_factory=list)  # digests (image_digest)
 
     @property
     def episode_return(self) -> float:
@@ -94,6 +97,7 @@ class Episode:
             turns=turns,
             model=data.get("model"),
             aborted=bool(data.get("aborted", False)),
+            initial_images=list(data.get("initial_images", [])),
         )
 
 
@@ -191,6 +195,7 @@ def play_episode(
         system_prompt=env.system_prompt,
         initial_observation=observation,
         model=model,
+        initial_images=image_digests(observation),
     )
     policy.start(env, seed)
     if on_start:
@@ -213,12 +218,24 @@ def play_episode(
             truncated=result.truncated,
             info=_jsonable(result.info),
             policy_info=policy.turn_info(),
+            observation_images=image_digests(result.observation),
         )
         episode.turns.append(turn)
         if on_turn:
             on_turn(number, turn)
         observation = result.observation
     return episode
+
+
+def image_digests(observation: str) -> list[str]:
+    """``sha1:...`` of each image of an observation (size, mode and pixels), for recordings:
+    a replay checks the pictures too, not only the text."""
+    out = []
+    for image in observation_images(observation):
+        h = hashlib.sha1(f"{image.mode}:{image.width}x{image.height}:".encode())
+        h.update(image.tobytes())
+        out.append(f"sha1:{h.hexdigest()}")
+    return out
 
 
 def env_call(env: TextEnv, method: str, *args: Any, timeout: float | None = None) -> Any:
@@ -247,11 +264,13 @@ def check_replay(recorded: Episode, replayed: Episode, *, index: int) -> None:
     """Raise DataError where ``replayed`` differs from ``recorded`` (env changed or not seeded)."""
     where = f"episode {index + 1} (seed {recorded.seed})"
     pairs: list[tuple[str, Any, Any]] = [
-        ("initial observation", recorded.initial_observation, replayed.initial_observation)
+        ("initial observation", recorded.initial_observation, replayed.initial_observation),
+        ("initial observation's images", recorded.initial_images, replayed.initial_images),
     ]
     for n, (a, b) in enumerate(zip(recorded.turns, replayed.turns, strict=False), start=1):
         pairs += [
             (f"turn {n} observation", a.observation, b.observation),
+            (f"turn {n} observation's images", a.observation_images, b.observation_images),
             (f"turn {n} reward", a.reward, b.reward),
             (f"turn {n} terminated", a.terminated, b.terminated),
             (f"turn {n} truncated", a.truncated, b.truncated),

@@ -22,25 +22,50 @@ ends the episode.
 The text grid uses the XSB symbols with ``_`` for the floor::
 
     #  wall     _  floor    .  target    $  box    *  box on a target    @  you    +  you on a target
+
+With ``obs_mode=image`` the room is a picture instead (:func:`roll_core.envs.grid.grid_image`):
+dark grey walls, light grey floor, green targets, a brown square for a box and a blue one for
+you (on a green cell: on a target); the text says what happened and lists the moves.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from roll_core.envs.base import EnvOptions, TextEnv, Transition
-from roll_core.envs.grid import ARROW_KEYS, MOVES, Pos, parse_move, shift
+from roll_core.envs.base import TextEnv, Transition
+from roll_core.envs.grid import (
+    ARROW_KEYS,
+    MOVES,
+    RGB,
+    GridOptions,
+    Pos,
+    grid_image,
+    parse_move,
+    picture_caption,
+    shift,
+)
 from roll_core.envs.registry import register_env
 from roll_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 OPPOSITE = {"Up": "Down", "Down": "Up", "Left": "Right", "Right": "Left"}
 SYMBOLS = {"wall": "#", "floor": "_", "target": ".", "box": "$", "box_on_target": "*"}
 _PLAYER, _PLAYER_ON_TARGET = "@", "+"
+#: Colours of the picture (obs_mode=image): floors fill a cell, a box or you a centred square.
+PALETTE: dict[str, RGB] = {
+    "wall": (90, 90, 90),
+    "floor": (225, 225, 225),
+    "target": (60, 190, 90),
+    "box": (160, 95, 30),
+    "player": (40, 80, 220),
+}
 
 # Floor stamps of the carving walk (gym-sokoban's masks); each covers the centre cell, so the
 # carved floor is connected.
@@ -111,6 +136,18 @@ class Room:
                     row.append(SYMBOLS["target" if p in self.targets else "floor"])
             lines.append("".join(row))
         return "\n".join(lines)
+
+    def image(self, cell_px: int) -> Image:
+        """The room as a picture (see :data:`PALETTE`)."""
+        floors = [
+            [
+                "wall" if (r, c) in self.walls else "target" if (r, c) in self.targets else "floor"
+                for c in range(self.width)
+            ]
+            for r in range(self.height)
+        ]
+        things = {pos: "box" for pos in self.boxes} | {self.player: "player"}
+        return grid_image(floors, things, PALETTE, cell_px)
 
     @classmethod
     def from_text(cls, text: str) -> Room:
@@ -257,7 +294,7 @@ def _reverse_play(
     return room, solution
 
 
-class SokobanOptions(EnvOptions):
+class SokobanOptions(GridOptions):
     """Options of the Sokoban env."""
 
     width: int = Field(6, ge=5, le=20, description="Room width in cells, outer walls included.")
@@ -309,11 +346,25 @@ class SokobanEnv(TextEnv):
         "cell behind it is free; boxes cannot be pulled.\n"
         "Answer with the move only, like <answer>Left</answer>."
     )
+    #: The instructions with ``obs_mode=image``.
+    image_instructions = (
+        "You are playing Sokoban. Push every box onto a target.\n"
+        "Each turn you see a picture of the room, one square per cell: dark grey wall, light "
+        "grey floor, green target, a brown square a box, a blue square you (a square on a green "
+        "cell stands on a target).\n"
+        "Each turn, move one cell: Up, Down, Left or Right. Walking into a box pushes it if the "
+        "cell behind it is free; boxes cannot be pulled.\n"
+        "Answer with the move only, like <answer>Left</answer>."
+    )
 
     room: Room
     _start: Room  # the room at reset
     _solution: list[str] | None
     _solved_start = False  # whether _solution is known for _start
+
+    @property
+    def system_prompt(self) -> str:
+        return self.image_instructions if self.options.obs_mode == "image" else self.instructions
 
     @property
     def reference_solution(self) -> list[str] | None:
@@ -349,7 +400,7 @@ class SokobanEnv(TextEnv):
                 ) from None
             self._start, self._solved_start = self.room, True
         info = {"boxes_on_target": self.room.boxes_on_target, "num_boxes": len(self.room.boxes)}
-        return self.room.render(), info
+        return self._view(), info
 
     def parse_action(self, text: str) -> str:
         return parse_move(text)
@@ -379,9 +430,25 @@ class SokobanEnv(TextEnv):
             "boxes_on_target": self.room.boxes_on_target,
             "success": solved,
         }
-        return Transition(f"{feedback}\n{self.room.render()}", reward, solved, info)
+        return Transition(f"{feedback}\n{self._view()}", reward, solved, info)
 
     def render(self) -> str:
+        return self.room.render()
+
+    def render_image(self) -> Image | None:
+        if self.options.obs_mode != "image":
+            return None
+        return self.room.image(self.options.cell_px)
+
+    def invalid_observation(self, reason: str) -> str:
+        if self.options.obs_mode == "image":  # the caption lists the moves
+            return f"Invalid action: {reason}.\n{self._view()}"
+        return super().invalid_observation(reason)
+
+    def _view(self) -> str:
+        """The room in an observation: the text grid, or (image mode) a caption."""
+        if self.options.obs_mode == "image":
+            return picture_caption("room")
         return self.room.render()
 
     def valid_actions(self) -> list[str]:

@@ -205,11 +205,22 @@ def _domains(cfg: RewardConfig, prompts: list[Prompt]) -> set[str | None]:
     return {p.row.get(cfg.domain_key) for p in prompts}
 
 
+IMAGE_COLUMN = "images"
+"""The image column of vision-language data (``data.image_key``'s default), refused here."""
+
+
 def _load_prompts(s: EvalSettings, tokenizer: Any, *, needs_answer: bool) -> list[Prompt]:
     assert s.prompt_key is not None and s.answer_key is not None
     rows = load_rows(s.data, split="test", max_rows=s.max_rows, key="--data")
     columns = [s.prompt_key] + ([s.answer_key] if needs_answer else [])
     require_columns(rows, columns, what=f"the eval data {s.data}")
+    if IMAGE_COLUMN in rows.column_names and any(rows[IMAGE_COLUMN]):
+        raise DataError(
+            f"{s.data} has images (column {IMAGE_COLUMN!r}); roll eval scores text prompts only "
+            "and would ignore them.",
+            hint="Measure image accuracy with the validation of `roll train rlvr` "
+            "(eval.every_steps; step 0 scores the starting model), see docs/vlm.md.",
+        )
     prompts = []
     for i, row in enumerate(rows):
         text = row.get(s.prompt_key)

@@ -22,6 +22,12 @@ from types import MappingProxyType
 from typing import Any
 
 from roll_core.errors import ModelError
+from roll_core.models.builtin_vlm import (
+    VLM_ARCHITECTURE,
+    VLM_MODEL_TYPE,
+    vlm_config_dict,
+    write_vlm_dir,
+)
 from roll_core.models.tokenizer import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -55,14 +61,33 @@ _COMMON_CONFIG: Mapping[str, Any] = MappingProxyType(
 
 @dataclass(frozen=True)
 class BuiltinSpec:
-    """One built-in model: its name, a one-line description and its ``Qwen3Config`` kwargs."""
+    """One built-in model: its name, a one-line description and its config kwargs
+    (``Qwen3Config``; for ``family="qwen2.5-vl"`` the language model's, with the vision
+    tower's in ``vision_kwargs``)."""
 
     name: str
     description: str
     config_kwargs: Mapping[str, Any]
+    family: str = "qwen3"
+    vision_kwargs: Mapping[str, Any] | None = None
+
+    @property
+    def is_vision(self) -> bool:
+        return self.vision_kwargs is not None
+
+    @property
+    def architecture(self) -> str:
+        return VLM_ARCHITECTURE if self.is_vision else ARCHITECTURE
+
+    @property
+    def model_type(self) -> str:
+        return VLM_MODEL_TYPE if self.is_vision else MODEL_TYPE
 
     def config_dict(self) -> dict[str, Any]:
-        """All ``Qwen3Config`` kwargs of this model, vocab size and special token ids included."""
+        """All config kwargs of this model, vocab size and special token ids included
+        (a VLM's nested as ``text_config`` / ``vision_config``)."""
+        if self.vision_kwargs is not None:
+            return vlm_config_dict(self.config_kwargs, self.vision_kwargs)
         return {
             **_COMMON_CONFIG,
             **self.config_kwargs,
@@ -100,6 +125,68 @@ BUILTIN_MODELS: dict[str, BuiltinSpec] = {
             intermediate_size=768,
             tie_word_embeddings=True,
             max_position_embeddings=1024,
+        ),
+        BuiltinSpec(
+            "tiny-qwen2.5-vl",
+            "Qwen2.5-VL, vision tower 2 layers x 64 (patch 14, merge 2), LM 2 layers x 128 "
+            "(~0.69M params): the vision-language model of CPU recipes.",
+            MappingProxyType(
+                dict(
+                    hidden_size=128,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    intermediate_size=384,
+                    tie_word_embeddings=True,
+                    max_position_embeddings=1024,
+                )
+            ),
+            family="qwen2.5-vl",
+            vision_kwargs=MappingProxyType(
+                dict(
+                    depth=2,
+                    hidden_size=64,
+                    intermediate_size=128,
+                    num_heads=2,
+                    patch_size=14,
+                    spatial_merge_size=2,
+                    temporal_patch_size=2,
+                    window_size=56,
+                    fullatt_block_indexes=[1],
+                    in_channels=3,
+                )
+            ),
+        ),
+        BuiltinSpec(
+            "small-qwen2.5-vl",
+            "Qwen2.5-VL, the tiny VLM's vision tower and image processor, LM 4 layers x 256 "
+            "(~3.5M params): a vision-language teacher for distillation on CPU.",
+            MappingProxyType(
+                dict(
+                    hidden_size=256,
+                    num_hidden_layers=4,
+                    num_attention_heads=8,
+                    num_key_value_heads=4,
+                    intermediate_size=768,
+                    tie_word_embeddings=True,
+                    max_position_embeddings=1024,
+                )
+            ),
+            family="qwen2.5-vl",
+            vision_kwargs=MappingProxyType(
+                dict(
+                    depth=2,
+                    hidden_size=64,
+                    intermediate_size=128,
+                    num_heads=2,
+                    patch_size=14,
+                    spatial_merge_size=2,
+                    temporal_patch_size=2,
+                    window_size=56,
+                    fullatt_block_indexes=[1],
+                    in_channels=3,
+                )
+            ),
         ),
     )
 }
@@ -162,6 +249,15 @@ def _write_model_dir(spec: BuiltinSpec, directory: Path) -> None:
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     config_kwargs = spec.config_dict()
+    if spec.is_vision:
+        with _no_progress_bars():
+            write_vlm_dir(
+                config_kwargs,
+                directory,
+                seed=INIT_SEED,
+                max_positions=spec.config_kwargs["max_position_embeddings"],
+            )
+        return
     tokenizer = build_tokenizer(model_max_length=config_kwargs["max_position_embeddings"])
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)

@@ -26,10 +26,8 @@ import torch
 
 from roll_core.errors import ModelError
 from roll_core.models.builtin import (
-    ARCHITECTURE,
     BUILTIN_MODELS,
     BUILTIN_PREFIX,
-    MODEL_TYPE,
     get_builtin,
     materialize_builtin,
 )
@@ -129,15 +127,35 @@ def load_causal_lm(
     device: str | torch.device = "cpu",
 ) -> PreTrainedModel:
     """Load ``name_or_path`` as a causal LM in ``dtype`` on ``device``."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     resolved = resolve_model_path(name_or_path)
+    # a vision-language model: the full model (vision tower + LM), not its text part alone
+    auto = AutoModelForImageTextToText if is_vision_model(name_or_path) else AutoModelForCausalLM
 
     def from_pretrained(path: str, **kwargs: Any) -> PreTrainedModel:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        return auto.from_pretrained(path, dtype=dtype, **kwargs)
 
     model = _load("model", name_or_path, resolved, from_pretrained)
     return model.to(device)  # type: ignore[arg-type]
+
+
+def model_config(name_or_path: str) -> dict[str, Any]:
+    """The ``config.json`` of a model as a dict, read without loading the model ({} for a hub
+    id not in the local cache; a builtin's from its spec, nothing written)."""
+    source = _classify(name_or_path)
+    if source == "builtin":
+        spec = get_builtin(name_or_path)
+        arch = {"architectures": [spec.architecture], "model_type": spec.model_type}
+        return {**spec.config_dict(), **arch}
+    if source == "local":
+        return _read_config(_local_model_dir(name_or_path) / "config.json")
+    return _cached_hub_config(name_or_path)
+
+
+def is_vision_model(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` is a vision-language model (its config has a vision tower)."""
+    return "vision_config" in model_config(name_or_path)
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -153,14 +171,7 @@ def model_summary(name_or_path: str) -> dict[str, Any]:
     id not in the local Hugging Face cache: the network is never used).
     """
     source = _classify(name_or_path)
-    if source == "builtin":
-        spec_config = get_builtin(name_or_path).config_dict()
-        config = {**spec_config, "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE}
-    elif source == "local":
-        config = _read_config(_local_model_dir(name_or_path) / "config.json")
-    else:
-        config = _cached_hub_config(name_or_path)
-    return {"name": name_or_path, "source": source, **_summarize_config(config)}
+    return {"name": name_or_path, "source": source, **_summarize_config(model_config(name_or_path))}
 
 
 def _classify(name_or_path: str) -> Source:
@@ -301,18 +312,44 @@ def _cached_hub_config(repo_id: str) -> dict[str, Any]:
 def _summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     text = config.get("text_config") or config  # multimodal configs nest the language model
     architectures = config.get("architectures") or []
-    return {
+    vision = config.get("vision_config")
+    summary = {
         "architecture": architectures[0] if architectures else config.get("model_type"),
         "num_layers": text.get("num_hidden_layers"),
         "hidden_size": text.get("hidden_size"),
         "vocab_size": text.get("vocab_size"),
-        "approx_params": _approx_params(text),
+        "approx_params": _approx_params(text, vision=vision),
         "context": text.get("max_position_embeddings"),
     }
+    if vision:  # a vision-language model: its vision tower's share of approx_params
+        summary["vision_params"] = approx_vision_params(vision)
+    return summary
 
 
-def _approx_params(config: Mapping[str, Any]) -> int | None:
-    """Parameter count of a dense Llama/Qwen-style decoder (exact for Qwen3, MoE not counted)."""
+def approx_vision_params(vision: Mapping[str, Any] | None) -> int | None:
+    """Parameters of a Qwen2.5-VL vision tower (patch embedding, blocks, patch merger)."""
+    if not vision:
+        return None
+    try:
+        h, depth = int(vision["hidden_size"]), int(vision["depth"])
+        inter = int(vision.get("intermediate_size") or 4 * h)
+        patch, merge = int(vision["patch_size"]), int(vision.get("spatial_merge_size", 2))
+        out = int(vision.get("out_hidden_size") or h)
+    except (KeyError, TypeError, ValueError):
+        return None
+    embed = int(vision.get("in_channels", 3)) * int(vision.get("temporal_patch_size", 2))
+    embed *= patch * patch * h
+    block = 4 * h * h + 4 * h + 3 * h * inter + 2 * inter + h + 2 * h  # attn, mlp, 2 norms
+    merged = h * merge * merge
+    merger = h + merged * merged + merged + merged * out + out
+    return embed + depth * block + merger
+
+
+def _approx_params(
+    config: Mapping[str, Any], vision: Mapping[str, Any] | None = None
+) -> int | None:
+    """Parameter count of a dense Llama/Qwen-style decoder (exact for Qwen3, MoE not counted),
+    plus a Qwen2.5-VL vision tower when ``vision`` is its config."""
     try:
         hidden = int(config["hidden_size"])
         layers = int(config["num_hidden_layers"])
@@ -326,7 +363,9 @@ def _approx_params(config: Mapping[str, Any]) -> int | None:
     attn = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o and k, v projections
     if config.get("attention_bias"):
         attn += head_dim * (heads + 2 * kv_heads) + hidden
+    elif vision:  # Qwen2-style language model of a VLM: q, k, v biases
+        attn += head_dim * (heads + 2 * kv_heads)
     qk_norm = 2 * head_dim if config.get("model_type") == "qwen3" else 0  # q_norm, k_norm
     layer = attn + qk_norm + 3 * hidden * inter + 2 * hidden  # + gate/up/down MLP + 2 norms
     lm_head = 0 if config.get("tie_word_embeddings", False) else vocab * hidden
-    return vocab * hidden + layers * layer + hidden + lm_head
+    return vocab * hidden + layers * layer + hidden + lm_head + (approx_vision_params(vision) or 0)

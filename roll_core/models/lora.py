@@ -70,11 +70,14 @@ def check_lora_targets_from_config(model_path: str, target_modules: Sequence[str
     The model is built on the meta device from its config, so this costs no memory and no
     weight loading: pipelines call it before a run directory exists.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(model_path)
+    # a vision-language model: the whole model, so vision-tower names (qkv, attn.proj) count
+    vision = getattr(config, "vision_config", None) is not None
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
+        skeleton = auto.from_config(config)
     check_lora_targets(skeleton, target_modules)
 
 

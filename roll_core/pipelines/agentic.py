@@ -36,12 +36,17 @@ from roll_core.algorithms.gigpo import gigpo_advantages
 from roll_core.backends.infer import Completion, SamplingParams
 from roll_core.config.agentic import AgenticConfig, EnvEntry
 from roll_core.data import Batch
+from roll_core.data.vision import VISION_FIELDS
 from roll_core.engine import Cluster
 from roll_core.engine.colocation import resolve_offload
 from roll_core.envs import get_env_class, make_env
+from roll_core.envs.base import observation_images
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
+from roll_core.envs.registry import validate_options
 from roll_core.errors import ConfigError, RollError
 from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
+from roll_core.models.loading import is_vision_model
+from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.rl_iteration import (
@@ -74,6 +79,7 @@ DEMO_SEED_START = 2_000_000_000  # warm-start demonstrations: neither training n
 
 def plan(cfg: AgenticConfig) -> list[RolePlan]:
     check_algorithm(cfg)
+    check_images(cfg)
     r = cfg.rollout
     episodes = r.group_size * sum(e.groups_per_step for e in cfg.envs)
     rows = [
@@ -142,14 +148,38 @@ class AgenticSetup:
     tokenizer_path: str
     tokenizer: Any
     max_context: int
+    processor: Any = None  # a vision-language model's VisionProcessor (image observations)
 
 
-def _check_env(entry: EnvEntry, timeout: float) -> None:
-    """Build and reset each env once, so a bad name or option fails before a run exists."""
+def check_images(cfg: AgenticConfig) -> None:
+    """An env that shows pictures (``obs_mode: image``) needs a vision-language model: a
+    recipe error naming both when the model is known to be text-only (no model is loaded; a
+    hub model not in the local cache is checked when it is loaded)."""
+    from roll_core.models.loading import model_config
+
+    for i, entry in enumerate(cfg.envs):
+        options = validate_options(get_env_class(entry.env), dict(entry.options))
+        if getattr(options, "obs_mode", "text") != "image":
+            continue
+        config = model_config(cfg.model.path)
+        if config and "vision_config" not in config:
+            raise ConfigError(
+                f"envs[{i}] ({entry.name}) sets options.obs_mode=image, so its observations "
+                f"are pictures, but model.path={cfg.model.path} is a text-only model (its "
+                "config has no vision tower): it cannot see them.",
+                hint="Use a vision-language model (builtin:tiny-qwen2.5-vl on CPU, "
+                "Qwen/Qwen2.5-VL-3B-Instruct / 7B on GPU), or obs_mode: text for a text model.",
+            )
+
+
+def _check_env(entry: EnvEntry, timeout: float) -> bool:
+    """Build and reset each env once, so a bad name or option fails before a run exists;
+    returns whether its observations carry images."""
     get_env_class(entry.env)
     env = make_env(entry.env, **entry.options)
     try:
-        call_with_timeout(env.reset, 0, timeout=timeout)
+        observation, _ = call_with_timeout(env.reset, 0, timeout=timeout)
+        return bool(observation_images(observation))
     except RollError:
         raise  # already a user-facing error (e.g. options that cannot make a room)
     except Exception as err:  # noqa: BLE001 - the user's env raised or hung
@@ -163,14 +193,24 @@ def _check_env(entry: EnvEntry, timeout: float) -> None:
 
 def prepare(cfg: AgenticConfig) -> AgenticSetup:
     check_algorithm(cfg)
-    for entry in cfg.envs:
-        _check_env(entry, cfg.rollout.step_timeout_s)
+    shows_images = [_check_env(entry, cfg.rollout.step_timeout_s) for entry in cfg.envs]
     model_path = resolve_model_path(cfg.model.path)
     tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
-    ChatFormat(tokenizer)  # a template that cannot render turns incrementally fails here
+    check_images(cfg)
+    vision = is_vision_model(model_path)
+    for i, entry in enumerate(cfg.envs):
+        if shows_images[i] and not vision:  # e.g. a user env with render_image()
+            raise ConfigError(
+                f"envs[{i}] ({entry.name}) shows pictures (its observations carry images), "
+                f"but model.path={cfg.model.path} is a text-only model: it cannot see them.",
+                hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL), or "
+                "make the env's render_image() return None.",
+            )
+    processor = load_processor(model_path, tokenizer) if vision else None
+    ChatFormat(tokenizer, processor)  # a template that cannot render turns incrementally fails
     max_context = cfg.rollout.max_context or _model_context(model_path)
-    return AgenticSetup(model_path, tok_path, tokenizer, max_context)
+    return AgenticSetup(model_path, tok_path, tokenizer, max_context, processor)
 
 
 def _model_context(model_path: str) -> int:
@@ -250,7 +290,7 @@ def demonstrations(
     by another seed; :class:`EnvFault` once more than ``count`` + (episodes completed) have
     failed, i.e. when more than half of an env's episodes fail.
     """
-    chat = ChatFormat(setup.tokenizer)
+    chat = ChatFormat(setup.tokenizer, setup.processor)
     s = settings(cfg, setup)
     faults = {} if faults is None else faults
     out = []
@@ -307,7 +347,7 @@ class _RandomActor:
             self.env = result
         return result
 
-    def generate(self, prompt: list[int], turn: int) -> Completion:
+    def generate(self, prompt: list[int], turn: int, vision: Any = None) -> Completion:
         eos = [self.chat.eos_id] if self.chat.eos_id is not None else []
         ids = (
             self.chat.encode(
@@ -343,7 +383,7 @@ def warm_start(
                 "attention_mask": batch.tensors["attention_mask"],
                 "loss_mask": torch.cat([torch.zeros_like(resp[:, :1]), resp], dim=1).long(),
             },
-            non_tensors={},
+            non_tensors={k: batch.non_tensors[k] for k in VISION_FIELDS if k in batch},
             meta={"loss_tokens": int(resp.sum())},
         )
         out = actor.train_step(batch)
@@ -378,6 +418,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
             tokenizer=setup.tokenizer,
             specs=specs,
             settings=settings(cfg, setup),
+            processor=setup.processor,
         )
         rl_state = RLState(cfg.algorithm)
         reuse = reuses_update_log_probs(cfg) and not any(clusters["actor_train"].has_dropout())

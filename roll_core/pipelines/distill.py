@@ -14,6 +14,12 @@ The driver loop::
 The teacher and the student may differ in size; they must share one tokenizer, which
 `prepare` checks before a run directory exists. Logits past the tokenizer's size (embedding
 padding, which differs between model sizes) are dropped on both sides.
+
+Image rows (vision-language models, ``data.image_key``): each row's images are processed once,
+by the student's processor, and the same ``pixel_values`` / ``image_grid_thw`` go to both
+models, so teacher and student see identical inputs. That is only right when the teacher would
+have made the same inputs itself: `prepare` checks that both are vision-language models whose
+image processors and image tokens agree (:func:`check_same_processor`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch
 from roll_core.config.preference import DistillConfig
 from roll_core.data import Batch, collate_sft
 from roll_core.engine import Cluster
+from roll_core.engine.model_sizes import model_shape
 from roll_core.errors import ConfigError, ModelError
 from roll_core.models import (
     load_tokenizer,
@@ -33,7 +40,9 @@ from roll_core.models import (
     resolve_model_path,
     resolve_tokenizer_path,
 )
+from roll_core.models.loading import is_vision_model
 from roll_core.models.lora import check_lora_targets_from_config
+from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.sft import SFTData
@@ -56,13 +65,100 @@ def plan(cfg: DistillConfig) -> list[RolePlan]:
     lora, k = cfg.actor_train.lora, cfg.distill.top_k
     batch = cfg.trainer.global_batch_size(cfg.actor_train.world_size)
     student = f"student {cfg.model.path}; global batch {batch}"
-    teacher = f"frozen {cfg.teacher.path}; {cfg.distill.loss}, "
+    teacher = f"frozen {cfg.teacher.path}{_teacher_size(cfg)}; {cfg.distill.loss}, "
     return [
         roles.actor_train_row(cfg, student + (f"; LoRA rank {lora.rank}" if lora else "")),
         roles.frozen_row(
             cfg, "teacher", "Teacher", teacher + (f"top-{k} + tail" if k else "full vocabulary")
         ),
     ]
+
+
+def _teacher_size(cfg: DistillConfig) -> str:
+    """`` (8.29B params, 0.68B vision tower; weights 15.4 GiB in bfloat16)``: the frozen
+    teacher's memory on the student's device, when its shape is known offline."""
+    shape = model_shape(cfg.teacher.path)
+    if shape is None:
+        return ""
+
+    def count(n: int) -> str:
+        return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+    vision = f", {count(shape.vision_params)} vision tower" if shape.vision_params else ""
+    size = shape.params * {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.teacher.dtype]
+    shown = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    return f" ({count(shape.params)} params{vision}; weights {shown} in {cfg.teacher.dtype})"
+
+
+#: Image-processor settings that decide the pixel values and the image-token count of an image.
+PROCESSOR_KEYS = (
+    "patch_size",
+    "merge_size",
+    "temporal_patch_size",
+    "min_pixels",
+    "max_pixels",
+    "size",
+    "do_resize",
+    "resample",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+    "image_mean",
+    "image_std",
+    "do_convert_rgb",
+)
+
+
+def check_same_processor(
+    student: Any, teacher: Any, *, student_name: str, teacher_name: str
+) -> None:
+    """A ModelError when two VisionProcessors would turn one image into different inputs."""
+    differ = [
+        f"{key} {_setting(student.image_processor, key)} vs "
+        f"{_setting(teacher.image_processor, key)}"
+        for key in PROCESSOR_KEYS
+        if getattr(student.image_processor, key, None)
+        != getattr(teacher.image_processor, key, None)
+    ]
+    if student.image_token != teacher.image_token:
+        differ.append(f"image token {student.image_token!r} vs {teacher.image_token!r}")
+    if differ:
+        raise ModelError(
+            f"the student ({student_name}) and the teacher ({teacher_name}) process images "
+            f"differently (student vs teacher): {'; '.join(differ)}. Both models are given the "
+            "same pixel values, made once per image, so their image processors must agree.",
+            hint="Pick a teacher and a student of one vision-language family (e.g. "
+            "Qwen2.5-VL-7B-Instruct and Qwen2.5-VL-3B-Instruct), or make the two "
+            "preprocessor_config.json files agree.",
+        )
+
+
+def _setting(processor: Any, key: str) -> str:
+    """An image-processor setting for an error message (a size dict without its unset keys)."""
+    value = getattr(processor, key, None)
+    if hasattr(value, "__dataclass_fields__"):
+        value = {k: v for k, v in vars(value).items() if v is not None}
+    return repr(value)
+
+
+def check_teacher_sees_images(
+    cfg: DistillConfig, student: Any, teacher_path: str, tok: Any
+) -> None:
+    """Image rows: the teacher must be a vision-language model processing images like the
+    student (``student``: the student's VisionProcessor)."""
+    if not is_vision_model(teacher_path):
+        raise ModelError(
+            f"the data has images (column data.image_key={cfg.data.image_key}), but "
+            f"teacher.path={cfg.teacher.path} is a text-only model: it would not see them.",
+            hint="Use a vision-language teacher of the student's family (e.g. "
+            "Qwen2.5-VL-7B-Instruct for a Qwen2.5-VL-3B student), or text data.",
+        )
+    check_same_processor(
+        student,
+        load_processor(teacher_path, tok),
+        student_name=cfg.model.path,
+        teacher_name=cfg.teacher.path,
+    )
 
 
 def check_same_vocabulary(student_tok: Any, teacher_tok: Any, *, student: str, teacher: str) -> int:
@@ -101,9 +197,10 @@ def prepare(cfg: DistillConfig) -> DistillSetup:
     teacher_tok = (
         resolve_tokenizer_path(cfg.teacher.tokenizer) if cfg.teacher.tokenizer else teacher_path
     )
+    teacher_tokenizer = load_tokenizer(teacher_tok)
     vocab = check_same_vocabulary(
         model.tokenizer,
-        load_tokenizer(teacher_tok),
+        teacher_tokenizer,
         student=cfg.model.path,
         teacher=cfg.teacher.path,
     )
@@ -128,7 +225,9 @@ def prepare(cfg: DistillConfig) -> DistillSetup:
     if cfg.actor_train.lora is not None:
         check_lora_targets_from_config(model.model_path, cfg.actor_train.lora.target_modules)
     # `data` and `eval` are the SFT sections: the SFT pipeline's data preparation applies.
-    data = prepare_sft_data(cast(Any, cfg), model.tokenizer)
+    data = prepare_sft_data(cast(Any, cfg), model.tokenizer, model.processor)
+    if any(e.get("vision") is not None for e in data.train + data.eval):  # image rows
+        check_teacher_sees_images(cfg, model.processor, teacher_path, teacher_tokenizer)
     return DistillSetup(
         **vars(model),
         data=data,

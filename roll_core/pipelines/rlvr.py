@@ -34,10 +34,14 @@ from roll_core.backends.infer import Request, SamplingParams
 from roll_core.backends.infer.base import PREFIX_CONTINUATION_BACKENDS
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import StatefulLoader, encode_prompt, load_rows, require_columns
+from roll_core.data.chat import encode_chat_images, image_message
+from roll_core.data.vision import BadImageError, VisionInputs, image_rows
 from roll_core.engine import Cluster
 from roll_core.engine.colocation import resolve_offload
 from roll_core.errors import ConfigError, DataError
 from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
+from roll_core.models.loading import is_vision_model
+from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan, check_same_data
 from roll_core.pipelines.rl_iteration import (
@@ -105,16 +109,25 @@ class RLVRSetup:
 
 
 def _prompts(
-    cfg: RLVRConfig, tokenizer: Any, source: Any, key: str
+    cfg: RLVRConfig, tokenizer: Any, source: Any, key: str, processor: Any = None
 ) -> tuple[list[Prompt], dict[str, int]]:
     d = cfg.data
     rows = load_rows(
         source.path, split=source.split, subset=source.subset, max_rows=source.max_rows, key=key
     )
     require_columns(rows, [d.prompt_key, d.answer_key], what=f"the RL data ({key})")
+    images = image_rows(
+        rows, column=d.image_key, processor=processor, data_path=source.path, model=cfg.model.path
+    )
+    if images is not None and d.chat_template == "none":
+        raise ConfigError(
+            f"{source.path} has images (column {d.image_key!r}), but data.chat_template is none: "
+            "image placeholders are written by a chat template.",
+            hint="Set data.chat_template: model (the default) or a template file.",
+        )
     out: list[Prompt] = []
-    stats = {"rows": 0, "dropped_too_long": 0, "dropped_empty": 0}
-    for row in rows:
+    stats = {"rows": 0, "dropped_too_long": 0, "dropped_empty": 0, "dropped_bad_image": 0}
+    for index, row in enumerate(rows):
         stats["rows"] += 1
         text = row.get(d.prompt_key)
         if not isinstance(text, str) or not text.strip() or row.get(d.answer_key) in (None, ""):
@@ -122,22 +135,42 @@ def _prompts(
             continue
         if d.answer_key != "answer":  # rewards read the reference from row["answer"]
             row = {**row, "answer": row[d.answer_key]}
-        ids = (
-            list(tokenizer(text)["input_ids"])  # raw prompt: the tokenizer's own specials
-            if d.chat_template == "none"
-            else encode_prompt(tokenizer, text, system=d.system_prompt)
-        )
+        vision = None
+        if images is not None:
+            try:
+                pictures = images.read(row.get(d.image_key))
+            except BadImageError as err:
+                stats["dropped_bad_image"] += 1
+                images.warn(index, err)
+                continue
+            row = {k: v for k, v in row.items() if k != d.image_key}  # decoded images stay out
+            ids, vision = encode_image_prompt(images.processor, text, pictures, d.system_prompt)
+        elif d.chat_template == "none":
+            ids = list(tokenizer(text)["input_ids"])  # raw prompt: the tokenizer's own specials
+        else:
+            ids = encode_prompt(tokenizer, text, system=d.system_prompt)
         if len(ids) > d.max_prompt_length:
             stats["dropped_too_long"] += 1
             continue
-        out.append(Prompt(index=len(out), prompt_ids=ids, row=row))
+        out.append(Prompt(index=len(out), prompt_ids=ids, row=row, vision=vision))
     if not out:
         raise DataError(
             f"no usable rows in {source.path} ({stats['dropped_empty']} empty, "
-            f"{stats['dropped_too_long']} longer than data.max_prompt_length={d.max_prompt_length}).",
-            hint="Check data.prompt_key / data.answer_key, or raise data.max_prompt_length.",
+            f"{stats['dropped_too_long']} longer than data.max_prompt_length={d.max_prompt_length}"
+            f", {stats['dropped_bad_image']} with an unreadable image).",
+            hint="Check data.prompt_key / data.answer_key / data.image_key, or raise "
+            "data.max_prompt_length.",
         )
     return out, stats
+
+
+def encode_image_prompt(
+    processor: Any, text: str, images: list[Any], system: str | None
+) -> tuple[list[int], VisionInputs | None]:
+    """Ids and vision inputs of one image row: [system?, user: images then text] + header."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    messages.append(image_message(text, len(images)))
+    return encode_chat_images(processor, messages, images, add_generation_prompt=True)
 
 
 def prepare(cfg: RLVRConfig) -> RLVRSetup:
@@ -147,10 +180,11 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
     tokenizer = load_tokenizer(tok_path)
     if cfg.data.chat_template not in ("model", "none"):  # a template file replaces the model's
         tokenizer.chat_template = Path(cfg.data.chat_template).read_text(encoding="utf-8")
-    train, stats = _prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
+    processor = load_processor(model_path, tokenizer) if is_vision_model(model_path) else None
+    train, stats = _prompts(cfg, tokenizer, cfg.data.train, "data.train.path", processor)
     evals: list[Prompt] = []
     if cfg.data.eval is not None:
-        evals, _ = _prompts(cfg, tokenizer, cfg.data.eval, "data.eval.path")
+        evals, _ = _prompts(cfg, tokenizer, cfg.data.eval, "data.eval.path", processor)
         if cfg.eval.max_samples:
             evals = evals[: cfg.eval.max_samples]
     stage = RewardStage(cfg.reward, tokenizer=tokenizer, domains=_domains(cfg, train + evals))
@@ -258,7 +292,7 @@ def validate(
     futures = []
     for k, i in enumerate(range(0, len(setup.eval), chunk)):
         reqs = [
-            Request(p.index, p.prompt_ids, seed=cfg.seed + p.index)
+            Request(p.index, p.prompt_ids, seed=cfg.seed + p.index, vision=p.vision)
             for p in setup.eval[i : i + chunk]
         ]
         futures.append(infer.submit(k % infer.world_size, "generate", reqs, params))
@@ -282,7 +316,13 @@ def validate(
 def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]:
     loop.console_note(
         f"data: {setup.stats['rows']} rows, {len(setup.train)} prompts used "
-        f"({setup.stats['dropped_too_long']} too long, {setup.stats['dropped_empty']} empty); "
+        f"({setup.stats['dropped_too_long']} too long, {setup.stats['dropped_empty']} empty"
+        + (
+            f", {setup.stats['dropped_bad_image']} with an unreadable image"
+            if setup.stats.get("dropped_bad_image")
+            else ""
+        )
+        + "); "
         f"eval {len(setup.eval)} prompts"
     )
     rewards = RewardStage(

@@ -18,6 +18,7 @@ from roll_core.backends.infer import infer_backend_options
 from roll_core.engine import Cluster, make_executor
 from roll_core.engine.resource_plan import cluster_placement
 from roll_core.engine.weight_sync import SyncSettings, attach_weight_sync, planned_path
+from roll_core.errors import ConfigError
 from roll_core.models import resolve_model_path
 from roll_core.pipelines.common import RolePlan
 from roll_core.workers.actor_infer import ActorInfer
@@ -282,3 +283,71 @@ def build_rl_roles(
         SyncSettings(path=s.path, bucket_mb=s.bucket_mb, timeout_s=s.timeout_s),
     )
     return clusters
+
+
+def check_vision_support(cfg: Any) -> None:
+    """A vision-language model (``model.path``) with a role or backend that cannot feed it
+    images is a ConfigError at validation (no model is loaded: config.json only)."""
+    from roll_core.engine.model_sizes import model_config
+    from roll_core.errors import ModelError
+
+    model = getattr(getattr(cfg, "model", None), "path", None)
+    if model is None:
+        return
+    try:  # config.json of a builtin, a local dir, a cached hub id or a known hub model
+        config = model_config(model)
+    except (ModelError, OSError, ValueError):  # a missing model is reported by its own check
+        return
+    if config is not None and "vision_config" not in config:
+        _check_no_images(cfg, model)
+    if "vision_config" not in (config or {}):
+        return
+    train = getattr(cfg, "actor_train", None)
+    if train is not None and train.backend != "torch":
+        raise ConfigError(
+            f"{model} is a vision-language model, and actor_train.backend={train.backend!r} "
+            "does not feed images to it yet (its sharding wraps text decoder layers only).",
+            hint="Use actor_train.backend: torch for vision-language models (docs/vlm.md).",
+        )
+    infer = getattr(cfg, "actor_infer", None)
+    if infer is not None and infer.backend != "hf":
+        raise ConfigError(
+            f"{model} is a vision-language model, and actor_infer.backend={infer.backend!r} "
+            "does not generate from images in roll yet.",
+            hint="Use actor_infer.backend: hf for vision-language models (docs/vlm.md).",
+        )
+    if getattr(cfg, "critic", None) is not None:
+        raise ConfigError(
+            f"{model} is a vision-language model; the critic (value model) does not take images.",
+            hint="Remove the `critic:` section and use a critic-free estimator (grpo, "
+            "reinforce_plus_plus, ...).",
+        )
+
+
+def _check_no_images(cfg: Any, model: str) -> None:
+    """A text-only model with a local jsonl dataset whose first row has images: a ConfigError
+    at validation (the data loader checks every row again, for every source)."""
+    import json
+    from pathlib import Path
+
+    data = getattr(cfg, "data", None)
+    column = getattr(data, "image_key", None)
+    if column is None:
+        return
+    for key in ("train", "eval"):
+        source = getattr(data, key, None)
+        path = Path(source.path).expanduser() if source is not None else None
+        if path is None or path.suffix.lower() != ".jsonl" or not path.is_file():
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                first = json.loads(f.readline() or "{}")
+        except (OSError, ValueError):
+            continue  # unreadable data is reported by the loader
+        if isinstance(first, dict) and first.get(column):
+            raise ConfigError(
+                f"data.{key}.path {path} has images in column {column!r}, but the "
+                f"model {model} is a text-only model.",
+                hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL, "
+                f"Qwen2-VL), or point data.image_key at another column (or drop {column!r}).",
+            )

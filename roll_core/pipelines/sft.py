@@ -13,7 +13,7 @@ The driver loop::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from roll_core.config.schema import SFTConfig
@@ -25,6 +25,7 @@ from roll_core.data import (
     encode_prompt,
     require_columns,
 )
+from roll_core.data.vision import image_rows
 from roll_core.engine import Cluster
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
@@ -54,9 +55,13 @@ class SFTData:
     eval_prompts: list[list[int]]
     eval_answers: list[str]
     stats: dict[str, int]
+    eval_vision: list[Any] = field(default_factory=list)
+    """The images of each eval prompt (vision-language models; empty for text data)."""
 
 
-def prepare_data(cfg: SFTConfig, tokenizer: Any) -> SFTData:
+def prepare_data(cfg: SFTConfig, tokenizer: Any, processor: Any | None = None) -> SFTData:
+    """Tokenise the train (and eval) rows; ``processor``: a vision-language model's
+    VisionProcessor, which reads the rows' images (``data.image_key``)."""
     d = cfg.data
     keys: dict[str, Any] = dict(
         fmt=d.format,
@@ -65,20 +70,44 @@ def prepare_data(cfg: SFTConfig, tokenizer: Any) -> SFTData:
         messages_key=d.messages_key,
         max_length=d.max_length,
     )
-    train, stats = build_sft_dataset(train_rows(cfg), tokenizer, **keys)
+    rows = train_rows(cfg)
+    images = _image_rows(cfg, rows, processor, d.train.path)
+    train, stats = build_sft_dataset(rows, tokenizer, **keys, images=images)
     eval_set: list[dict[str, Any]] = []
     prompts: list[list[int]] = []
+    vision: list[Any] = []
     answers: list[str] = []
     if d.eval is not None:
         erows = eval_rows(cfg)
-        eval_set, _ = build_sft_dataset(erows, tokenizer, **keys)
+        eval_images = _image_rows(cfg, erows, processor, d.eval.path)
+        eval_set, _ = build_sft_dataset(erows, tokenizer, **keys, images=eval_images)
         if cfg.eval.exact_match:
             if cfg.eval.answer_key is not None:
                 require_columns(
                     erows, [cfg.eval.answer_key], what="the eval data (eval.answer_key)"
                 )
-            prompts, answers = _exact_match_pairs(cfg, erows, tokenizer)
-    return SFTData(train, eval_set, prompts, answers, stats)
+            if eval_images is not None:  # the kept eval examples hold prompt ids and images
+                prompts, vision, answers = _image_exact_match_pairs(cfg, erows, eval_set)
+            else:
+                prompts, answers = _exact_match_pairs(cfg, erows, tokenizer)
+    return SFTData(train, eval_set, prompts, answers, stats, vision)
+
+
+def _image_rows(cfg: SFTConfig, rows: Any, processor: Any, path: str) -> Any:
+    return image_rows(
+        rows, column=cfg.data.image_key, processor=processor, data_path=path, model=cfg.model.path
+    )
+
+
+def _image_exact_match_pairs(
+    cfg: SFTConfig, rows: Any, examples: list[dict[str, Any]]
+) -> tuple[list[list[int]], list[Any], list[str]]:
+    """Prompt ids (up to the assistant header), images and answers of the kept image rows."""
+    kept = [e for e in examples if "row" in e]
+    prompts = [e["input_ids"][: e["loss_mask"].index(1)] for e in kept]
+    key = cfg.eval.answer_key or cfg.data.response_key
+    answers = [str(rows[e["row"]][key]).strip() for e in kept]
+    return prompts, [e.get("vision") for e in kept], answers
 
 
 def _exact_match_pairs(
@@ -113,7 +142,7 @@ class SFTSetup(ResolvedModel):
 def prepare(cfg: SFTConfig) -> SFTSetup:
     """Resolve the model and tokenise the data: bad paths fail here, before a run is created."""
     model = resolve_model(cfg)
-    return SFTSetup(**vars(model), data=prepare_data(cfg, model.tokenizer))
+    return SFTSetup(**vars(model), data=prepare_data(cfg, model.tokenizer, model.processor))
 
 
 def _prompt_ids(tokenizer: Any, context: list[dict[str, str]]) -> list[int]:
@@ -129,7 +158,13 @@ def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
     pad_id = tokenizer.pad_token_id
     loop.console_note(
         f"data: {data.stats['rows']} rows, {len(data.train)} used "
-        f"({data.stats.get('dropped_too_long', 0)} longer than data.max_length dropped); "
+        f"({data.stats.get('dropped_too_long', 0)} longer than data.max_length dropped"
+        + (
+            f", {data.stats['dropped_bad_image']} with an unreadable image skipped"
+            if data.stats.get("dropped_bad_image")
+            else ""
+        )
+        + "); "
         f"eval {len(data.eval)} rows"
     )
 

@@ -27,6 +27,8 @@ from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data import Batch, StatefulLoader, load_rows
 from roll_core.engine import Cluster
 from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
+from roll_core.models.loading import is_vision_model
+from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, check_same_data
 
@@ -38,6 +40,8 @@ class ResolvedModel:
     model_path: str
     tokenizer_path: str
     tokenizer: Any
+    processor: Any = field(default=None, kw_only=True)
+    """A vision-language model's VisionProcessor (None: a text model)."""
 
 
 def resolve_model(cfg: Any) -> ResolvedModel:
@@ -46,7 +50,9 @@ def resolve_model(cfg: Any) -> ResolvedModel:
         resolve_device("cuda")  # no CUDA here: fail before a run directory is created
     model_path = resolve_model_path(cfg.model.path)
     tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
-    return ResolvedModel(model_path, tok_path, load_tokenizer(tok_path))
+    tokenizer = load_tokenizer(tok_path)
+    processor = load_processor(model_path, tokenizer) if is_vision_model(model_path) else None
+    return ResolvedModel(model_path, tok_path, tokenizer, processor=processor)
 
 
 def sum_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
@@ -81,9 +87,11 @@ def exact_match(cluster: Cluster, data: Any, tokenizer: Any, ev: Any) -> float:
     """Fraction of `data.eval_prompts` whose greedy output (`ev.max_new_tokens`), decoded and
     stripped, equals the answer in `data.eval_answers`."""
     prompts, answers, bs = data.eval_prompts, data.eval_answers, ev.batch_size
+    vision = getattr(data, "eval_vision", None) or None  # VLM prompts: their images
     hits = 0
     for i in range(0, len(prompts), bs):
-        outs = cluster.generate(prompts[i : i + bs], max_new_tokens=ev.max_new_tokens)
+        images = {"vision": vision[i : i + bs]} if vision else {}
+        outs = cluster.generate(prompts[i : i + bs], max_new_tokens=ev.max_new_tokens, **images)
         for out, ref in zip(outs, answers[i : i + bs], strict=True):
             hits += tokenizer.decode(out, skip_special_tokens=True).strip() == ref
     return hits / max(1, len(prompts))

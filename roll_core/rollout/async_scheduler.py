@@ -393,6 +393,7 @@ class AsyncRolloutScheduler:
                     j.prompt.prompt_ids,
                     hash((self.seed, j.uid, j.calls)) % 2**31,
                     prefix_ids=list(j.response_ids),
+                    vision=j.prompt.vision,
                 )
                 for j in jobs
             ]

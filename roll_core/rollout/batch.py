@@ -3,7 +3,9 @@
 Layout: `input_ids` [B, T] = prompt ids + response ids, right-padded. Per-token fields live in
 "target" space [B, T-1] (position t scores token t+1), the space of `token_log_probs`:
 `response_mask`, `behaviour_log_probs`. Per-sample fields: `scores` [B] (the rewards),
-`group_ids` [B], `response_lengths` [B], `policy_versions` [B].
+`group_ids` [B], `response_lengths` [B], `policy_versions` [B]. Vision-language samples add the
+non-tensor fields `pixel_values` / `image_grid_thw` (one tensor or None per row, see
+roll_core/data/vision.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from roll_core.data import Batch
+from roll_core.data.vision import vision_fields
 from roll_core.rollout.scheduler import Sample
 
 
@@ -48,6 +51,8 @@ def build_rl_batch(groups: list[list[Sample]], *, pad_id: int) -> Batch:
         non_tensors={
             "domain": [str(s.reward_info.get("domain", "")) for s in samples],
             "finish_reason": [s.finish_reason for s in samples],
+            # VLM samples: each row's pixel_values / image_grid_thw, exactly what generated it
+            **vision_fields([s.prompt.vision for s in samples]),
         },
         meta={},
     )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_core.backends.infer import Completion, Request, SamplingParams
+from roll_core.data.vision import VisionInputs
 from roll_core.errors import RollError
 
 
@@ -34,6 +35,8 @@ class Prompt:
     index: int
     prompt_ids: list[int]
     row: dict[str, Any]
+    vision: VisionInputs | None = None
+    """The row's images (vision-language models), made once when the data is loaded."""
 
 
 @dataclass
@@ -168,7 +171,9 @@ class _StepRun:
         for k in range(self.s.n):
             self.s._uid += 1
             seed = hash((self.s.seed, self.step, group, k)) % 2**31
-            self.queue.append((Request(self.s._uid, prompt.prompt_ids, seed), prompt, group))
+            self.queue.append(
+                (Request(self.s._uid, prompt.prompt_ids, seed, vision=prompt.vision), prompt, group)
+            )
         return True
 
     def _dispatch(self) -> None:

@@ -76,8 +76,14 @@ class ActorTrain(Worker):
         return self._resident(("params",)).log_probs(batch, temperature=temperature)
 
     @dispatch("rank0")
-    def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
-        return self._resident(("params",)).generate(prompts, max_new_tokens=max_new_tokens)
+    def generate(
+        self, prompts: list[list[int]], *, max_new_tokens: int, vision: list[Any] | None = None
+    ) -> list[list[int]]:
+        """Greedy continuations; ``vision``: each prompt's VisionInputs (VLM prompts)."""
+        images = {"vision": vision} if vision else {}
+        return self._resident(("params",)).generate(
+            prompts, max_new_tokens=max_new_tokens, **images
+        )
 
     @dispatch("dp")
     def reference_log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 
 from roll_core.backends.train.torch_backend import resolve_device, token_log_probs
 from roll_core.data import Batch
+from roll_core.data.vision import vision_model_inputs
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm
@@ -51,6 +52,7 @@ class Reference(Worker):
                 input_ids=mb.tensors["input_ids"],
                 attention_mask=mb.tensors["attention_mask"],
                 use_cache=False,
+                **vision_model_inputs(mb, self.device),  # VLM rows: their images
             ).logits
             out.append(token_log_probs(logits.float() / temperature, mb.tensors["input_ids"]).cpu())
         return torch.cat(out)

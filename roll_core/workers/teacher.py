@@ -2,7 +2,10 @@
 
 It holds no optimizer and computes no gradients (its memory is the weights alone). It returns
 its next-token distributions at the positions the student trains on, full or top-k (see
-roll_core/algorithms/distill.py), and greedy generations for the exact-match comparison.
+roll_core/algorithms/distill.py), and greedy generations for the exact-match comparison. A
+vision-language teacher gets each row's images from the batch (``pixel_values`` /
+``image_grid_thw``, made once by the processor both models share), so it sees exactly the
+student's inputs.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from roll_core.algorithms.distill import teacher_targets
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data import Batch
+from roll_core.data.vision import VisionInputs, concat_vision, vision_model_inputs
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm, load_tokenizer
@@ -64,7 +68,7 @@ class Teacher(Worker):
         return {
             "params": sum(p.numel() for p in self.model.parameters()),
             "device": str(self.device),
-            "vocab_size": int(self.model.config.vocab_size),
+            "vocab_size": int(self.model.config.get_text_config().vocab_size),
         }
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -77,8 +81,10 @@ class Teacher(Worker):
             raise RuntimeError("Teacher.setup() was not called")
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
+        vision = vision_model_inputs(mb, self.device)  # image rows: the images the student sees
         with self._autocast():
-            return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
+            out = self.model(input_ids=ids, attention_mask=attn, use_cache=False, **vision)
+            return out.logits.float()
 
     @dispatch("dp")
     @torch.no_grad()
@@ -108,8 +114,15 @@ class Teacher(Worker):
 
     @dispatch("rank0")
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
-        """Greedy continuations (no prompt tokens, cut at the eos token)."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        vision: list[VisionInputs | None] | None = None,
+    ) -> list[list[int]]:
+        """Greedy continuations (no prompt tokens, cut at the eos token); ``vision``: each
+        prompt's images (vision-language models)."""
         if self.model is None:
             raise RuntimeError("Teacher.setup() was not called")
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
@@ -121,6 +134,7 @@ class Teacher(Worker):
             attn[i, width - len(p) :] = 1
         with self._autocast():
             out = self.model.generate(
+                **concat_vision(vision or [], device=self.device),
                 input_ids=ids.to(self.device),
                 attention_mask=attn.to(self.device),
                 max_new_tokens=max_new_tokens,

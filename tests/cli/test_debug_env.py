@@ -143,6 +143,14 @@ def test_model_policy_with_a_builtin_model(cli_env: dict[str, str], tmp_path: Pa
             ["sokoban", "--policy", "random", "--record", "/nonexistent-dir/x.jsonl"],
             "cannot write the recording /nonexistent-dir/x.jsonl",
         ),
+        (
+            ["sokoban", "--options", "obs_mode=image"],
+            "roll debug-env sokoban obs_mode=image",
+        ),
+        (
+            ["frozen_lake", "obs_mode=image", "--model", "builtin:tiny-qwen3"],
+            "env frozen_lake shows pictures (obs_mode=image)",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error(cli_env: dict[str, str], args: list[str], message: str) -> None:
@@ -164,6 +172,41 @@ def test_human_from_piped_stdin(cli_env: dict[str, str]) -> None:
     assert "invalid action: 'dance' is not one of Up, Down, Left, Right" in res.stdout
     # -0.1 (format penalty) - 0.1 (push) + 10.9 (box on target, solved) = 10.7
     assert "episode 1: success, return +10.70, 3 turns" in res.stdout
+
+
+def test_image_observations_are_saved_printed_and_replayed(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    record = tmp_path / "images.jsonl"
+    args = ["debug-env", "sokoban", f"room={CORRIDOR}", "obs_mode=image", "--policy", "human"]
+    res = _run([*args, "--record", str(record)], cli_env, stdin="Right\nRight\n", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "episode 1: success, return +10.80, 2 turns" in res.stdout
+    # one picture per turn's prompt and the final observation, under runs/debug-env/ENV-TIME/
+    paths = re.findall(r"image 84x42: (\S+)", res.stdout)
+    assert [Path(p).name for p in paths] == [
+        "episode01-turn01.png",
+        "episode01-turn02.png",
+        "episode01-final.png",
+    ]
+    assert all(p.startswith("runs/debug-env/sokoban-") for p in paths)
+    assert "\x1b" not in res.stdout  # piped: paths only, no image escape codes
+    from PIL import Image
+
+    final = Image.open(tmp_path / paths[-1]).convert("RGB")
+    # the box on the target at cell (row 1, col 4) of 14 px: brown centre, green border
+    assert final.getpixel((4 * 14 + 7, 14 + 7)) == (160, 95, 30)
+    assert final.getpixel((4 * 14, 14)) == (60, 190, 90)
+    assert final.getpixel((3 * 14 + 7, 14 + 7)) == (40, 80, 220)  # you, one cell left of it
+
+    (episode,) = [json.loads(line) for line in record.read_text().splitlines()]
+    assert episode["initial_images"][0].startswith("sha1:")
+    res = _run(["debug-env", "sokoban", "--replay", str(record)], cli_env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    episode["turns"][0]["observation_images"] = ["sha1:0"]  # a picture that differs
+    record.write_text(json.dumps(episode) + "\n")
+    res = _run(["debug-env", "sokoban", "--replay", str(record)], cli_env, cwd=tmp_path)
+    assert res.returncode == 2 and "diverged at the turn 1 observation's images" in res.stderr
 
 
 def test_user_env_by_dotted_path(cli_env: dict[str, str], tmp_path: Path) -> None:
@@ -266,6 +309,23 @@ def test_human_plays_sokoban_with_arrow_keys_in_a_terminal(cli_env: dict[str, st
     assert f"episode 1: success, return +{10.9 - 0.1 * len(solution):.2f}" in output
     assert f"{len(solution) + 1} turns" in output
     assert "^[[" not in output  # arrow keys were read, not echoed
+
+
+def test_image_observations_are_drawn_inline_in_kitty(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    images = tmp_path / "pics"
+    term = _Pty(
+        ["debug-env", "frozen_lake", "map=SF/FG", "obs_mode=image", "max_steps=3"]
+        + ["--policy", "random", "--image-dir", str(images)],
+        {**cli_env, "TERM": "xterm-kitty"},
+    )
+    term.expect(b"1 episode: ")  # read as it prints (a full pty would block the command)
+    output = term.finish()
+    assert term.proc.returncode == 0, output
+    assert f"image 28x28: {images}/episode01-turn01.png" in output
+    assert "\x1b_Ga=T,f=100,m=0;iVBORw0KGgo" in output  # a PNG through kitty's protocol
+    assert output.count("\x1b_Ga=T") == len(list(images.glob("*.png"))) >= 2
 
 
 def test_human_quits_with_q(cli_env: dict[str, str]) -> None:

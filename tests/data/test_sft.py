@@ -112,6 +112,7 @@ def test_build_counts_and_drops(tokenizer) -> None:
     assert stats == {
         "rows": 3,
         "kept": 1,
+        "dropped_bad_image": 0,
         "dropped_too_long": 1,
         "dropped_empty": 1,
         "longest": 37,

@@ -83,6 +83,27 @@ def test_model_shapes_match_published_sizes() -> None:
     assert "Qwen/Qwen3-8B" in KNOWN_CONFIGS
 
 
+def test_vision_language_shapes_count_the_vision_tower() -> None:
+    # published sizes: Qwen2.5-VL-3B 3.75B, Qwen2.5-VL-7B 8.29B, each with a ~0.67B vision
+    # tower (32 blocks of hidden 1280, patch merger into the LM's hidden size)
+    small, large = (
+        model_shape("Qwen/Qwen2.5-VL-3B-Instruct"),
+        model_shape("Qwen/Qwen2.5-VL-7B-Instruct"),
+    )
+    assert round(small.params / 1e9, 2) == 3.75 and round(large.params / 1e9, 2) == 8.29
+    # the merger's last layer maps into the LM: 5120 x 2048 vs 5120 x 3584 weights
+    assert large.vision_params - small.vision_params == 5120 * (3584 - 2048) + (3584 - 2048)
+    assert round(small.vision_params / 1e9, 2) == 0.67
+    lm_only = ModelShape.from_config(
+        {
+            k: v
+            for k, v in KNOWN_CONFIGS["Qwen/Qwen2.5-VL-7B-Instruct"].items()
+            if k != "vision_config"
+        }
+    )
+    assert large.params - lm_only.params == large.vision_params
+
+
 def test_memory_estimate_by_backend() -> None:
     # 1e9 params in bf16 over 8 ranks: params 2 GB, grads 2 GB, optimizer 12 B/param
     # (fp32 master + 2 moments) = 12 GB

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from roll_core.data.vision import VisionInputs
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -31,6 +33,9 @@ class Request:
     prompt_ids: list[int]
     seed: int
     prefix_ids: list[int] = field(default_factory=list)
+    vision: VisionInputs | None = None
+    """The prompt's images as the model's processor made them (vision-language models): their
+    ``<|image_pad|>`` tokens are already in ``prompt_ids``."""
     """Response tokens generated earlier (partial rollout): the backend continues from
     ``prompt_ids + prefix_ids`` and returns only the new tokens. Needs a backend listed in
     :data:`PREFIX_CONTINUATION_BACKENDS`."""

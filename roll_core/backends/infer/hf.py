@@ -4,6 +4,8 @@ A list of requests is generated as one left-padded batch. Sampling is seeded per
 requests' seeds, so a given set of requests gives the same responses on every run (and after a
 resume). Behaviour log-probs are log softmax(raw logits / temperature) of the sampled tokens,
 the quantity the trainer recomputes, so `train_infer/logprob_diff` measures only numerics.
+Vision-language models get each request's `vision` inputs (pixel_values, image_grid_thw),
+concatenated in row order, next to the left-padded ids.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ import torch
 
 from roll_core.backends.infer.base import Completion, Request, SamplingParams
 from roll_core.backends.train.torch_backend import resolve_device
+from roll_core.data.vision import concat_vision
+from roll_core.errors import ModelError
 from roll_core.models import load_causal_lm, load_tokenizer
+from roll_core.models.loading import is_vision_model
+from roll_core.models.vision import vision_token_ids
 
 _GLOBAL_RNG = threading.Lock()
 
@@ -46,6 +52,10 @@ class HFInferBackend:
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.tokenizer = load_tokenizer(tokenizer_path or model_path)
         self.model = load_causal_lm(model_path, dtype=dtype, device=self.device)
+        self.model_path = model_path
+        self.is_vision = is_vision_model(model_path)
+        # never sample an image placeholder (docs/vlm.md): None for text models
+        self.suppress = vision_token_ids(self.model.config) if self.is_vision else None
         self.model.eval()
         self.version = 0
         self._targets: dict[str, torch.Tensor] | None = None
@@ -66,9 +76,16 @@ class HFInferBackend:
         sampling = params.temperature > 0
         # transformers samples from torch's global RNG: hold it (ranks of the local executor
         # share one process) and restore it, so sampling neither races nor disturbs training.
+        vision = concat_vision([r.vision for r in requests], device=self.device)
+        if vision and not self.is_vision:
+            raise ModelError(
+                f"{self.model_path} is a text-only model, but requests carry images.",
+                hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL) for "
+                "image prompts.",
+            )
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            out = self._generate(ids, attn, params, sampling)
+            out = self._generate(ids, attn, params, sampling, vision)
         new_tokens = out.sequences[:, width:].cpu()
         temp = params.temperature if sampling else 1.0
         logits = torch.stack(out.logits, dim=1).float().cpu() / temp  # [B, new, V] raw logits
@@ -80,7 +97,12 @@ class HFInferBackend:
         ]
 
     def _generate(
-        self, ids: torch.Tensor, attn: torch.Tensor, params: SamplingParams, sampling: bool
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        params: SamplingParams,
+        sampling: bool,
+        vision: dict[str, torch.Tensor] | None = None,
     ) -> Any:
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         autocast = (
@@ -89,7 +111,7 @@ class HFInferBackend:
             else contextlib.nullcontext()
         )
         with autocast:
-            return self._call_generate(ids, attn, params, sampling, pad, eos)
+            return self._call_generate(ids, attn, params, sampling, pad, eos, vision or {})
 
     def _call_generate(
         self,
@@ -99,8 +121,10 @@ class HFInferBackend:
         sampling: bool,
         pad: int,
         eos: int,
+        vision: dict[str, torch.Tensor] | None = None,
     ) -> Any:
         return self.model.generate(  # type: ignore[operator]
+            **(vision or {}),  # VLMs: pixel_values + image_grid_thw of the rows, in row order
             input_ids=ids.to(self.device),
             attention_mask=attn.to(self.device),
             max_new_tokens=params.max_new_tokens,
@@ -112,6 +136,7 @@ class HFInferBackend:
             pad_token_id=pad,
             stop_strings=list(params.stop) or None,
             tokenizer=self.tokenizer if params.stop else None,
+            suppress_tokens=self.suppress,
             output_logits=True,
             return_dict_in_generate=True,
         )

@@ -22,8 +22,10 @@ from safetensors.torch import load_file
 from roll_core.backends.train.schedules import make_optimizer
 from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
+from roll_core.data.vision import VisionInputs, concat_vision, vision_model_inputs
 from roll_core.errors import CheckpointError
 from roll_core.models import load_causal_lm, load_tokenizer
+from roll_core.models.loading import is_vision_model
 from roll_core.models.lora import (
     apply_lora,
     export_merged,
@@ -31,6 +33,7 @@ from roll_core.models.lora import (
     load_adapter,
     save_adapter,
 )
+from roll_core.models.vision import load_processor, vision_token_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -105,6 +108,12 @@ class TorchTrainBackend:
         self.micro_batch_size = micro_batch_size
         self.tokenizer = load_tokenizer(tokenizer_path or model_path)
         self.model = load_causal_lm(model_path, dtype=_DTYPES[dtype], device=self.device)
+        # a VLM's image processor is exported with the model, so the export loads as a VLM
+        self.image_processor = (
+            load_processor(model_path, self.tokenizer).image_processor
+            if is_vision_model(model_path)
+            else None
+        )
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.lora = lora
@@ -128,14 +137,18 @@ class TorchTrainBackend:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def forward(self, mb: Batch, *, logits_from: int = 0) -> torch.Tensor:
-        """Logits [B, T, V] of one micro-batch (train or eval mode as set by the caller);
+        """Logits [B, T, V] of one micro-batch (train or eval mode as set by the caller; a
+        vision-language model also gets the rows' images, see roll_core/data/vision.py);
         with `logits_from` > 0 only those of columns logits_from.. ([B, T - logits_from, V]:
         the LM head runs on those positions only)."""
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
         keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
+        vision = vision_model_inputs(mb, self.device)  # VLM rows: their pixel_values, grids
         with self._autocast():
-            return self.model(input_ids=ids, attention_mask=attn, use_cache=False, **keep).logits
+            return self.model(
+                input_ids=ids, attention_mask=attn, use_cache=False, **keep, **vision
+            ).logits
 
     def train_step(self, batch: Batch, objective: Objective) -> dict[str, float]:
         """One optimizer step: `objective` on each micro-batch, backward, clip, AdamW, LR.
@@ -205,7 +218,13 @@ class TorchTrainBackend:
         return self.model.disable_adapter()  # type: ignore[operator]
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        vision: list[VisionInputs | None] | None = None,
+    ) -> list[list[int]]:
         self.model.eval()
         pad = self.tokenizer.pad_token_id
         eos = self.tokenizer.eos_token_id
@@ -217,10 +236,16 @@ class TorchTrainBackend:
             attn[i, width - len(p) :] = 1
         with self._autocast():
             out = self.model.generate(  # type: ignore[operator]
+                **concat_vision(vision or [], device=self.device),
                 input_ids=ids.to(self.device),
                 attention_mask=attn.to(self.device),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
+                suppress_tokens=(
+                    vision_token_ids(self.model.config)
+                    if self.image_processor is not None
+                    else None
+                ),
                 eos_token_id=eos,
                 pad_token_id=pad,
             )
@@ -263,7 +288,15 @@ class TorchTrainBackend:
             torch.cuda.set_rng_state_all(rng["cuda"])
 
     def _load_full_weights(self, path: Path) -> None:
-        state = load_file(str(path / "model" / "model.safetensors"), device=str(self.device))
+        if self.image_processor is not None:
+            # transformers saves a VLM under its hub checkpoint names (model.layers...), not the
+            # module names (model.language_model.layers...): read it back through from_pretrained
+            dtype = next(self.model.parameters()).dtype
+            state = load_causal_lm(
+                str(path / "model"), dtype=dtype, device=self.device
+            ).state_dict()
+        else:
+            state = load_file(str(path / "model" / "model.safetensors"), device=str(self.device))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = {k for k in missing if k.endswith("lm_head.weight")}
         if set(missing) - tied or unexpected:
@@ -283,6 +316,8 @@ class TorchTrainBackend:
         else:
             self.model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+        if self.image_processor is not None:
+            self.image_processor.save_pretrained(path)
 
     @torch.no_grad()
     def sync_tensors(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:

@@ -10,7 +10,10 @@
   :func:`roll_core.algorithms.gigpo.gigpo_advantages`.
 
 Layout as in rollout/batch.py: ``input_ids`` [B, T] right-padded; per-token fields in target
-space [B, T-1] (position t scores token t+1).
+space [B, T-1] (position t scores token t+1). Rows with images (vision-language models) carry
+their ``pixel_values`` / ``image_grid_thw`` as per-row non-tensor fields
+(:mod:`roll_core.data.vision`): a trajectory row every image of its episode, a step row the
+images of its prompt, the very inputs its turns were generated from.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from roll_core.algorithms.gigpo import discounted_step_returns
 from roll_core.data import Batch
+from roll_core.data.vision import vision_fields
 from roll_core.rollout.agentic.episode import Trajectory
 
 
@@ -63,7 +67,10 @@ def trajectory_batch(groups: list[list[Trajectory]], *, pad_id: int) -> Batch:
     }
     return Batch(
         tensors=tensors,
-        non_tensors={"env_tag": [t.tag for t in trajs]},
+        non_tensors={
+            "env_tag": [t.tag for t in trajs],
+            **vision_fields([t.trace.vision() for t in trajs]),
+        },
         meta={},
     )
 
@@ -72,6 +79,7 @@ def step_batch(groups: list[list[Trajectory]], *, pad_id: int, gamma: float = 1.
     """One row per turn (GiGPO), with the inputs of the GiGPO advantages."""
     trajs = [t for g in groups for t in g]
     rows, returns, episode_of, anchors, versions, rewards, tags = [], [], [], [], [], [], []
+    visions = []
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
     anchor_index: dict[tuple[int, str], int] = {}
     for e, traj in enumerate(trajs):
@@ -88,6 +96,7 @@ def step_batch(groups: list[list[Trajectory]], *, pad_id: int, gamma: float = 1.
             versions.append(turn.policy_version)
             rewards.append(turn.reward)
             tags.append(traj.tag)
+            visions.append(turn.vision)
     tensors = _rows(rows, pad_id)
     tensors |= {
         "scores": torch.tensor(returns, dtype=torch.float32),
@@ -105,7 +114,8 @@ def step_batch(groups: list[list[Trajectory]], *, pad_id: int, gamma: float = 1.
         "episode_returns": [t.episode_return for t in trajs],
         "episode_groups": [group_index[t.group] for t in trajs],
     }
-    return Batch(tensors=tensors, non_tensors={"env_tag": tags}, meta=meta)
+    non_tensors = {"env_tag": tags, **vision_fields(visions)}
+    return Batch(tensors=tensors, non_tensors=non_tensors, meta=meta)
 
 
 def episode_metrics(trajs: list[Trajectory], *, prefix: str) -> dict[str, float]:

@@ -10,23 +10,41 @@ ended with the eos token that closes the assistant turn, that token is not repea
 
 Only generated ids carry a loss-mask 1 and a behaviour log-prob; everything the env or the
 template wrote is masked.
+
+Image observations (an env's :class:`~roll_core.envs.base.Observation` with pictures, for a
+vision-language model): the observation's user message has one image part per picture before
+its text; its template text is found the same way (a probe message with that many image parts),
+each picture goes through the model's image processor once, when the observation arrives, and
+its placeholder becomes one ``<|image_pad|>`` per merged patch. The trace keeps every message's
+:class:`~roll_core.data.vision.VisionInputs` in order, so the images a turn was generated with
+are exactly the images the trained sequence carries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from roll_core.data.chat import render_chat
+from roll_core.data.chat import encode_chat_images, image_message, render_chat
+from roll_core.data.vision import VisionInputs, concat_vision
+from roll_core.envs.base import observation_images
+from roll_core.errors import ModelError
 
 _SENTINEL = "ROLL_SENTINEL_7f3a"
 
 
 class ChatFormat:
-    """The chat-template pieces of one tokenizer, as token ids."""
+    """The chat-template pieces of one tokenizer, as token ids.
 
-    def __init__(self, tokenizer: Any) -> None:
+    ``processor``: a vision-language model's :class:`~roll_core.models.vision.VisionProcessor`,
+    for envs whose observations carry images (None: a text model; an image then is an error).
+    """
+
+    def __init__(self, tokenizer: Any, processor: Any | None = None) -> None:
         self.tokenizer = tokenizer
+        self.processor = processor
+        self._image_replies: dict[int, tuple[str, str]] = {}
         self.eos_id: int | None = tokenizer.eos_token_id
         base = [
             {"role": "user", "content": "hi"},
@@ -41,8 +59,9 @@ class ChatFormat:
         before, _, after = text_full[len(text_base) :].partition(probe)
         self._env_prefix = close + before  # e.g. "<|im_end|>\n<|im_start|>user\n"
         self._env_suffix = after  # e.g. "<|im_end|>\n<|im_start|>assistant\n"
+        self._base, self._text_base, self._close = base, text_base, close
 
-    def _text(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+    def _text(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return render_chat(
             self.tokenizer, messages, add_generation_prompt=generation_prompt, fold_system=True
         )
@@ -61,6 +80,75 @@ class ChatFormat:
             ids = ids[1:]
         return ids
 
+    # ---- observations with images --------------------------------------------------------------
+    def user_message(self, observation: str) -> dict[str, Any]:
+        """The user message of an observation: its images (as image parts), then its text."""
+        return image_message(str(observation), len(observation_images(observation)))
+
+    def prompt_with_images(
+        self, messages: list[dict[str, Any]], images: Sequence[Any]
+    ) -> tuple[list[int], VisionInputs | None]:
+        """Ids (placeholders expanded) and vision inputs of ``messages`` with the generation
+        prompt; ``images`` fill the messages' image parts in order."""
+        if not images:
+            return self.prompt(messages), None
+        ids, vision = encode_chat_images(
+            self._vision(), messages, images, add_generation_prompt=True, fold_system=True
+        )
+        return ids, vision
+
+    def first_prompt(self, system: str, observation: str) -> tuple[list[int], VisionInputs | None]:
+        """Ids and vision inputs of the episode's first prompt (system + first observation)."""
+        messages = first_messages(system, "")[:-1] + [self.user_message(observation)]
+        return self.prompt_with_images(messages, observation_images(observation))
+
+    def observe(
+        self, observation: str, *, after_eos: bool
+    ) -> tuple[list[int], VisionInputs | None]:
+        """:meth:`env_message` for an observation that may carry images: its ids (image
+        placeholders expanded) and the vision inputs of its images (None: none)."""
+        images = observation_images(observation)
+        if not images:
+            return self.env_message(observation, after_eos=after_eos), None
+        processor = self._vision()
+        prefix, suffix = self._image_reply(len(images))
+        text = prefix + str(observation) + suffix
+        pieces = text.split(processor.image_token)
+        if len(pieces) - 1 != len(images):
+            raise ModelError(
+                f"the chat template wrote {len(pieces) - 1} image placeholder(s) for an "
+                f"observation with {len(images)} image(s)."
+            )
+        vision = processor.process_images(images)
+        counts = vision.num_image_tokens(processor.merge_size)  # as encode_chat_images does
+        expanded = pieces[0] + "".join(
+            processor.image_token * n + rest for n, rest in zip(counts, pieces[1:], strict=True)
+        )
+        ids = self.encode(expanded)
+        if after_eos and ids and ids[0] == self.eos_id:
+            ids = ids[1:]
+        return ids, vision
+
+    def _image_reply(self, num_images: int) -> tuple[str, str]:
+        """Template text before and after an observation's text in a reply with images."""
+        if num_images not in self._image_replies:
+            probe = "ROLL_OBSERVATION_PROBE"
+            full = self._text([*self._base, image_message(probe, num_images)], True)
+            if not full.startswith(self._text_base):
+                raise ValueError("the chat template does not render conversations incrementally")
+            before, _, after = full[len(self._text_base) :].partition(probe)
+            self._image_replies[num_images] = (self._close + before, after)
+        return self._image_replies[num_images]
+
+    def _vision(self) -> Any:
+        if self.processor is None:
+            raise ModelError(
+                "the env's observations carry images, but the model is a text-only model.",
+                hint="Use a vision-language model (e.g. builtin:tiny-qwen2.5-vl, "
+                "Qwen/Qwen2.5-VL-3B-Instruct), or the env option obs_mode: text.",
+            )
+        return self.processor
+
 
 def first_messages(system: str, observation: str) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": system}] if system else []
@@ -69,16 +157,26 @@ def first_messages(system: str, observation: str) -> list[dict[str, str]]:
 
 @dataclass
 class TokenTrace:
-    """The ids of a whole trajectory, its loss mask and behaviour log-probs (same length)."""
+    """The ids of a whole trajectory, its loss mask and behaviour log-probs (same length), and
+    the vision inputs of its images in the order they appear in the ids."""
 
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    images: list[VisionInputs] = field(default_factory=list)
 
-    def add_context(self, ids: list[int]) -> None:
+    def add_context(self, ids: list[int], vision: VisionInputs | None = None) -> None:
         self.ids += ids
         self.mask += [0] * len(ids)
         self.log_probs += [0.0] * len(ids)
+        if vision is not None:
+            self.images.append(vision)
+
+    def vision(self) -> VisionInputs | None:
+        """Every image of the trace so far as one sample's vision inputs (None: no image)."""
+        if not self.images:
+            return None
+        return VisionInputs(**concat_vision(self.images))
 
     def add_generated(self, ids: list[int], log_probs: list[float]) -> None:
         if len(ids) != len(log_probs):

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_core.backends.infer import Completion, SamplingParams
-from roll_core.envs.base import TextEnv
+from roll_core.data.vision import VisionInputs
+from roll_core.envs.base import TextEnv, observation_images
 from roll_core.rollout.agentic.chat import ChatFormat, TokenTrace, first_messages
 
 
@@ -43,6 +44,7 @@ class Turn:
     action_is_valid: bool
     gen_s: float
     env_s: float
+    vision: VisionInputs | None = None  # the images of prompt_ids (vision-language models)
 
 
 @dataclass
@@ -98,13 +100,17 @@ class RolloutSettings:
 
 def window_prompt(
     chat: ChatFormat, system: str, history: list[tuple[str, str]], observation: str, window: int
-) -> list[int]:
-    """Step mode: system, the last `window` (observation, action) turns, the observation."""
-    messages = first_messages(system, "")[:-1]
+) -> tuple[list[int], VisionInputs | None]:
+    """Step mode: system, the last `window` (observation, action) turns, the observation; the
+    ids and the vision inputs of the observations' images (None: no image)."""
+    messages: list[dict[str, Any]] = first_messages(system, "")[:-1]
+    images: list[Any] = []
     for obs, act in history[-window:] if window else []:
-        messages += [{"role": "user", "content": obs}, {"role": "assistant", "content": act}]
-    messages.append({"role": "user", "content": observation})
-    return chat.prompt(messages)
+        messages += [chat.user_message(obs), {"role": "assistant", "content": act}]
+        images += observation_images(obs)
+    messages.append(chat.user_message(observation))
+    images += observation_images(observation)
+    return chat.prompt_with_images(messages, images)
 
 
 def play_episode(
@@ -114,12 +120,13 @@ def play_episode(
     chat: ChatFormat,
     settings: RolloutSettings,
     max_new_tokens: int,
-    generate: Callable[[list[int], int], Completion],
+    generate: Callable[[list[int], int, VisionInputs | None], Completion],
     env_call: Callable[..., Any],
 ) -> Trajectory:
     """Play one episode into `traj`: observe -> generate -> step until the env ends it.
 
-    `generate(prompt_ids, turn)` returns the completion; `env_call(fn, *args)` calls the env
+    `generate(prompt_ids, turn, vision)` returns the completion (`vision`: the prompt's
+    images, for a vision-language model; None without images); `env_call(fn, *args)` calls the env
     (the manager puts timeouts there). Exceptions (env errors, timeouts, cancellation)
     propagate; a prompt that no longer fits `settings.max_context` ends the episode (status
     `context`).
@@ -129,17 +136,17 @@ def play_episode(
     observation, _ = env_call(env.reset, traj.seed)
     system = spec.system_prompt if spec.system_prompt is not None else env.system_prompt
     history: list[tuple[str, str]] = []  # step mode: (observation, action) turns
-    traj.trace.add_context(chat.prompt(first_messages(system, observation)))
+    traj.trace.add_context(*chat.first_prompt(system, observation))
     while True:
         if s.mode == "step":
-            prompt = window_prompt(chat, system, history, observation, s.history_window)
+            prompt, vision = window_prompt(chat, system, history, observation, s.history_window)
         else:
-            prompt = list(traj.trace.ids)
+            prompt, vision = list(traj.trace.ids), traj.trace.vision()
         if len(prompt) + max_new_tokens > s.max_context:
             traj.status = "context"
             return traj
         t0 = time.perf_counter()
-        completion = generate(prompt, len(traj.turns))
+        completion = generate(prompt, len(traj.turns), vision)
         gen_s = time.perf_counter() - t0
         action = str(chat.tokenizer.decode(completion.response_ids, skip_special_tokens=True))
         key = str(env_call(env.state_key))
@@ -160,6 +167,7 @@ def play_episode(
                 action_is_valid=bool(result.info.get("action_is_valid", True)),
                 gen_s=gen_s,
                 env_s=env_s,
+                vision=vision,
             )
         )
         traj.episode_return += float(result.reward)
@@ -172,8 +180,8 @@ def play_episode(
         ended_with_eos = bool(completion.response_ids) and (
             completion.response_ids[-1] == chat.eos_id
         )
-        reply = chat.env_message(observation, after_eos=ended_with_eos)
+        reply, reply_vision = chat.observe(observation, after_eos=ended_with_eos)
         if s.mode != "step" and len(traj.trace.ids) + len(reply) + max_new_tokens > s.max_context:
             traj.status = "context"  # the next turn would not fit: end on the last response
             return traj
-        traj.trace.add_context(reply)
+        traj.trace.add_context(reply, reply_vision)

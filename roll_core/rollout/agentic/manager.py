@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_core.backends.infer import Completion, SamplingParams
+from roll_core.data.vision import VisionInputs
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.rollout.agentic.chat import ChatFormat
 from roll_core.rollout.agentic.episode import (
@@ -123,10 +124,11 @@ class EnvRolloutManager:
         tokenizer: Any,
         specs: list[EnvSpec],
         settings: RolloutSettings,
+        processor: Any | None = None,
     ) -> None:
         self.infer = infer
         self.tokenizer = tokenizer
-        self.chat = ChatFormat(tokenizer)
+        self.chat = ChatFormat(tokenizer, processor)  # processor: VLMs (image observations)
         self.specs = specs
         self.s = settings
         self.router = Router(
@@ -336,13 +338,14 @@ class EnvRolloutManager:
         def env_call(fn: Callable[..., Any], *args: Any) -> Any:
             return call_with_timeout(fn, *args, timeout=min(s.step_timeout_s, remaining()))
 
-        def generate(prompt: list[int], turn: int) -> Completion:
+        def generate(prompt: list[int], turn: int, vision: VisionInputs | None) -> Completion:
             if ep.cancel.is_set():
                 raise EpisodeCancelled()
             if self.barrier is not None and group.counted:
                 self.barrier.wait(id(ep), turn, ep.cancel)
             seed = hash((group.seed, ep.traj.index, turn, s.seed)) % 2**31
-            completion = self._wait(self.router.generate(prompt, seed, ep.params), ep, remaining)
+            future = self.router.generate(prompt, seed, ep.params, vision)
+            completion = self._wait(future, ep, remaining)
             if ep.cancel.is_set():
                 raise EpisodeCancelled()
             return completion

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from roll_core.backends.infer import Completion, Request, SamplingParams
+from roll_core.data.vision import VisionInputs
 from roll_core.errors import RollError
 from roll_core.rollout.agentic.episode import EpisodeCancelled
 
@@ -34,15 +35,21 @@ class Router:
         self.thread.start()
 
     def generate(
-        self, prompt_ids: list[int], seed: int, params: SamplingParams | None = None
+        self,
+        prompt_ids: list[int],
+        seed: int,
+        params: SamplingParams | None = None,
+        vision: VisionInputs | None = None,
     ) -> Future:
+        """Queue one request (``vision``: the prompt's images, for a vision-language model)."""
         future: Future = Future()
         with self.cond:
             if self.closed:
                 future.set_exception(EpisodeCancelled("router closed"))
                 return future
             self._uid += 1
-            self.queue.append((Request(self._uid, prompt_ids, seed), params or self.params, future))
+            request = Request(self._uid, prompt_ids, seed, vision=vision)
+            self.queue.append((request, params or self.params, future))
             self.cond.notify_all()
         return future
 
