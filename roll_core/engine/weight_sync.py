@@ -1,7 +1,7 @@
 """Weight sync between actor_train and actor_infer: the driver's side (the control plane).
 
 The driver never touches a weight. It asks every rank where it lives, picks the path, has the
-ranks join one group (roll_core/engine/sync_transport.py) and then, at each sync, only says
+ranks join one group (roll_core/backends/sync_transport.py) and then, at each sync, only says
 "send" to the training ranks and "receive, stamp version v" to the inference ranks; the
 tensors go rank to rank. Paths (`sync.path`):
 

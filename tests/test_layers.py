@@ -1,0 +1,46 @@
+"""Imports only go down (ARCHITECTURE.md "The layers"): each package below may import only
+from packages under it, checked on the source (every `import` / `from ... import`, lazy ones
+inside functions included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HIGHER = {
+    # package: the packages above it, which it must not import
+    "engine": ("roll_cli", "roll_core.pipelines", "roll_core.rollout", "roll_core.workers"),
+    "backends": (
+        "roll_cli",
+        "roll_core.pipelines",
+        "roll_core.rollout",
+        "roll_core.workers",
+        "roll_core.engine",
+    ),
+}
+for pure in ("algorithms", "rewards", "envs", "data"):
+    HIGHER[pure] = (*HIGHER["backends"], "ray")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(HIGHER))
+def test_no_upward_imports(package: str) -> None:
+    bad = []
+    for path in sorted((ROOT / "roll_core" / package).rglob("*.py")):
+        for line, module in _imports(path):
+            if any(module == h or module.startswith(h + ".") for h in HIGHER[package]):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not bad, "imports that go up a layer:\n" + "\n".join(bad)
