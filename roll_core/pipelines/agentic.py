@@ -339,7 +339,7 @@ def warm_start(
             non_tensors={},
             meta={"loss_tokens": int(resp.sum())},
         )
-        out = actor.train_step(batch)
+        out = actor.train_step(batch, lr=w.lr)
         losses.append(sum(o["train/loss_sum"] for o in out) / max(1, int(resp.sum())))
         advance()
     return {"warm_start/steps": float(w.steps), "warm_start/loss_last": losses[-1], **faults}

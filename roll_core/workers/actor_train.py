@@ -57,9 +57,19 @@ class ActorTrain(Worker):
         return self.backend
 
     @dispatch("dp")
-    def train_step(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:
-        """One optimizer step on `batch` with the named objective (workers/objectives.py)."""
-        return self._b().train_step(batch, get_objective(objective, **params))
+    def train_step(
+        self, batch: Batch, objective: str = "sft", *, lr: float | None = None, **params: Any
+    ) -> dict[str, float]:
+        """One optimizer step on `batch` with the named objective (workers/objectives.py).
+
+        `lr`: this step's learning rate instead of the schedule's (the schedule still advances,
+        and the next step is back on it), e.g. the agentic warm start's `warm_start.lr`.
+        """
+        backend = self._b()
+        if lr is not None:
+            for group in backend.optimizer.param_groups:  # type: ignore[attr-defined]
+                group["lr"] = lr  # the scheduler's step after the update sets it back
+        return backend.train_step(batch, get_objective(objective, **params))
 
     @dispatch("dp")
     def evaluate(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:

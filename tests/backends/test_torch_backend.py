@@ -104,3 +104,33 @@ def test_log_probs_match_the_sft_loss(model_dir: str) -> None:
     metrics = be.evaluate(b, sft)
     assert float(-(logp * mask).sum()) == pytest.approx(metrics["train/loss_sum"], rel=1e-5)
     assert metrics["train/loss_tokens"] == float(mask.sum())
+
+
+def test_actor_train_lr_override_is_one_step_only(model_dir: str) -> None:
+    # The agentic warm start's `warm_start.lr`: one step at lr 0.5 while the schedule says
+    # 1e-2 (constant); the next step is back on the schedule, which has advanced by both steps.
+    from roll_core.workers.actor_train import ActorTrain
+
+    worker = ActorTrain(
+        backend="torch",
+        backend_kwargs={
+            "model_path": model_dir,
+            "device": "cpu",
+            "optim": OptimConfig(lr=1e-2, scheduler="constant"),
+            "total_steps": 10,
+            "micro_batch_size": 4,
+            "seed": 0,
+            "num_threads": 1,
+        },
+    )
+    worker.setup()
+    before = {n: p.detach().clone() for n, p in worker.backend.model.named_parameters()}
+    assert worker.train_step(batch(), "sft", lr=0.5)["train/lr"] == 0.5
+    # Adam's first update moves every weight with a gradient by ~lr: 0.5, not 1e-2
+    moved = max(
+        float((p.detach() - before[n]).abs().max())
+        for n, p in worker.backend.model.named_parameters()
+    )
+    assert moved == pytest.approx(0.5, rel=0.01)
+    assert worker.train_step(batch(), "sft")["train/lr"] == 1e-2
+    assert worker.backend.scheduler.last_epoch == 2
