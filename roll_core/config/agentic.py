@@ -128,7 +128,8 @@ class WarmStartConfig(Strict):
         default=None,
         gt=0,
         description="Learning rate of the warm-up SFT steps (null: actor_train.optim.lr), so RL "
-        "can use a lower one than the format warm-up needs.",
+        "can use a lower one than the format warm-up needs. Warm-up steps run outside RL's "
+        "learning-rate schedule.",
     )
     eval_before: bool = Field(
         default=False,

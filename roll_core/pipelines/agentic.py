@@ -339,10 +339,15 @@ def warm_start(
             non_tensors={},
             meta={"loss_tokens": int(resp.sum())},
         )
-        out = actor.train_step(batch, lr=w.lr)
+        out = actor.train_step(batch, lr=w.lr or cfg.actor_train.optim.lr)  # outside the schedule
         losses.append(sum(o["train/loss_sum"] for o in out) / max(1, int(resp.sum())))
         advance()
-    return {"warm_start/steps": float(w.steps), "warm_start/loss_last": losses[-1], **faults}
+    return {
+        "warm_start/steps": float(w.steps),
+        "warm_start/loss_last": losses[-1],
+        "warm_start/lr": out[0]["train/lr"],
+        **faults,
+    }
 
 
 # ---- the loop -----------------------------------------------------------------------------------

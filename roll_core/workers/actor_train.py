@@ -62,14 +62,22 @@ class ActorTrain(Worker):
     ) -> dict[str, float]:
         """One optimizer step on `batch` with the named objective (workers/objectives.py).
 
-        `lr`: this step's learning rate instead of the schedule's (the schedule still advances,
-        and the next step is back on it), e.g. the agentic warm start's `warm_start.lr`.
+        `lr`: a step outside the learning-rate schedule, at this rate: the schedule neither
+        applies nor advances (the agentic warm start, `warm_start.lr`, runs before RL's
+        schedule starts).
         """
-        backend = self._b()
-        if lr is not None:
-            for group in backend.optimizer.param_groups:  # type: ignore[attr-defined]
-                group["lr"] = lr  # the scheduler's step after the update sets it back
-        return backend.train_step(batch, get_objective(objective, **params))
+        backend: Any = self._b()
+        if lr is None:
+            return backend.train_step(batch, get_objective(objective, **params))
+        groups, scheduler = backend.optimizer.param_groups, backend.scheduler
+        schedule = scheduler.state_dict()
+        for group in groups:
+            group["lr"] = lr
+        out: dict[str, float] = backend.train_step(batch, get_objective(objective, **params))
+        scheduler.load_state_dict(schedule)  # undo the step's scheduler.step()
+        for group, scheduled in zip(groups, scheduler.get_last_lr(), strict=True):
+            group["lr"] = scheduled
+        return out
 
     @dispatch("dp")
     def evaluate(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:

@@ -106,9 +106,10 @@ def test_log_probs_match_the_sft_loss(model_dir: str) -> None:
     assert metrics["train/loss_tokens"] == float(mask.sum())
 
 
-def test_actor_train_lr_override_is_one_step_only(model_dir: str) -> None:
-    # The agentic warm start's `warm_start.lr`: one step at lr 0.5 while the schedule says
-    # 1e-2 (constant); the next step is back on the schedule, which has advanced by both steps.
+def test_actor_train_lr_override_is_outside_the_schedule(model_dir: str) -> None:
+    # The agentic warm start's `warm_start.lr`: one step at lr 0.5 while a linear schedule over
+    # 3 steps says 1e-2, 5e-3, 0; the override neither uses nor advances it, so the next
+    # steps are the schedule's first two.
     from roll_core.workers.actor_train import ActorTrain
 
     worker = ActorTrain(
@@ -116,8 +117,8 @@ def test_actor_train_lr_override_is_one_step_only(model_dir: str) -> None:
         backend_kwargs={
             "model_path": model_dir,
             "device": "cpu",
-            "optim": OptimConfig(lr=1e-2, scheduler="constant"),
-            "total_steps": 10,
+            "optim": OptimConfig(lr=1e-2, scheduler="linear"),
+            "total_steps": 3,
             "micro_batch_size": 4,
             "seed": 0,
             "num_threads": 1,
@@ -132,5 +133,7 @@ def test_actor_train_lr_override_is_one_step_only(model_dir: str) -> None:
         for n, p in worker.backend.model.named_parameters()
     )
     assert moved == pytest.approx(0.5, rel=0.01)
+    assert worker.backend.scheduler.last_epoch == 0
     assert worker.train_step(batch(), "sft")["train/lr"] == 1e-2
+    assert worker.train_step(batch(), "sft")["train/lr"] == pytest.approx(5e-3)
     assert worker.backend.scheduler.last_epoch == 2
