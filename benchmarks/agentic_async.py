@@ -315,14 +315,19 @@ def main() -> None:
     parser.add_argument(
         "--eval-episodes", type=int, default=128, help="frozenlake: held-out maps per validation"
     )
+    parser.add_argument(
+        "--keep-runs", default=None, help="keep the arms' run directories under this path"
+    )
     args = parser.parse_args()
     arms = args.arms.split(",")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        out = Path(args.keep_runs) if args.keep_runs else Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
         for arm in arms:
             print(f"arm {arm} ...", flush=True)
-            results[arm] = run_arm(Path(tmp), arm, args, env)
+            results[arm] = run_arm(out, arm, args, env)
     base = results.get("sync", next(iter(results.values())))["episodes_per_s"]
     print(
         f"\n{'arm':<18}{'episodes/s':>12}{'step s':>9}{'rollout s':>11}{'env share':>11}"
