@@ -29,10 +29,10 @@ the mean step time, and each arm's speedup over ``sync``.
 ``--task frozenlake`` runs the same arms on a real task instead: recipes/tiny-frozenlake.yaml
 (format warm start, step-wise GiGPO) on ``SlowFrozenLake``, FrozenLake whose every step sleeps
 the same heavy-tailed latency, and also prints each arm's held-out success (`--eval-episodes`
-maps, 128 by default, after the
-warm start and after the last step), so whether learning survives the asynchrony is measured
-next to the speedup (the last validation's time is left out of the speed window). Steps and
-warm-up steps default to the recipe's.
+maps, 128 by default, after the warm start and after the last step), so whether learning
+survives the asynchrony is measured next to the speedup (the last validation's time is left
+out of the speed window). Steps and warm-up steps default to the recipe's; the warm-up's
+random-action demonstrations run without the latency; `--keep-runs DIR` keeps each arm's run.
 
 The latency is seeded, so every arm sees the same distribution; timings are wall clock on a
 shared machine (see docs/agentic.md).
