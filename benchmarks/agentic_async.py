@@ -23,13 +23,16 @@ the mean step time, and each arm's speedup over ``sync``.
 
     python benchmarks/agentic_async.py [--steps 8] [--latency-scale 0.02]
                                        [--arms sync,async,async-overlap,async-redundant]
-                                       [--task coin|frozenlake] [--warm-start-steps 40]
+                                       [--task coin|frozenlake] [--warm-start-steps N]
+                                       [--eval-episodes 128]
 
 ``--task frozenlake`` runs the same arms on a real task instead: recipes/tiny-frozenlake.yaml
 (format warm start, step-wise GiGPO) on ``SlowFrozenLake``, FrozenLake whose every step sleeps
-the same heavy-tailed latency, and also prints each arm's held-out success (128 maps, after the
-warm start and after the last step), so whether learning survives the asynchrony is measured
-next to the speedup (the last validation's time is left out of the speed window).
+the same heavy-tailed latency, and also prints each arm's held-out success (`--eval-episodes`
+maps, 128 by default, after the warm start and after the last step), so whether learning
+survives the asynchrony is measured next to the speedup (the last validation's time is left
+out of the speed window). Steps and warm-up steps default to the recipe's; the warm-up's
+random-action demonstrations run without the latency; `--keep-runs DIR` keeps each arm's run.
 
 The latency is seeded, so every arm sees the same distribution; timings are wall clock on a
 shared machine (see docs/agentic.md).
@@ -52,6 +55,7 @@ import yaml
 
 from roll_core.envs import EnvOptions, FrozenLakeEnv, TextEnv, Transition
 from roll_core.envs.frozen_lake import FrozenLakeOptions
+from roll_core.pipelines.agentic import DEMO_SEED_START
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLL = str(Path(sys.executable).with_name("roll"))
@@ -117,6 +121,14 @@ class SlowFrozenLake(FrozenLakeEnv):
     Options = SlowFrozenLakeOptions
     options: SlowFrozenLakeOptions
     _instances = 0
+    slow = True  # False for the warm start's demonstrations (see reset)
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        # The warm start's random-action demonstrations (seeds from DEMO_SEED_START) run
+        # without the latency: they are outside the timed window, and at 32 sequential
+        # episodes per warm-up step the latency alone would add ~10 minutes per arm.
+        self.slow = seed is None or seed < DEMO_SEED_START
+        return super().reset(seed)
 
     def on_reset(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
         observation, info = super().on_reset(rng)
@@ -127,7 +139,8 @@ class SlowFrozenLake(FrozenLakeEnv):
     def on_step(self, action: str) -> Transition:
         o = self.options
         delay = o.latency_scale_s * (1.0 + self.latency_rng.pareto(o.pareto_shape))
-        time.sleep(min(o.latency_cap_s, delay))
+        if self.slow:
+            time.sleep(min(o.latency_cap_s, delay))
         return super().on_step(action)
 
 
@@ -147,8 +160,20 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def recipe(tmp: Path, arm: str, steps: int, latency: float, task: str, warm: int) -> Path:
-    data = _frozenlake(steps, latency, warm) if task == "frozenlake" else _coin(steps, latency)
+def recipe(
+    tmp: Path,
+    arm: str,
+    steps: int | None,
+    latency: float,
+    task: str,
+    warm: int | None,
+    eval_episodes: int,
+) -> Path:
+    data = (
+        _frozenlake(steps, latency, warm, eval_episodes)
+        if task == "frozenlake"
+        else _coin(steps or 6, latency)
+    )
     data["name"] = f"bench-agentic-{task}-{arm}"
     data["runs_dir"] = str(tmp / "runs")
     data["rollout"].update(ARMS[arm])
@@ -186,16 +211,19 @@ def _coin(steps: int, latency: float) -> dict[str, Any]:
     }
 
 
-def _frozenlake(steps: int, latency: float, warm: int) -> dict[str, Any]:
+def _frozenlake(
+    steps: int | None, latency: float, warm: int | None, eval_episodes: int
+) -> dict[str, Any]:
     """recipes/tiny-frozenlake.yaml on SlowFrozenLake, validated after the warm start and at
-    the last step (128 held-out maps)."""
+    the last step (`eval_episodes` held-out maps)."""
     data = yaml.safe_load((ROOT / "recipes" / "tiny-frozenlake.yaml").read_text())
     env = data["envs"][0]
     env["env"] = "benchmarks.agentic_async:SlowFrozenLake"
     env["options"] = {**env["options"], "latency_scale_s": latency}
+    env["eval_episodes"] = eval_episodes
     data["rollout"]["step_timeout_s"] = 30
-    data["warm_start"]["steps"] = warm
-    data["trainer"]["max_steps"] = steps
+    data["warm_start"]["steps"] = data["warm_start"]["steps"] if warm is None else warm
+    data["trainer"]["max_steps"] = steps = steps or data["trainer"]["max_steps"]
     data["eval"]["every_steps"] = steps
     data["actor_train"]["num_threads"] = data["actor_infer"]["num_threads"] = 1
     data["checkpoint"] = {"every_steps": 1000, "export_final": False}
@@ -206,7 +234,13 @@ def _frozenlake(steps: int, latency: float, warm: int) -> dict[str, Any]:
 def run_arm(tmp: Path, arm: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, float]:
     start = time.perf_counter()
     path = recipe(
-        tmp, arm, max(3, args.steps), args.latency_scale, args.task, args.warm_start_steps
+        tmp,
+        arm,
+        None if args.steps is None else max(3, args.steps),
+        args.latency_scale,
+        args.task,
+        args.warm_start_steps,
+        args.eval_episodes,
     )
     res = subprocess.run(
         [ROLL, "train", "agentic", str(path), "--run-id", arm],
@@ -255,7 +289,12 @@ def run_arm(tmp: Path, arm: str, args: argparse.Namespace, env: dict[str, str]) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=6, help="training steps per arm (>= 3)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps per arm (>= 3; default: 6 for coin, the recipe's for frozenlake)",
+    )
     parser.add_argument("--arms", default="sync,async,async-overlap,async-redundant")
     parser.add_argument(
         "--latency-scale", type=float, default=0.02, help="seconds; latency = scale x (1 + Pareto)"
@@ -268,16 +307,27 @@ def main() -> None:
         "on FrozenLake with the same latency, held-out success per arm",
     )
     parser.add_argument(
-        "--warm-start-steps", type=int, default=40, help="frozenlake: format warm-up SFT steps"
+        "--warm-start-steps",
+        type=int,
+        default=None,
+        help="frozenlake: format warm-up SFT steps (default: the recipe's)",
+    )
+    parser.add_argument(
+        "--eval-episodes", type=int, default=128, help="frozenlake: held-out maps per validation"
+    )
+    parser.add_argument(
+        "--keep-runs", default=None, help="keep the arms' run directories under this path"
     )
     args = parser.parse_args()
     arms = args.arms.split(",")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        out = Path(args.keep_runs) if args.keep_runs else Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
         for arm in arms:
             print(f"arm {arm} ...", flush=True)
-            results[arm] = run_arm(Path(tmp), arm, args, env)
+            results[arm] = run_arm(out, arm, args, env)
     base = results.get("sync", next(iter(results.values())))["episodes_per_s"]
     print(
         f"\n{'arm':<18}{'episodes/s':>12}{'step s':>9}{'rollout s':>11}{'env share':>11}"

@@ -124,6 +124,13 @@ class WarmStartConfig(Strict):
     episodes_per_step: int = Field(
         default=16, ge=1, description="Random episodes per SFT step (every turn is trained)."
     )
+    lr: float | None = Field(
+        default=None,
+        gt=0,
+        description="Learning rate of the warm-up SFT steps (null: actor_train.optim.lr), so RL "
+        "can use a lower one than the format warm-up needs. Warm-up steps run outside RL's "
+        "learning-rate schedule.",
+    )
     eval_before: bool = Field(
         default=False,
         description="Also validate before the warm-up (logged as eval_before_warm_start/*).",

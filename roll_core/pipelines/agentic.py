@@ -386,10 +386,15 @@ def warm_start(
             non_tensors={k: batch.non_tensors[k] for k in VISION_FIELDS if k in batch},
             meta={"loss_tokens": int(resp.sum())},
         )
-        out = actor.train_step(batch)
+        out = actor.train_step(batch, lr=w.lr or cfg.actor_train.optim.lr)  # outside the schedule
         losses.append(sum(o["train/loss_sum"] for o in out) / max(1, int(resp.sum())))
         advance()
-    return {"warm_start/steps": float(w.steps), "warm_start/loss_last": losses[-1], **faults}
+    return {
+        "warm_start/steps": float(w.steps),
+        "warm_start/loss_last": losses[-1],
+        "warm_start/lr": out[0]["train/lr"],
+        **faults,
+    }
 
 
 # ---- the loop -----------------------------------------------------------------------------------

@@ -61,9 +61,27 @@ class ActorTrain(Worker):
         return self.backend
 
     @dispatch("dp")
-    def train_step(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:
-        """One optimizer step on `batch` with the named objective (workers/objectives.py)."""
-        return self._resident().train_step(batch, get_objective(objective, **params))
+    def train_step(
+        self, batch: Batch, objective: str = "sft", *, lr: float | None = None, **params: Any
+    ) -> dict[str, float]:
+        """One optimizer step on `batch` with the named objective (workers/objectives.py).
+
+        `lr`: a step outside the learning-rate schedule, at this rate: the schedule neither
+        applies nor advances (the agentic warm start, `warm_start.lr`, runs before RL's
+        schedule starts).
+        """
+        backend: Any = self._resident()
+        if lr is None:
+            return backend.train_step(batch, get_objective(objective, **params))
+        groups, scheduler = backend.optimizer.param_groups, backend.scheduler
+        schedule = scheduler.state_dict()
+        for group in groups:
+            group["lr"] = lr
+        out: dict[str, float] = backend.train_step(batch, get_objective(objective, **params))
+        scheduler.load_state_dict(schedule)  # undo the step's scheduler.step()
+        for group, scheduled in zip(groups, scheduler.get_last_lr(), strict=True):
+            group["lr"] = scheduled
+        return out
 
     @dispatch("dp")
     def evaluate(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:

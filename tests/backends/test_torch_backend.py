@@ -104,3 +104,36 @@ def test_log_probs_match_the_sft_loss(model_dir: str) -> None:
     metrics = be.evaluate(b, sft)
     assert float(-(logp * mask).sum()) == pytest.approx(metrics["train/loss_sum"], rel=1e-5)
     assert metrics["train/loss_tokens"] == float(mask.sum())
+
+
+def test_actor_train_lr_override_is_outside_the_schedule(model_dir: str) -> None:
+    # The agentic warm start's `warm_start.lr`: one step at lr 0.5 while a linear schedule over
+    # 3 steps says 1e-2, 5e-3, 0; the override neither uses nor advances it, so the next
+    # steps are the schedule's first two.
+    from roll_core.workers.actor_train import ActorTrain
+
+    worker = ActorTrain(
+        backend="torch",
+        backend_kwargs={
+            "model_path": model_dir,
+            "device": "cpu",
+            "optim": OptimConfig(lr=1e-2, scheduler="linear"),
+            "total_steps": 3,
+            "micro_batch_size": 4,
+            "seed": 0,
+            "num_threads": 1,
+        },
+    )
+    worker.setup()
+    before = {n: p.detach().clone() for n, p in worker.backend.model.named_parameters()}
+    assert worker.train_step(batch(), "sft", lr=0.5)["train/lr"] == 0.5
+    # Adam's first update moves every weight with a gradient by ~lr: 0.5, not 1e-2
+    moved = max(
+        float((p.detach() - before[n]).abs().max())
+        for n, p in worker.backend.model.named_parameters()
+    )
+    assert moved == pytest.approx(0.5, rel=0.01)
+    assert worker.backend.scheduler.last_epoch == 0
+    assert worker.train_step(batch(), "sft")["train/lr"] == 1e-2
+    assert worker.train_step(batch(), "sft")["train/lr"] == pytest.approx(5e-3)
+    assert worker.backend.scheduler.last_epoch == 2

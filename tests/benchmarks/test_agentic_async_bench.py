@@ -67,6 +67,8 @@ def test_agentic_benchmark_on_frozenlake_prints_success_per_arm() -> None:
             "3",
             "--warm-start-steps",
             "2",
+            "--eval-episodes",
+            "16",
             "--arms",
             "sync,async-redundant",
             "--latency-scale",

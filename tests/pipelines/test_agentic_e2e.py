@@ -35,7 +35,7 @@ def recipe(tmp_path: Path, **sections: object) -> Path:
         ],
         "rollout": {"group_size": 2, "max_new_tokens": 6, "chunk_size": 8},
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
-        "warm_start": {"steps": 1, "episodes_per_step": 2},
+        "warm_start": {"steps": 1, "episodes_per_step": 2, "lr": 5.0e-3},
         "trainer": {"max_steps": 2, "micro_batch_size": 8},
         "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},
         "actor_infer": {"num_threads": 1},
@@ -81,6 +81,9 @@ def test_train_agentic_two_steps_mixed_envs(roll, tmp_path: Path) -> None:
     assert first["train_infer/logprob_diff"] < 1e-3
     assert "eval/frozen_lake/success_rate" in steps[1]
     assert any("warm_start/loss_last" in r for r in logged)
+    # warm_start.lr for the warm-up; RL's cosine schedule (over 2 steps) starts after it
+    assert [r["warm_start/lr"] for r in logged if "warm_start/lr" in r] == [5.0e-3]
+    assert [r["train/lr"] for r in steps] == [1.0e-3, 0.0]
     assert (run / "checkpoints" / "step-000002").is_dir()
     state = json.loads((run / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
     assert state["rollout"]["next_group_seed"] == {"frozen_lake": 4, "sokoban": 2}

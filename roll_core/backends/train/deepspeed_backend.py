@@ -176,7 +176,7 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
         self.engine.backward(loss, scale_wrt_gas=False)
 
     def _lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
+        return float(self.optimizer.param_groups[0]["lr"])  # the schedule's, or an override
 
     def _optimizer_step(self) -> float:
         self.engine.step()

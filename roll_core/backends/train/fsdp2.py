@@ -123,7 +123,7 @@ class FSDP2TrainBackend(ShardedTrainBackend):
         loss.backward()
 
     def _lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
+        return float(self.optimizer.param_groups[0]["lr"])  # the schedule's, or an override
 
     def _optimizer_step(self) -> float:
         max_norm = self.optim_cfg.max_grad_norm

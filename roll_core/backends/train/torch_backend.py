@@ -175,7 +175,7 @@ class TorchTrainBackend:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.params, max_norm if max_norm is not None else float("inf")
         )
-        lr = float(self.scheduler.get_last_lr()[0])
+        lr = float(self.optimizer.param_groups[0]["lr"])  # the schedule's, or an override
         self.optimizer.step()
         self.scheduler.step()
         return {
