@@ -228,9 +228,9 @@ def test_data_plane_sync_into_the_engine_is_bitwise(engine, model_dir: str) -> N
     are then bitwise the trainer's, and requests are stamped with the new version."""
     import threading
 
+    from roll_core.backends.sync_transport import SyncGroup
     from roll_core.backends.train import TorchTrainBackend
     from roll_core.config.schema import OptimConfig
-    from roll_core.backends.sync_transport import SyncGroup
     from roll_core.engine.worker import Worker
 
     trainer = TorchTrainBackend(
