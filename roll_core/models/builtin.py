@@ -99,6 +99,24 @@ def _spec(name: str, description: str, **config_kwargs: Any) -> BuiltinSpec:
     return BuiltinSpec(name, description, MappingProxyType(config_kwargs))
 
 
+#: The vision tower of the built-in VLMs: 2 blocks x 64, patch 14, merge 2 (a 56x56 image is
+#: 16 patches, 4 image tokens). Shared by the tiny VLM and its distillation teacher, which must
+#: agree on the image processor and image tokens.
+_TINY_VISION_TOWER = MappingProxyType(
+    dict(
+        depth=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=2,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=56,
+        fullatt_block_indexes=[1],
+        in_channels=3,
+    )
+)
+
 BUILTIN_MODELS: dict[str, BuiltinSpec] = {
     spec.name: spec
     for spec in (
@@ -142,20 +160,7 @@ BUILTIN_MODELS: dict[str, BuiltinSpec] = {
                 )
             ),
             family="qwen2.5-vl",
-            vision_kwargs=MappingProxyType(
-                dict(
-                    depth=2,
-                    hidden_size=64,
-                    intermediate_size=128,
-                    num_heads=2,
-                    patch_size=14,
-                    spatial_merge_size=2,
-                    temporal_patch_size=2,
-                    window_size=56,
-                    fullatt_block_indexes=[1],
-                    in_channels=3,
-                )
-            ),
+            vision_kwargs=_TINY_VISION_TOWER,
         ),
         BuiltinSpec(
             "small-qwen2.5-vl",
@@ -173,20 +178,7 @@ BUILTIN_MODELS: dict[str, BuiltinSpec] = {
                 )
             ),
             family="qwen2.5-vl",
-            vision_kwargs=MappingProxyType(
-                dict(
-                    depth=2,
-                    hidden_size=64,
-                    intermediate_size=128,
-                    num_heads=2,
-                    patch_size=14,
-                    spatial_merge_size=2,
-                    temporal_patch_size=2,
-                    window_size=56,
-                    fullatt_block_indexes=[1],
-                    in_channels=3,
-                )
-            ),
+            vision_kwargs=_TINY_VISION_TOWER,
         ),
     )
 }
