@@ -83,7 +83,11 @@ def _print_model_summary(cfg: Any, warnings: list[str]) -> None:
         summary = model_summary(cfg.model.path)
     except RollError:  # not there yet: warned about above
         return
-    out.print("model: " + ", ".join(f"{k}={v}" for k, v in summary.items()), markup=False)
+    known = ", ".join(f"{k}={v}" for k, v in summary.items() if v is not None)
+    unknown = [k for k, v in summary.items() if v is None]
+    if unknown:  # a hub model not downloaded yet: its config.json is not here to read
+        known += f" ({', '.join(unknown)}: unknown until the model is downloaded)"
+    out.print("model: " + known, markup=False)
 
 
 def _print_notable_defaults(cfg: Any) -> None:
