@@ -7,6 +7,7 @@ and the trainer's recomputed log-probs on them must match the generation's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,8 +15,7 @@ import torch
 
 from roll_core.backends.infer import SamplingParams
 from roll_core.backends.train.torch_backend import TorchTrainBackend
-from roll_core.config.schema import OptimConfig
-from roll_core.engine import Cluster, LocalExecutor
+from roll_core.engine import Cluster
 from roll_core.envs import FrozenLakeEnv
 from roll_core.models import materialize_builtin
 from roll_core.rollout.agentic import (
@@ -25,7 +25,6 @@ from roll_core.rollout.agentic import (
     step_batch,
     trajectory_batch,
 )
-from roll_core.workers.actor_infer import ActorInfer
 
 SYSTEM = "Lake."
 MAP = "SFF/FHF/FFG"
@@ -37,31 +36,13 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def infer(model_path: str) -> Cluster:
-    cluster = Cluster(
-        "actor_infer",
-        ActorInfer,
-        LocalExecutor(),
-        worker_kwargs={
-            "backend": "hf",
-            "backend_kwargs": {"model_path": model_path, "device": "cpu", "num_threads": 1},
-        },
-    )
-    cluster.run("setup")
-    return cluster
+def infer(model_path: str, hf_infer: Callable[[str], Cluster]) -> Cluster:
+    return hf_infer(model_path)
 
 
 @pytest.fixture(scope="module")
-def trainer(model_path: str) -> TorchTrainBackend:
-    return TorchTrainBackend(
-        model_path=model_path,
-        device="cpu",
-        precision="fp32",
-        optim=OptimConfig(),
-        total_steps=1,
-        micro_batch_size=4,
-        num_threads=1,
-    )
+def trainer(model_path: str, fp32_trainer: Callable[[str], TorchTrainBackend]) -> TorchTrainBackend:
+    return fp32_trainer(model_path)
 
 
 def env() -> FrozenLakeEnv:

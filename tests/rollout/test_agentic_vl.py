@@ -7,6 +7,7 @@ recomputed log-probs (which do depend on the pixels) match the generation's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,9 +15,8 @@ import torch
 
 from roll_core.backends.infer import SamplingParams
 from roll_core.backends.train.torch_backend import TorchTrainBackend
-from roll_core.config.schema import OptimConfig
 from roll_core.data import Batch
-from roll_core.engine import Cluster, LocalExecutor
+from roll_core.engine import Cluster
 from roll_core.envs import FrozenLakeEnv
 from roll_core.envs.base import observation_images
 from roll_core.errors import ModelError
@@ -30,7 +30,6 @@ from roll_core.rollout.agentic import (
     step_batch,
     trajectory_batch,
 )
-from roll_core.workers.actor_infer import ActorInfer
 
 MAP = "SFF/FHF/FFG"  # 3x3 cells of 14 px: 42x42, resized by the processor to 56x56 = 4x4 patches
 TOKENS_PER_IMAGE = 4  # 4x4 patches, 2x2 merged
@@ -42,28 +41,13 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def parts(model_path: str) -> tuple[Any, Any, Cluster, TorchTrainBackend]:
+def parts(
+    model_path: str,
+    hf_infer: Callable[[str], Cluster],
+    fp32_trainer: Callable[[str], TorchTrainBackend],
+) -> tuple[Any, Any, Cluster, TorchTrainBackend]:
     tok = load_tokenizer(model_path)
-    infer = Cluster(
-        "actor_infer",
-        ActorInfer,
-        LocalExecutor(),
-        worker_kwargs={
-            "backend": "hf",
-            "backend_kwargs": {"model_path": model_path, "device": "cpu", "num_threads": 1},
-        },
-    )
-    infer.run("setup")
-    trainer = TorchTrainBackend(
-        model_path=model_path,
-        device="cpu",
-        precision="fp32",
-        optim=OptimConfig(),
-        total_steps=1,
-        micro_batch_size=4,
-        num_threads=1,
-    )
-    return tok, load_processor(model_path, tok), infer, trainer
+    return tok, load_processor(model_path, tok), hf_infer(model_path), fp32_trainer(model_path)
 
 
 def env() -> FrozenLakeEnv:
