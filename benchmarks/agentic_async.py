@@ -24,7 +24,7 @@ the mean step time, and each arm's speedup over ``sync``.
     python benchmarks/agentic_async.py [--steps 8] [--latency-scale 0.02]
                                        [--arms sync,async,async-overlap,async-redundant]
                                        [--task coin|frozenlake] [--warm-start-steps N]
-                                       [--eval-episodes 128]
+                                       [--eval-episodes 128] [--seeds 0 1 2]
 
 ``--task frozenlake`` runs the same arms on a real task instead: recipes/tiny-frozenlake.yaml
 (format warm start, step-wise GiGPO) on ``SlowFrozenLake``, FrozenLake whose every step sleeps
@@ -33,6 +33,9 @@ maps, 128 by default, after the warm start and after the last step), so whether 
 survives the asynchrony is measured next to the speedup (the last validation's time is left
 out of the speed window). Steps and warm-up steps default to the recipe's; the warm-up's
 random-action demonstrations run without the latency; `--keep-runs DIR` keeps each arm's run.
+``--seeds 0 1 2`` runs every arm once per recipe seed (training env seeds, sampling, latency
+draws; the built-in model's init and the held-out maps stay the same) and adds a summary: the median speedup and, per arm, the held-out success after
+the last step per seed, its mean and its mean difference to the same seed's sync run.
 
 The latency is seeded, so every arm sees the same distribution; timings are wall clock on a
 shared machine (see docs/agentic.md).
@@ -162,13 +165,17 @@ ARMS: dict[str, dict[str, Any]] = {
 
 def recipe(
     tmp: Path,
-    arm: str,
+    name: str,
     steps: int | None,
     latency: float,
     task: str,
     warm: int | None,
     eval_episodes: int,
+    *,
+    arm: str | None = None,
 ) -> Path:
+    """The recipe of arm ``arm`` (default: ``name``), written to ``tmp/<name>.yaml``."""
+    arm = arm or name
     data = (
         _frozenlake(steps, latency, warm, eval_episodes)
         if task == "frozenlake"
@@ -177,7 +184,7 @@ def recipe(
     data["name"] = f"bench-agentic-{task}-{arm}"
     data["runs_dir"] = str(tmp / "runs")
     data["rollout"].update(ARMS[arm])
-    path = tmp / f"{arm}.yaml"
+    path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -231,28 +238,37 @@ def _frozenlake(
     return dict(data)
 
 
-def run_arm(tmp: Path, arm: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, float]:
+def run_arm(
+    tmp: Path, arm: str, args: argparse.Namespace, env: dict[str, str], seed: int = 0
+) -> dict[str, float]:
     start = time.perf_counter()
+    run_id = arm if len(args.seeds) == 1 else f"{arm}-seed{seed}"
     path = recipe(
         tmp,
-        arm,
+        run_id,
         None if args.steps is None else max(3, args.steps),
         args.latency_scale,
         args.task,
         args.warm_start_steps,
         args.eval_episodes,
+        arm=arm,
     )
+    data = yaml.safe_load(path.read_text())
+    data["seed"] = seed  # the training env seeds, sampling and the latency draws
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     res = subprocess.run(
-        [ROLL, "train", "agentic", str(path), "--run-id", arm],
+        [ROLL, "train", "agentic", str(path), "--run-id", run_id],
         env=env,
         cwd=ROOT,
         capture_output=True,
         text=True,
     )
     if res.returncode:
-        sys.exit(f"arm {arm} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        sys.exit(f"arm {run_id} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     rows = [
-        json.loads(x) for x in (tmp / "runs" / arm / "metrics.jsonl").read_text().split("\n") if x
+        json.loads(x)
+        for x in (tmp / "runs" / run_id / "metrics.jsonl").read_text().split("\n")
+        if x
     ]
     timed = [r for r in rows if r["step"] > 0]
     # From the start of the first step (the time of its row minus its duration) to the end of
@@ -263,7 +279,6 @@ def run_arm(tmp: Path, arm: str, args: argparse.Namespace, env: dict[str, str]) 
     wall -= timed[-1].get("eval/wall_s", 0.0)
     evals = [r for r in rows if "eval/success_rate" in r]
     # episodes trained per step (in step mode perf/samples counts turns, not episodes)
-    data = yaml.safe_load(path.read_text())
     episodes = data["rollout"]["group_size"] * data["envs"][0]["groups_per_step"] * len(timed)
     return {
         "episodes_per_s": episodes / wall,
@@ -318,17 +333,67 @@ def main() -> None:
     parser.add_argument(
         "--keep-runs", default=None, help="keep the arms' run directories under this path"
     )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="run every arm once per seed (seed by seed, the arms interleaved) and add a "
+        "summary over seeds",
+    )
     args = parser.parse_args()
     arms = args.arms.split(",")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    results: dict[str, dict[str, float]] = {}
+    per_seed: dict[int, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.keep_runs) if args.keep_runs else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        for arm in arms:
-            print(f"arm {arm} ...", flush=True)
-            results[arm] = run_arm(out, arm, args, env)
+        for seed in args.seeds:
+            per_seed[seed] = {}
+            for arm in arms:
+                print(f"arm {arm} seed {seed} ...", flush=True)
+                per_seed[seed][arm] = run_arm(out, arm, args, env, seed)
+    for seed, results in per_seed.items():
+        if len(per_seed) > 1:
+            print(f"\nseed {seed}")
+        print_tables(results, args.task)
+    if len(per_seed) > 1:
+        print_summary(per_seed, arms, args.task)
+
+
+def _speedups(results: dict[str, dict[str, float]]) -> dict[str, float]:
     base = results.get("sync", next(iter(results.values())))["episodes_per_s"]
+    return {arm: r["episodes_per_s"] / base for arm, r in results.items()}
+
+
+def print_summary(
+    per_seed: dict[int, dict[str, dict[str, float]]], arms: list[str], task: str
+) -> None:
+    """Per arm over seeds: the median speedup (each against its own seed's sync run) and, for
+    a real task, the held-out success after the last step per seed, its mean, and the mean of
+    its difference to sync (same seed)."""
+    seeds = list(per_seed)
+    print(f"\nsummary over seeds {', '.join(map(str, seeds))}")
+    header = f"{'arm':<18}{'speedup (median)':>18}"
+    if task == "frozenlake":
+        header += f"{'success after last step, per seed':>36}{'mean':>8}{'vs sync':>9}"
+    print(header)
+    for arm in arms:
+        speed = float(np.median([_speedups(per_seed[s])[arm] for s in seeds]))
+        line = f"{arm:<18}{speed:>17.2f}x"
+        if task == "frozenlake":
+            ends = [per_seed[s][arm]["success_end"] for s in seeds]
+            values = " ".join(f"{e:.1%}" for e in ends)
+            line += f"{values:>36}{np.mean(ends):>8.1%}"
+            if "sync" in per_seed[seeds[0]]:
+                syncs = [per_seed[s]["sync"]["success_end"] for s in seeds]
+                diff = np.mean([e - b for e, b in zip(ends, syncs, strict=True)])
+                line += f"{diff * 100:>+8.1f}p"
+        print(line)
+
+
+def print_tables(results: dict[str, dict[str, float]], task: str) -> None:
+    speedup = _speedups(results)
     print(
         f"\n{'arm':<18}{'episodes/s':>12}{'step s':>9}{'rollout s':>11}{'env share':>11}"
         f"{'stale':>7}{'run/trained':>13}{'speedup':>9}"
@@ -337,9 +402,9 @@ def main() -> None:
         print(
             f"{arm:<18}{r['episodes_per_s']:>12.2f}{r['step_s']:>9.2f}{r['rollout_s']:>11.2f}"
             f"{r['env_share']:>11.2f}{r['stale_dropped']:>7.0f}{r['run_per_trained']:>13.2f}"
-            f"{r['episodes_per_s'] / base:>8.2f}x"
+            f"{speedup[arm]:>8.2f}x"
         )
-    if args.task == "frozenlake":
+    if task == "frozenlake":
         print(f"\n{'arm':<18}{'held-out success after warm start':>35}{'after last step':>17}")
         for arm, r in results.items():
             print(f"{arm:<18}{r['success_start']:>35.1%}{r['success_end']:>17.1%}")

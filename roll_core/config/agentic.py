@@ -114,15 +114,25 @@ class GiGPOConfig(Strict):
 
 
 class WarmStartConfig(Strict):
-    """Optional format warm-up before RL: SFT on random *valid* actions of the envs.
+    """Optional warm-up before RL: SFT on episodes played by a scripted policy in the envs.
 
-    It teaches the action format only (the actions are uniformly random), so what RL adds on
-    top is the policy. Runs once at the start of a new run (its weights are in checkpoints).
+    ``policy: random`` (uniformly random *valid* actions) teaches the action format only, so
+    what RL adds on top is the whole policy. ``policy: expert`` clones the env's own solver
+    (``expert_action``: Sokoban's BFS, FrozenLake's shortest path), a demonstration warm start
+    that RL then improves on. Runs once at the start of a new run (its weights are in
+    checkpoints).
     """
 
     steps: int = Field(default=0, ge=0, description="SFT optimizer steps (0: no warm start).")
     episodes_per_step: int = Field(
-        default=16, ge=1, description="Random episodes per SFT step (every turn is trained)."
+        default=16, ge=1, description="Episodes per SFT step (every turn is trained)."
+    )
+    policy: Literal["random", "expert"] = Field(
+        default="random",
+        description="Who plays the warm-up episodes: random (uniformly random valid actions: "
+        "the format only) or expert (the env's solver, `expert_action`; an env without one is "
+        "an error; a turn where the solver has no move, e.g. a lost Sokoban room, plays a random "
+        "valid action).",
     )
     lr: float | None = Field(
         default=None,
@@ -164,7 +174,7 @@ class AgenticConfig(RLConfig):
     )
     gigpo: GiGPOConfig = Field(default_factory=GiGPOConfig, description="Step-mode advantages.")
     warm_start: WarmStartConfig = Field(
-        default_factory=WarmStartConfig, description="Format warm-up."
+        default_factory=WarmStartConfig, description="Warm-up (SFT on scripted episodes)."
     )
     eval: AgenticEvalConfig = Field(default_factory=AgenticEvalConfig, description="Validation.")
 

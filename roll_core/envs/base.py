@@ -288,6 +288,18 @@ class TextEnv(ABC):
             raise NotImplementedError(f"{type(self).__name__} has no random_action()")
         return str(actions[int(rng.integers(len(actions)))])
 
+    def expert_action(self) -> str | None:
+        """A good action from the current state (the env's own solver), as the answer text a
+        policy would give, or None when the env has no solver or no action helps (a lost
+        state). Used by ``warm_start.policy: expert``; envs without a solver keep this default.
+        """
+        return None
+
+    @classmethod
+    def has_expert(cls) -> bool:
+        """Whether the env overrides :meth:`expert_action`."""
+        return cls.expert_action is not TextEnv.expert_action
+
     def state_key(self) -> str:
         """A short hash of the current state (equal states, equal keys): groups steps by state."""
         return hashlib.sha1(self.render().encode()).hexdigest()[:16]

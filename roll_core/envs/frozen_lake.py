@@ -20,6 +20,7 @@ says what happened and lists the moves.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -254,3 +255,21 @@ class FrozenLakeEnv(TextEnv):
 
     def valid_actions(self) -> list[str]:
         return ["Up", "Down", "Left", "Right"]
+
+    def expert_action(self) -> str | None:
+        """The first move of a shortest hole-free path to a goal (BFS), or None when no goal
+        can be reached. On slippery ice this is the move that *aims* along that path."""
+        rows, cols = len(self.grid), len(self.grid[0])
+        first: dict[Pos, str | None] = {self.player: None}
+        queue = deque([self.player])
+        while queue:
+            pos = queue.popleft()
+            if self.grid[pos[0]][pos[1]] == "G":
+                return first[pos]
+            for move in MOVES:
+                r, c = shift(pos, move)
+                if 0 <= r < rows and 0 <= c < cols and (r, c) not in first:
+                    if self.grid[r][c] != "H":
+                        first[(r, c)] = first[pos] or move
+                        queue.append((r, c))
+        return None

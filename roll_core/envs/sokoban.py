@@ -457,3 +457,9 @@ class SokobanEnv(TextEnv):
     def solve(self, *, max_states: int = 200_000) -> list[str] | None:
         """A shortest solution from the current state (BFS), or None."""
         return solve(self.room, max_states=max_states)
+
+    def expert_action(self) -> str | None:
+        """The first move of a shortest solution from the current state (BFS), or None when the
+        room can no longer be solved (a box pushed into a corner) or the search gave up."""
+        solution = self.solve()
+        return solution[0] if solution else None

@@ -2,7 +2,7 @@
 
 The driver loop::
 
-    warm_start()                                   # optional: SFT on random valid actions
+    warm_start()                                   # optional: SFT on scripted episodes
     for step in run.steps(max_steps):
         groups  = rollout.next_batch(step)         # env-level async episodes, G per group
         batch   = trajectory_batch(groups)         # StarPO: one row per episode
@@ -75,11 +75,13 @@ from roll_core.rollout.agentic import (
 )
 
 DEMO_SEED_START = 2_000_000_000  # warm-start demonstrations: neither training nor eval seeds
+WARM_START_WHAT = {"random": "random valid actions", "expert": "the env's expert actions"}
 
 
 def plan(cfg: AgenticConfig) -> list[RolePlan]:
     check_algorithm(cfg)
     check_images(cfg)
+    check_warm_start(cfg)
     r = cfg.rollout
     episodes = r.group_size * sum(e.groups_per_step for e in cfg.envs)
     rows = [
@@ -151,6 +153,21 @@ class AgenticSetup:
     processor: Any = None  # a vision-language model's VisionProcessor (image observations)
 
 
+def check_warm_start(cfg: AgenticConfig) -> None:
+    """``warm_start.policy: expert`` needs every env to have a solver (``expert_action``)."""
+    if not cfg.warm_start.steps or cfg.warm_start.policy != "expert":
+        return
+    for i, entry in enumerate(cfg.envs):
+        if not get_env_class(entry.env).has_expert():
+            raise ConfigError(
+                f"warm_start.policy: expert clones each env's solver, but envs[{i}] "
+                f"({entry.name}, env {entry.env}) has none (its class does not define "
+                "expert_action()).",
+                hint="Use warm_start.policy: random (the action format only), or give the env "
+                "an expert_action() method returning a good action for the current state.",
+            )
+
+
 def check_images(cfg: AgenticConfig) -> None:
     """An env that shows pictures (``obs_mode: image``) needs a vision-language model: a
     recipe error naming both when the model is known to be text-only (no model is loaded; a
@@ -193,6 +210,7 @@ def _check_env(entry: EnvEntry, timeout: float) -> bool:
 
 def prepare(cfg: AgenticConfig) -> AgenticSetup:
     check_algorithm(cfg)
+    check_warm_start(cfg)
     shows_images = [_check_env(entry, cfg.rollout.step_timeout_s) for entry in cfg.envs]
     model_path = resolve_model_path(cfg.model.path)
     tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
@@ -282,8 +300,9 @@ def demonstrations(
     offset: int,
     faults: dict[str, float] | None = None,
 ) -> list[Trajectory]:
-    """`count` episodes per env played by a uniformly random *valid* action policy, in the
-    rollout's prompt format; each response is the action text + eos.
+    """`count` episodes per env played by the warm start's policy (``warm_start.policy``:
+    uniformly random *valid* actions, or the env's ``expert_action``), in the rollout's prompt
+    format; each response is the action text + eos.
 
     Env calls run under ``rollout.step_timeout_s`` as in training; an episode whose env raises
     or hangs is counted in `faults` (``warm_start/env_errors`` / ``env_timeouts``) and replaced
@@ -300,7 +319,7 @@ def demonstrations(
         while slot < count:
             # a replaced episode plays another seed, outside every slot's first seed
             seed = DEMO_SEED_START + 1_000_000 * len(failed) + offset + slot
-            actor = _RandomActor(spec, chat, seed, s.step_timeout_s)
+            actor = _ScriptedActor(spec, chat, seed, s.step_timeout_s, cfg.warm_start.policy)
             traj = Trajectory(tag=spec.tag, group=slot, seed=seed, index=0)
             try:
                 out.append(
@@ -321,8 +340,8 @@ def demonstrations(
                 failed.append(describe_fault(err))
                 if len(failed) > count + slot:  # more than half of the episodes failed
                     raise EnvFault(
-                        f"warm start: env {spec.tag} failed {len(failed)} random-action "
-                        f"episodes while {slot} completed (step timeout "
+                        f"warm start: env {spec.tag} failed {len(failed)} "
+                        f"{cfg.warm_start.policy}-policy episodes while {slot} completed (step timeout "
                         f"rollout.step_timeout_s={s.step_timeout_s:g}s). First error: "
                         f"{failed[0]}",
                         hint="Fix the env (`roll debug-env ENV --policy random` shows the "
@@ -333,11 +352,16 @@ def demonstrations(
     return out
 
 
-class _RandomActor:
-    """Plays a uniformly random valid action each turn (the response is its text + eos)."""
+class _ScriptedActor:
+    """Plays a uniformly random valid action (policy ``random``) or the env's expert action
+    (``expert``; a random valid one where the expert has none) each turn; the response is the
+    action's text + eos."""
 
-    def __init__(self, spec: EnvSpec, chat: ChatFormat, seed: int, timeout: float) -> None:
+    def __init__(
+        self, spec: EnvSpec, chat: ChatFormat, seed: int, timeout: float, policy: str = "random"
+    ) -> None:
         self.spec, self.chat, self.seed, self.timeout = spec, chat, seed, timeout
+        self.policy = policy
         self.rng = np.random.default_rng(seed)
         self.env: Any = None
 
@@ -349,12 +373,12 @@ class _RandomActor:
 
     def generate(self, prompt: list[int], turn: int, vision: Any = None) -> Completion:
         eos = [self.chat.eos_id] if self.chat.eos_id is not None else []
-        ids = (
-            self.chat.encode(
-                call_with_timeout(self.env.random_action, self.rng, timeout=self.timeout)
-            )
-            + eos
-        )
+        action = None
+        if self.policy == "expert":
+            action = call_with_timeout(self.env.expert_action, timeout=self.timeout)
+        if action is None:
+            action = call_with_timeout(self.env.random_action, self.rng, timeout=self.timeout)
+        ids = self.chat.encode(action) + eos
         return Completion(0, ids, [0.0] * len(ids), "stop", -1)
 
 
@@ -365,7 +389,8 @@ def warm_start(
     specs: list[EnvSpec],
     advance: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
-    """SFT on random valid actions (the action format, not the task); returns its metrics.
+    """SFT on the warm start policy's episodes (random valid actions: the format; the env's
+    expert: a demonstration warm start); returns its metrics.
     ``advance`` is called after each step (progress)."""
     w = cfg.warm_start
     actor = clusters["actor_train"]
@@ -449,13 +474,14 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
                     0, {k.replace("eval/", "eval_before_warm_start/"): v for k, v in before.items()}
                 )
             t = time.perf_counter()
-            with loop.phase("warm start (SFT on random valid actions)", cfg.warm_start.steps) as p:
+            what = WARM_START_WHAT[cfg.warm_start.policy]
+            with loop.phase(f"warm start (SFT on {what})", cfg.warm_start.steps) as p:
                 metrics = _logging_faults(
                     loop, 0, lambda: warm_start(cfg, setup, clusters, specs, advance=p.advance)
                 )
             metrics["warm_start/seconds"] = time.perf_counter() - t
             loop.console_note(
-                f"warm start: {cfg.warm_start.steps} SFT steps on random valid actions, "
+                f"warm start: {cfg.warm_start.steps} SFT steps on {what}, "
                 f"loss {metrics['warm_start/loss_last']:.3f}"
             )
             loop.log_extra(0, metrics)

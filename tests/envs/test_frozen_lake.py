@@ -130,3 +130,29 @@ def test_bad_map_and_options() -> None:
         ConfigError, match="unknown option 'slippery' \\(did you mean 'is_slippery'"
     ):
         make_env("frozen_lake", slippery=True)
+
+
+def test_expert_action_walks_a_shortest_hole_free_path() -> None:
+    env = make_env("frozen_lake", map=LAKE)  # SFF / FHF / FFG: the hole is in the middle
+    env.reset(0)
+    moves = []
+    while not env.done:
+        moves.append(env.expert_action())
+        env.step(moves[-1])
+    # BFS tries Up, Down, Left, Right: the path down the left side is found first
+    assert moves == ["Down", "Down", "Right", "Right"] and env.cell == "G"
+    env = make_env("frozen_lake", map="SF\nHG")
+    env.reset(0)
+    assert env.expert_action() == "Right"  # Down is a hole
+    env = make_env("frozen_lake", map="SHG")  # the goal cannot be reached
+    env.reset(0)
+    assert env.expert_action() is None
+
+
+def test_expert_reaches_the_goal_of_generated_maps() -> None:
+    env = make_env("frozen_lake", size=4)
+    for seed in range(30):
+        env.reset(seed)
+        while not env.done:
+            env.step(env.expert_action())
+        assert env.cell == "G", f"seed {seed}"

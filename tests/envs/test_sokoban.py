@@ -201,3 +201,35 @@ def test_a_given_room_is_solved_only_when_its_solution_is_asked_for(
     assert env.reference_solution == ["Down", "Right", "Up"] and len(calls) == 1  # cached
     env.reset(1)
     assert env.reference_solution == ["Down", "Right", "Up"] and len(calls) == 1  # same level
+
+
+def test_expert_action_follows_a_shortest_solution_and_gives_up_when_lost() -> None:
+    # the room of the BFS test: Down, Right, Up
+    env = make_env("sokoban", room="######\n#_.__#\n#@$__#\n#____#\n######")
+    env.reset(0)
+    moves = []
+    while not env.done:
+        moves.append(env.expert_action())
+        env.step(moves[-1])
+    assert moves == ["Down", "Right", "Up"] and env.room.solved
+    # push the box against the right wall: it can then only move up and down column 4,
+    # never onto the target at (3, 3), so nothing helps any more
+    env = make_env("sokoban", room="######\n#____#\n#@$__#\n#__._#\n######")
+    env.reset(0)
+    assert env.expert_action() == "Right"
+    env.step("Right")
+    env.step("Right")
+    assert env.expert_action() is None
+
+
+def test_expert_solves_generated_rooms_in_their_shortest_number_of_moves() -> None:
+    env = make_env("sokoban")
+    for seed in range(30):
+        env.reset(seed)
+        shortest = solve(env.room)
+        assert shortest is not None
+        moves = 0
+        while not env.done:
+            env.step(env.expert_action())
+            moves += 1
+        assert env.room.solved and moves == len(shortest), f"seed {seed}"
