@@ -268,8 +268,8 @@ class FrozenLakeEnv(TextEnv):
                 return first[pos]
             for move in MOVES:
                 r, c = shift(pos, move)
-                if 0 <= r < rows and 0 <= c < cols and (r, c) not in first:
-                    if self.grid[r][c] != "H":
-                        first[(r, c)] = first[pos] or move
-                        queue.append((r, c))
+                inside = 0 <= r < rows and 0 <= c < cols
+                if inside and (r, c) not in first and self.grid[r][c] != "H":
+                    first[(r, c)] = first[pos] or move
+                    queue.append((r, c))
         return None
