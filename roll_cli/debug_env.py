@@ -1,4 +1,4 @@
-"""`roll debug-env ENV`: play an env in the terminal, or watch a random or model policy play it.
+"""`roll debug-env ENV`: play an env, or watch a random, expert or model policy play it.
 
 Single process, no Ray, no GPU needed. The episode loop, policies and recordings live in
 :mod:`roll_core.envs.play`; this module parses the command line, reads a human's keys and
@@ -30,6 +30,7 @@ class PolicyName(enum.StrEnum):
 
     human = "human"
     random = "random"
+    expert = "expert"
     model = "model"
 
 
@@ -65,7 +66,8 @@ def debug_env(
         PolicyName | None,
         typer.Option(
             "--policy",
-            help="Who plays: human (typed or arrow-key actions), random, or model (--model). "
+            help="Who plays: human (typed or arrow-key actions), random, expert (the env's "
+            "solver, e.g. Sokoban's BFS), or model (--model). "
             "Default: human when stdin is a terminal.",
             show_default=False,
         ),
@@ -122,7 +124,7 @@ def debug_env(
     ] = False,
     debug: Debug = False,
 ) -> None:
-    """Play an env in the terminal or watch a random or model policy play it (no Ray).
+    """Play an env in the terminal or watch a random, expert or model policy play it (no Ray).
 
     Keys (--policy human, at a terminal):
       arrow keys:   move (sokoban, frozen_lake)
@@ -196,6 +198,10 @@ def debug_env(
         from roll_core.envs.play import RandomPolicy
 
         player = RandomPolicy()
+    elif chosen == "expert":
+        from roll_core.envs.play import ExpertPolicy
+
+        player = ExpertPolicy()
     elif chosen == "human":
         player = HumanPolicy(sys.stdin)
 

@@ -144,6 +144,36 @@ class RandomPolicy:
         return {}
 
 
+class ExpertPolicy:
+    """The env's own solver (``env.expert_action``); a random valid action where it has no
+    move (a lost state), as in ``warm_start.policy: expert``."""
+
+    name = "expert"
+
+    def __init__(self) -> None:
+        self._random = RandomPolicy()
+        self._env: TextEnv | None = None
+
+    def start(self, env: TextEnv, seed: int) -> None:
+        if not type(env).has_expert():
+            raise UsageError(
+                f"env {env_id(type(env))} has no solver (no expert_action()), so it cannot be "
+                "played by --policy expert.",
+                hint="Use --policy random, human or model, or give the env expert_action() "
+                "(see docs/envs.md).",
+            )
+        self._random.start(env, seed)
+        self._env = env
+
+    def act(self, observation: str) -> str | None:
+        assert self._env is not None, "start() first"
+        action = env_call(self._env, "expert_action")
+        return self._random.act(observation) if action is None else str(action)
+
+    def turn_info(self) -> dict[str, Any]:
+        return {}
+
+
 class ReplayPolicy:
     """Gives the responses of a recorded episode, in order; None once they are used up."""
 

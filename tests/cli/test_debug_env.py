@@ -151,6 +151,7 @@ def test_model_policy_with_a_builtin_model(cli_env: dict[str, str], tmp_path: Pa
             ["frozen_lake", "obs_mode=image", "--model", "builtin:tiny-qwen3"],
             "env frozen_lake shows pictures (obs_mode=image)",
         ),
+        (["tool_use", "--policy", "expert"], "env tool_use has no solver"),
     ],
 )
 def test_bad_input_is_a_clear_error(cli_env: dict[str, str], args: list[str], message: str) -> None:
@@ -160,6 +161,16 @@ def test_bad_input_is_a_clear_error(cli_env: dict[str, str], args: list[str], me
     assert "Traceback" not in res.stderr
     if args == ["sokoban"]:
         assert "--policy random" in res.stderr and "--policy model --model" in res.stderr
+
+
+def test_expert_policy_plays_the_solver(cli_env: dict[str, str]) -> None:
+    res = _run(["debug-env", "sokoban", "--policy", "expert", "--episodes", "5"], cli_env)
+    assert res.returncode == 0, res.stderr
+    assert "episode 1/5 · sokoban · seed 0 · expert" in res.stdout
+    assert "5 episodes: success rate 100%" in res.stdout
+    res = _run(["debug-env", "sokoban", f"room={CORRIDOR}", "--policy", "expert"], cli_env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("You pushed a box Right") == 2
 
 
 def test_human_from_piped_stdin(cli_env: dict[str, str]) -> None:
