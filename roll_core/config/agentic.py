@@ -51,7 +51,9 @@ class AgenticRolloutConfig(SamplingConfig):
         default=0,
         ge=0,
         description="Extra episodes launched per group; the first group_size to finish are "
-        "kept and the rest cancelled.",
+        "kept and the rest cancelled. This favours short episodes: use it where an episode's "
+        "length does not depend on how it went (it collapsed one of three FrozenLake runs, "
+        "where a hole ends an episode at once; docs/agentic.md).",
     )
     history_window: int = Field(
         default=2, ge=0, description="Step mode: earlier (observation, action) turns in a prompt."
