@@ -233,4 +233,3 @@ def test_expert_solves_generated_rooms_in_their_shortest_number_of_moves() -> No
             env.step(env.expert_action())
             moves += 1
         assert env.room.solved and moves == len(shortest), f"seed {seed}"
-
