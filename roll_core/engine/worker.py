@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 DispatchMode = Literal["all", "dp", "rank0", "scatter"]
@@ -59,6 +60,16 @@ class Worker:
     def ping(self) -> int:
         """Cheap call used to wait until a remote worker is up."""
         return self.rank
+
+    @dispatch("all")
+    def read_shared(self, path: str) -> tuple[str, str | None]:
+        """(this rank's host name, the text of `path` as this rank reads it, or None where it
+        cannot): whether the rank shares the driver's filesystem at that path."""
+        try:
+            text: str | None = Path(path).read_text()
+        except OSError:
+            text = None
+        return socket.gethostname(), text
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run a public method by name (the executors' single entry point)."""

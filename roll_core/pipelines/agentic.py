@@ -441,6 +441,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
                 model_path=setup.model_path,
                 tokenizer_path=setup.tokenizer_path,
                 sleep_mode=choice.infer_weights and cfg.actor_infer.backend == "vllm",
+                run_dir=loop.run.dir,
             )
         turns = Turns(choice, clusters)  # colocated roles take turns (engine/colocation.py)
         manager = EnvRolloutManager(

@@ -213,7 +213,7 @@ class DriverLoop:
     def resume_command(self) -> str:
         """The command that continues this run, as a user would type it."""
         parent = self.run.dir.parent
-        flag = "" if parent == Path("runs") else f" --runs-dir {parent}"
+        flag = "" if parent == Path("runs").absolute() else f" --runs-dir {parent}"
         return f"roll resume {self.run.id}{flag}"
 
     def _due(self, step: int, every: int | None) -> bool:

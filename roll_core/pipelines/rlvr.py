@@ -346,6 +346,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
                 model_path=setup.model_path,
                 tokenizer_path=setup.tokenizer_path,
                 sleep_mode=choice.infer_weights and cfg.actor_infer.backend == "vllm",
+                run_dir=loop.run.dir,
             )
         turns = Turns(choice, clusters)  # colocated roles take turns (engine/colocation.py)
         scheduler = _make_scheduler(cfg, clusters, stream, rewards, params)

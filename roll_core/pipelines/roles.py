@@ -12,13 +12,14 @@ Frozen single-rank roles (reference, teacher) run on actor_train's rank-0 device
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from roll_core.backends.infer import infer_backend_options
 from roll_core.engine import Cluster, make_executor
 from roll_core.engine.resource_plan import cluster_placement
 from roll_core.engine.weight_sync import SyncSettings, attach_weight_sync, planned_path
-from roll_core.errors import ConfigError
+from roll_core.errors import ConfigError, RunDirError
 from roll_core.models import resolve_model_path
 from roll_core.pipelines.common import RolePlan
 from roll_core.workers.actor_infer import ActorInfer
@@ -116,12 +117,14 @@ def build_actor_train(
     tokenizer_path: str | None = None,
     total_steps: int,
     micro_batch_size: int,
+    run_dir: Path,
 ) -> Cluster:
     """The policy being trained, as every pipeline builds it: `cfg.actor_train`'s backend and
     its options, LoRA, precision, threads and placement; `cfg.model`'s dtype and gradient
-    checkpointing. `total_steps` counts optimizer steps (the LR schedule's length)."""
+    checkpointing. `total_steps` counts optimizer steps (the LR schedule's length). Its ranks
+    write checkpoints and the export into `run_dir`: they must see it (`check_shares_run_dir`)."""
     role = cfg.actor_train
-    return Cluster(
+    cluster = Cluster(
         "actor_train",
         ActorTrain,
         executor,
@@ -147,6 +150,27 @@ def build_actor_train(
             ),
         },
     )
+    check_shares_run_dir(cluster, run_dir)
+    return cluster
+
+
+def check_shares_run_dir(cluster: Cluster, run_dir: Path) -> None:
+    """Every rank of `cluster` (a role that writes checkpoints or the export) reads the run's
+    config.yaml as the driver does. A rank on a node that does not share the driver's
+    filesystem would write its state onto that node's own disk: the checkpoint would miss it
+    and `final/` would stay empty. A RunDirError before the first step instead."""
+    probe = run_dir / "config.yaml"
+    expected = probe.read_text()
+    for rank, (host, seen) in enumerate(cluster.read_shared(str(probe))):
+        if seen != expected:
+            raise RunDirError(
+                f"{cluster.name} rank {rank} (host {host}) cannot see the run directory "
+                f"{run_dir}: its checkpoints and the final model would be written onto that "
+                "node's own disk. With executor.ray_address every node must share runs_dir "
+                "with the driver (the same path on a shared filesystem).",
+                hint="Set runs_dir (recipe or `runs_dir=PATH`) to a directory every Ray node "
+                "mounts at the same path (NFS, a cluster filesystem), or run on one node.",
+            )
 
 
 def _beside_actor_train(cfg: Any) -> dict[str, Any]:
@@ -208,6 +232,7 @@ def build_rl_roles(
     model_path: str,
     tokenizer_path: str | None = None,
     sleep_mode: bool = False,
+    run_dir: Path,
 ) -> dict[str, Cluster]:
     """The roles of rlvr and agentic, set up: actor_train and actor_infer, the reference
     when KL is used, the critic when the estimator needs one. `sleep_mode`: actor_infer
@@ -223,6 +248,7 @@ def build_rl_roles(
             tokenizer_path=tokenizer_path,
             total_steps=total_updates,
             micro_batch_size=t.micro_batch_size,
+            run_dir=run_dir,
         ),
         "actor_infer": Cluster(
             "actor_infer",
@@ -274,6 +300,7 @@ def build_rl_roles(
                 value_clip=cfg.algorithm.value.clip,
             ),
         )
+        check_shares_run_dir(clusters["critic"], run_dir)
     for cluster in clusters.values():
         cluster.setup()
     s = cfg.sync

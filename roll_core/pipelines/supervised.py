@@ -146,6 +146,7 @@ def run_supervised(
             tokenizer_path=model.tokenizer_path,
             total_steps=cfg.trainer.max_steps,
             micro_batch_size=micro_batch_size,
+            run_dir=loop.run.dir,
         )
         with loop.phase("loading model (actor_train)"):
             info = actor.setup()[0]

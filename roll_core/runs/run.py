@@ -97,6 +97,12 @@ class Run:
 
     dir: Path
 
+    def __post_init__(self) -> None:
+        # Absolute, always: the paths a run hands to its ranks (checkpoints, the export) must
+        # not depend on the working directory of the process that receives them (a Ray worker
+        # of a joined cluster starts in the cluster's directory, not the driver's).
+        self.dir = Path(self.dir).absolute()
+
     @property
     def id(self) -> str:
         return self.dir.name
