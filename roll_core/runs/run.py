@@ -88,7 +88,22 @@ def _versions() -> dict[str, str]:
         module = sys.modules.get(mod)
         if module is not None:
             versions[mod] = getattr(module, "__version__", "?")
+    # The CPU and the kernel level torch picked for it: results are bit-exact for one install
+    # on one CPU type, not across CPU types (the kernels round differently).
+    versions["cpu"] = _cpu_name()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return versions
+
+
+def _cpu_name() -> str:
+    """The processor's model name (/proc/cpuinfo on Linux, else what platform says)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 @dataclass

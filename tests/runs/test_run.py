@@ -42,6 +42,34 @@ def test_create_writes_config_and_meta(tmp_path: Path) -> None:
         run.update_meta(status="exploded")
 
 
+def test_meta_records_the_cpu_and_torch_kernel_level(tmp_path: Path) -> None:
+    """Numbers are bit-exact per CPU type, not across types: meta.json says which one ran."""
+    import torch
+
+    versions = make(tmp_path).meta()["versions"]
+    assert versions["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert isinstance(versions["cpu"], str) and versions["cpu"]
+
+
+def test_run_dir_is_absolute_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paths handed to ranks (Ray workers start in the cluster's directory) never depend on
+    the receiving process's working directory."""
+    monkeypatch.chdir(tmp_path)
+    run = Run.create(
+        "runs",
+        config_yaml="a: 1\n",
+        name="n",
+        pipeline="sft",
+        command=["roll"],
+        recipe=None,
+        run_id="abs-path-00",
+    )
+    assert run.dir == tmp_path / "runs" / "abs-path-00" and run.dir.is_absolute()
+    assert Run.open("runs", "abs-path-00").dir == run.dir
+
+
 def test_open_unknown_lists_recent(tmp_path: Path) -> None:
     make(tmp_path, "known-run-01")
     with pytest.raises(UsageError, match="no run 'nope'.*Recent runs: known-run-01"):
