@@ -13,9 +13,9 @@ only in how the rollout runs:
   overlap with training (``async_generation_ratio: 0``);
 * ``async-overlap``: env-level async + ``async_generation_ratio: 1`` (episodes keep running
   while training), no redundancy;
-* ``async-redundant``: env-level async + ``group_size_redundancy`` (the first G of G+R
-  episodes are kept) + ``async_generation_ratio: 1`` (episodes keep running while training,
-  freshness bound 1 version per trajectory).
+* ``async-redundant``: env-level async + ``redundant_groups: 2`` (2 whole groups launched
+  per step beyond the 4 needed; the first to finish are kept) + ``async_generation_ratio: 1``
+  (episodes keep running while training, freshness bound 1 version per trajectory).
 
 It prints episodes trained per second from the start of the first training step to the end
 of the last (model loading and process start excluded, the async pipeline's fill included),
@@ -148,17 +148,17 @@ class SlowFrozenLake(FrozenLakeEnv):
 
 
 ARMS: dict[str, dict[str, Any]] = {
-    "sync": {"turn_barrier": True, "async_generation_ratio": 0, "group_size_redundancy": 0},
-    "async": {"turn_barrier": False, "async_generation_ratio": 0, "group_size_redundancy": 0},
+    "sync": {"turn_barrier": True, "async_generation_ratio": 0, "redundant_groups": 0},
+    "async": {"turn_barrier": False, "async_generation_ratio": 0, "redundant_groups": 0},
     "async-overlap": {
         "turn_barrier": False,
         "async_generation_ratio": 1,
-        "group_size_redundancy": 0,
+        "redundant_groups": 0,
     },
     "async-redundant": {
         "turn_barrier": False,
         "async_generation_ratio": 1,
-        "group_size_redundancy": 2,
+        "redundant_groups": 2,
     },
 }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -39,6 +39,13 @@ class EnvEntry(Strict):
 class AgenticRolloutConfig(SamplingConfig):
     """Env-level async rollout: groups, redundancy, timeouts, routing, paradigm."""
 
+    removed_keys: ClassVar[dict[str, str]] = {
+        "group_size_redundancy": "removed: it kept the first group_size episodes of a group "
+        "to finish, which favours short episodes (on FrozenLake a fall ends an episode at "
+        "once; it collapsed one run in three). Use rollout.redundant_groups: extra whole "
+        "groups per step, the first to finish kept (docs/agentic.md)."
+    }
+
     mode: Literal["trajectory", "step"] = Field(
         default="trajectory",
         description="`trajectory`: one sample per episode (StarPO); `step`: one sample per turn "
@@ -47,13 +54,14 @@ class AgenticRolloutConfig(SamplingConfig):
     group_size: int = Field(
         default=4, ge=1, description="Episodes per env group (same seed): the group of GRPO."
     )
-    group_size_redundancy: int = Field(
+    redundant_groups: int = Field(
         default=0,
         ge=0,
-        description="Extra episodes launched per group; the first group_size to finish are "
-        "kept and the rest cancelled. This favours short episodes: use it where an episode's "
-        "length does not depend on how it went (it collapsed one of three FrozenLake runs, "
-        "where a hole ends an episode at once; docs/agentic.md).",
+        description="Extra groups launched per env and step beyond its groups_per_step. The "
+        "step takes whole groups, the first to finish (launch order among those finished), and "
+        "cancels the rest (sync) or keeps them for a later step (async_generation_ratio > 0). "
+        "Every episode of a kept group ran to its end, so no group is filtered by how its "
+        "episodes went: the tail of slow groups is cut without favouring short episodes.",
     )
     history_window: int = Field(
         default=2, ge=0, description="Step mode: earlier (observation, action) turns in a prompt."

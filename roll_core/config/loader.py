@@ -179,6 +179,9 @@ def _describe(err: Any, schema: type[BaseModel]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         owner = _model_at(schema, loc)
+        removed = getattr(owner, "removed_keys", {}).get(str(loc[-1]))
+        if removed:  # a key an earlier roll had: say what replaced it
+            return f"{path}: {removed}"
         valid = list(owner.model_fields) if owner else []
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
         prefix = ".".join(str(p) for p in loc[:-1])

@@ -102,11 +102,11 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
             "threads",
             min(
                 r.max_concurrent_episodes,
-                episodes // r.group_size * (r.group_size + r.group_size_redundancy),
+                episodes + r.redundant_groups * len(cfg.envs) * r.group_size,
             ),
             "cpu",
             "driver",
-            f"{envs}; group {r.group_size}+{r.group_size_redundancy} redundant",
+            f"{envs}; group size {r.group_size}; {r.redundant_groups} redundant groups/env",
         )
     )
     return rows
@@ -253,7 +253,7 @@ def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
     return RolloutSettings(
         params=sampling_params(r),
         group_size=r.group_size,
-        group_size_redundancy=r.group_size_redundancy,
+        redundant_groups=r.redundant_groups,
         mode=r.mode,
         history_window=r.history_window,
         max_context=setup.max_context,

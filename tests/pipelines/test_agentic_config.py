@@ -25,12 +25,20 @@ def cfg(**sections: Any) -> AgenticConfig:
 
 
 def test_defaults_and_plan() -> None:
-    c = cfg(rollout={"group_size": 4, "group_size_redundancy": 2})
+    c = cfg(rollout={"group_size": 4, "redundant_groups": 2})
     assert c.envs[0].name == "frozen_lake"
     assert c.rollout.mode == "trajectory" and c.rollout.async_generation_ratio == 0
     roles = {r.role: r for r in agentic.plan(c)}
-    assert roles["envs"].world_size == 3 * (4 + 2)  # threads for every launched episode
+    assert roles["envs"].world_size == (3 + 2) * 4  # threads for every launched episode
     assert "12 episodes/step" in roles["actor_train"].detail
+
+
+def test_the_removed_episode_redundancy_key_says_what_replaced_it() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg(rollout={"group_size": 4, "group_size_redundancy": 2})
+    text = " ".join(str(info.value).split())
+    assert "rollout.group_size_redundancy: removed" in text
+    assert "favours short episodes" in text and "rollout.redundant_groups" in text
 
 
 @pytest.mark.parametrize(

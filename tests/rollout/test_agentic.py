@@ -181,13 +181,19 @@ def test_too_many_failed_groups_is_an_error(tokenizer: Any) -> None:
     assert "rollout.max_replacements" in str(err.hint)
 
 
-def test_redundancy_keeps_the_first_g_and_cancels_the_rest(tokenizer: Any) -> None:
-    # the first two plays of each seed are slow (0.3 s per step); with redundancy 2, the two
-    # fast ones finish first and are kept, the slow ones are cancelled
-    spec = corridor_spec({0: "slow", 1: "slow"}, groups=2)
-    mgr = manager(
-        tokenizer, ScriptedInfer(tokenizer), [spec], group_size=2, group_size_redundancy=2
-    )
+def test_redundant_groups_cut_the_slow_group_and_keep_whole_groups(tokenizer: Any) -> None:
+    # 2 groups needed, 1 redundant: 3 groups of 2 launched (training seeds 0, 1, 2). Every
+    # episode of seed 0 is slow (0.3 s per step, >= 0.9 s an episode): the two fast groups are
+    # taken whole, in launch order, and the slow group is cancelled (2 episodes)
+    class SlowSeed0(Corridor):
+        def reset(self, seed: int | None = None) -> Any:
+            out = super().reset(seed)
+            self.fault = "slow" if seed == 0 else ""
+            return out
+
+    SlowSeed0.faults, SlowSeed0.calls = {}, {}
+    spec = EnvSpec("corridor", SlowSeed0, None, 2)
+    mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec], group_size=2, redundant_groups=1)
     try:
         start = time.perf_counter()
         result = mgr.next_batch(1)
@@ -196,11 +202,28 @@ def test_redundancy_keeps_the_first_g_and_cancels_the_rest(tokenizer: Any) -> No
         cancelled = mgr._counters_metrics().get("rollout/corridor/episodes_cancelled", 0)
     finally:
         mgr.close()
+    assert [g[0].seed for g in result.groups] == [1, 2]
+    assert all(
+        [t.index for t in g] == [0, 1] and all(t.status == "done" for t in g) for g in result.groups
+    )
+    assert result.metrics["rollout/groups_redundant_cancelled"] == 1
+    assert wall < 0.85
+    assert cancelled + result.metrics.get("rollout/corridor/episodes_cancelled", 0) == 2
+
+
+def test_redundancy_never_filters_the_episodes_of_a_group(tokenizer: Any) -> None:
+    # the first play of every seed is slow: a group's slow episode is kept with its fast one
+    # (keeping "the first G episodes to finish" would drop it: a bias to short episodes)
+    spec = corridor_spec({0: "slow"}, groups=2)
+    mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec], group_size=2, redundant_groups=2)
+    try:
+        result = mgr.next_batch(1)
+    finally:
+        mgr.close()
+    assert len(result.groups) == 2
     for group in result.groups:
-        assert len(group) == 2
-        assert all(t.wall_s < 0.85 for t in group)  # a slow episode takes >= 3 x 0.3 s
-    assert wall < 0.9
-    assert cancelled + result.metrics.get("rollout/corridor/episodes_cancelled", 0) == 4
+        assert [t.index for t in group] == [0, 1]
+        assert sorted(t.wall_s >= 0.85 for t in group) == [False, True]
 
 
 def test_turn_barrier_is_the_lockstep_baseline(tokenizer: Any) -> None:

@@ -83,7 +83,7 @@ class RolloutSettings:
 
     params: SamplingParams
     group_size: int = 4
-    group_size_redundancy: int = 0
+    redundant_groups: int = 0  # extra whole groups per env and step (manager.py)
     mode: str = "trajectory"  # trajectory | step
     history_window: int = 2  # step mode: previous (observation, action) turns in the prompt
     max_context: int = 512

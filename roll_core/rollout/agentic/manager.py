@@ -14,8 +14,11 @@ Every episode runs its own loop on its own thread, with no barrier across episod
   routing of the RLVR scheduler). A rank that is busy lets requests queue up, so batches form
   by themselves; no episode waits for another one's *env* step.
 * A *group* is G episodes of one env with the same seed (the group of the group-relative
-  advantages). ``group_size_redundancy`` launches R extra episodes; the first G to finish are
-  kept and the rest are cancelled.
+  advantages). Redundancy is per group: ``redundant_groups`` launches R whole groups per env
+  beyond those a step needs; the step takes the groups that finish first (in launch order
+  among those finished, every episode of each run to its end) and, in sync training, cancels
+  the rest. Keeping "the first G episodes of a group to finish" instead would favour short
+  episodes (a fall into a hole ends a FrozenLake episode at once): a learning bias.
 * An env that raises, or hangs past ``step_timeout_s`` (or the episode past
   ``episode_timeout_s``), ends that episode: it is counted (``env_errors`` / ``env_timeouts``)
   and a fresh env instance replays the group's seed in its place (at most
@@ -106,6 +109,7 @@ class _Group:
     failed: bool = False
     ended: list[Trajectory] = field(default_factory=list)
     counted: bool = True  # training groups feed the rollout counters; validation ones do not
+    abandoned: bool = False  # a redundant group a sync step did not need: never handed out
 
 
 @dataclass
@@ -169,7 +173,7 @@ class EnvRolloutManager:
                 if self.fatal is not None:
                     raise self.fatal
                 done, self.completed = self.completed, []
-            for group in done:
+            for group in sorted(done, key=lambda g: g.gid):  # launch order among the finished
                 tag = group.spec.tag
                 if group.failed:
                     dropped += 1
@@ -188,12 +192,14 @@ class EnvRolloutManager:
             self._top_up(want, taken)
         with self.lock:
             self.completed = surplus + self.completed
+        redundant = self._abandon_unneeded() if self.s.async_generation_ratio == 0 else 0
         for tag in want:  # keep the batch in launch order (reproducible with chunk_size 1)
             taken[tag].sort(key=lambda g: g.gid)
         groups = [sorted(g.kept, key=lambda t: t.index) for tag in want for g in taken[tag]]
         metrics = self._counters_metrics()
         metrics["rollout/groups_dropped_failed"] = float(dropped)
         metrics["rollout/groups_dropped_stale"] = float(stale)
+        metrics["rollout/groups_redundant_cancelled"] = float(redundant)
         metrics["rollout/wall_s"] = time.perf_counter() - start
         metrics["rollout/gen_busy_s"] = self.router.gen_busy_s - busy0
         metrics["rollout/gen_calls"] = float(self.router.calls - calls0)
@@ -209,8 +215,7 @@ class EnvRolloutManager:
     ) -> list[Trajectory]:
         """One episode per seed (validation): no redundancy, failures are returned as such."""
         groups = [
-            self._launch_group(spec, seed, 1, params, redundancy=0, spare=0, counted=False)
-            for seed in seeds
+            self._launch_group(spec, seed, 1, params, spare=0, counted=False) for seed in seeds
         ]
         with self.cond:
             while not all(g.finished for g in groups) and self.fatal is None:
@@ -246,16 +251,39 @@ class EnvRolloutManager:
         self.router.close()
         self.pool.shutdown(wait=True, cancel_futures=True)
 
+    def _abandon_unneeded(self) -> int:
+        """After a sync step's batch (async_generation_ratio 0): the training groups not taken
+        (redundant ones still running or finished beyond need) would be stale at the next step.
+        Cancel the running ones, drop the finished ones; return how many."""
+        with self.lock:
+            running = [g for g in self.active if g.counted and not g.abandoned]
+            for group in running:
+                group.abandoned = True
+                for ep in group.running:
+                    ep.cancel.set()
+            finished = [g for g in self.completed if g.counted]
+            self.completed = [g for g in self.completed if not g.counted]
+        return len(running) + len(finished)
+
     # ---- launching ------------------------------------------------------------------------------
     def _top_up(self, want: dict[str, int], taken: dict[str, list[_Group]]) -> None:
-        """Launch groups until each spec has enough groups running, ready or taken."""
+        """Launch groups until each spec has enough groups running, ready or taken (plus
+        `redundant_groups` more)."""
         ahead = self.s.async_generation_ratio
         for spec in self.specs:
             with self.lock:
-                have = sum(1 for g in self.active if g.spec.tag == spec.tag and not g.failed) + sum(
-                    1 for g in self.completed if g.spec.tag == spec.tag and not g.failed
+                have = sum(
+                    1
+                    for g in self.active + self.completed
+                    if g.spec.tag == spec.tag and not g.failed and not g.abandoned
                 )
-            need = want[spec.tag] - len(taken[spec.tag]) + ahead * spec.groups_per_step - have
+            need = (
+                want[spec.tag]
+                - len(taken[spec.tag])
+                + ahead * spec.groups_per_step
+                + self.s.redundant_groups
+                - have
+            )
             for _ in range(max(0, need)):
                 seed = self.next_group_seed[spec.tag]
                 self.next_group_seed[spec.tag] += 1
@@ -264,7 +292,6 @@ class EnvRolloutManager:
                     self._train_seed(spec, seed),
                     self.s.group_size,
                     self.s.params,
-                    redundancy=self.s.group_size_redundancy,
                     spare=self.s.max_replacements,
                 )
 
@@ -278,7 +305,6 @@ class EnvRolloutManager:
         size: int,
         params: SamplingParams,
         *,
-        redundancy: int,
         spare: int,
         counted: bool = True,
     ) -> _Group:
@@ -287,7 +313,7 @@ class EnvRolloutManager:
             group = _Group(self._gid, spec, seed, size, params, counted=counted)
             group.replacements = -spare  # counts up to 0
             self.active.append(group)
-            for _ in range(size + redundancy):
+            for _ in range(size):
                 self._launch_episode(group)
         return group
 
@@ -403,7 +429,8 @@ class EnvRolloutManager:
                 group.finished, group.failed = True, True  # cannot reach its size any more
             if group.finished and group in self.active:
                 self.active.remove(group)
-                self.completed.append(group)
+                if not group.abandoned:
+                    self.completed.append(group)
             self.cond.notify_all()
 
     def _fault_stop(self, tag: str, failed_groups: int) -> EnvFault:
