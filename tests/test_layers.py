@@ -23,6 +23,11 @@ HIGHER = {
 }
 for pure in ("algorithms", "rewards", "envs", "data"):
     HIGHER[pure] = (*HIGHER["backends"], "ray")
+# rollout/ produces batches for the pipelines and calls workers through clusters: it never
+# reaches up into the driver loops or the CLI. workers/ hold role logic and know nothing about
+# Ray, the rollout producers or the pipelines that call them.
+HIGHER["rollout"] = ("roll_cli", "roll_core.pipelines", "roll_core.evaluation")
+HIGHER["workers"] = (*HIGHER["rollout"], "roll_core.rollout", "ray")
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
