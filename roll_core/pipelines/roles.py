@@ -281,26 +281,9 @@ def build_rl_roles(
             cfg, executor, model_path=model_path, micro_batch_size=t.micro_batch_size
         )
     if uses_critic(cfg):
-        critic = cfg.critic
-        clusters["critic"] = Cluster(
-            "critic",
-            Critic,
-            executor,
-            resources=_cpu(cfg),
-            worker_kwargs=dict(
-                model_path=resolve_model_path(critic.model_path)
-                if critic.model_path
-                else model_path,
-                optim=critic.optim,
-                total_steps=total_updates,
-                micro_batch_size=critic.micro_batch_size or t.micro_batch_size,
-                device=critic.device,
-                precision=critic.precision,
-                num_threads=critic.num_threads,
-                value_clip=cfg.algorithm.value.clip,
-            ),
+        clusters["critic"] = build_critic(
+            cfg, executor, model_path=model_path, total_steps=total_updates, run_dir=run_dir
         )
-        check_shares_run_dir(clusters["critic"], run_dir)
     for cluster in clusters.values():
         cluster.setup()
     s = cfg.sync
@@ -310,6 +293,32 @@ def build_rl_roles(
         SyncSettings(path=s.path, bucket_mb=s.bucket_mb, timeout_s=s.timeout_s),
     )
     return clusters
+
+
+def build_critic(
+    cfg: Any, executor: Any, *, model_path: str, total_steps: int, run_dir: Path
+) -> Cluster:
+    """The value model (`cfg.critic`; its own model_path, else the policy's). It writes
+    checkpoints into `run_dir`, so its ranks must see it."""
+    critic = cfg.critic
+    cluster = Cluster(
+        "critic",
+        Critic,
+        executor,
+        resources=_cpu(cfg),
+        worker_kwargs=dict(
+            model_path=resolve_model_path(critic.model_path) if critic.model_path else model_path,
+            optim=critic.optim,
+            total_steps=total_steps,
+            micro_batch_size=critic.micro_batch_size or cfg.trainer.micro_batch_size,
+            device=critic.device,
+            precision=critic.precision,
+            num_threads=critic.num_threads,
+            value_clip=cfg.algorithm.value.clip,
+        ),
+    )
+    check_shares_run_dir(cluster, run_dir)
+    return cluster
 
 
 def check_vision_support(cfg: Any) -> None:
