@@ -6,7 +6,11 @@ else (``org/name``, ``name``) is a hub dataset name passed to :func:`datasets.lo
 
 A local file is read whole, whatever ``split`` says (the split name is only a label). In a
 directory, files named after the split (``test.jsonl``, ``train-00000-of-00002.parquet``) are
-the split; a directory whose files carry no split name is all ``train``.
+the split; a directory whose files carry no split name is all ``train``. A folder written by
+``datasets``' ``save_to_disk`` is read with ``load_from_disk``: a ``DatasetDict`` folder gives
+the split named ``split``, a single ``Dataset`` folder is read whole (like a file). A directory
+without data files of its own (a hub snapshot with one subfolder per configuration,
+``main/train-*.parquet``) is an error naming the subfolders that hold data.
 
 Every problem a user can fix (missing file, unknown extension, unparsable file, hub offline,
 missing column) is a :class:`~roll_core.errors.DataError` with a one-paragraph message.
@@ -99,6 +103,8 @@ def _load_local(path: Path, *, split: str, key: str) -> datasets.Dataset:
             hint=f"Set {key} to an existing json/jsonl/parquet/csv file or directory, or to a "
             "hub dataset name such as 'openai/gsm8k'.",
         )
+    if path.is_dir() and _saved_kind(path) is not None:
+        return _load_saved(path, split=split, key=key)
     if path.is_dir():
         builder, files = _directory_files(path, split=split, key=key)
     else:
@@ -175,10 +181,7 @@ def _builder_for(path: Path, *, key: str) -> str:
 def _directory_files(directory: Path, *, split: str, key: str) -> tuple[str, list[Path]]:
     files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in BUILDERS)
     if not files:
-        raise DataError(
-            f"Directory {str(directory)!r} holds no {'/'.join(BUILDERS)} files.",
-            hint=f"Set {key} to a data file or a directory of data files.",
-        )
+        raise _no_files_error(directory, key=key)
     named = [p for p in files if _split_of(p) == split]
     if not named:
         splits = sorted({s for p in files if (s := _split_of(p))})
@@ -197,6 +200,76 @@ def _directory_files(directory: Path, *, split: str, key: str) -> tuple[str, lis
             hint=f"Keep one format per split, or set {key} to a single file.",
         )
     return builders[0], named
+
+
+def _no_files_error(directory: Path, *, key: str) -> DataError:
+    """No data file in ``directory``: name the subfolders that hold some (a hub snapshot keeps
+    one folder per configuration, ``main/train-00000-of-00001.parquet``)."""
+    message = f"Directory {str(directory)!r} holds no {'/'.join(BUILDERS)} files"
+    holders = _data_subfolders(directory)
+    if not holders:
+        return DataError(
+            message + ", and neither do its subfolders.",
+            hint=f"Set {key} to a data file or a directory of data files.",
+        )
+    shown = [str(p.relative_to(directory)) for p in holders[:8]]
+    more = f" and {len(holders) - 8} more" if len(holders) > 8 else ""
+    return DataError(
+        f"{message} itself; its subfolder(s) {_names(shown)}{more} do (a hub snapshot keeps one "
+        "folder per configuration or split).",
+        hint=f"Set {key} to the subfolder you want, e.g. {key}={str(holders[0])}.",
+    )
+
+
+def _data_subfolders(directory: Path, depth: int = 3) -> list[Path]:
+    """Subfolders (up to ``depth`` levels down, hidden ones skipped) that hold data files or
+    a ``save_to_disk`` dataset, in path order."""
+    found: list[Path] = []
+    if depth == 0:
+        return found
+    for sub in sorted(p for p in directory.iterdir() if p.is_dir()):
+        if sub.name.startswith("."):
+            continue
+        has_files = any(p.is_file() and p.suffix.lower() in BUILDERS for p in sub.iterdir())
+        if has_files or _saved_kind(sub) is not None:
+            found.append(sub)
+        else:
+            found += _data_subfolders(sub, depth - 1)
+    return found
+
+
+def _saved_kind(directory: Path) -> str | None:
+    """``"dict"`` / ``"dataset"`` for a folder written by ``save_to_disk``, else None."""
+    if (directory / "dataset_dict.json").is_file():
+        return "dict"
+    if (directory / "state.json").is_file() and (directory / "dataset_info.json").is_file():
+        return "dataset"
+    return None
+
+
+def _load_saved(directory: Path, *, split: str, key: str) -> datasets.Dataset:
+    """A ``save_to_disk`` folder: the split ``split`` of a DatasetDict, or the whole Dataset."""
+    try:
+        loaded = datasets.load_from_disk(str(directory))
+    except Exception as err:  # a damaged or incomplete save_to_disk folder
+        raise DataError(
+            f"Could not read {str(directory)!r} as a datasets save_to_disk folder: {_reason(err)}",
+            hint=f"Save it again with save_to_disk, or set {key} to another dataset.",
+        ) from err
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise DataError(
+                f"{str(directory)!r} (a datasets DatasetDict folder) has no split {split!r}; "
+                f"its splits are {_names(loaded)}.",
+                hint="Set the split next to " + key + " (e.g. "
+                f"{key.rsplit('.', 1)[0]}.split={next(iter(loaded))}) to one of those.",
+            )
+        loaded = loaded[split]
+    if not isinstance(loaded, datasets.Dataset) or len(loaded) == 0:
+        raise DataError(
+            f"{str(directory)!r} has no rows.", hint=f"Point {key} at a dataset with data."
+        )
+    return loaded
 
 
 def _split_of(path: Path) -> str | None:
