@@ -19,8 +19,9 @@ missing column) is a :class:`~roll_core.errors.DataError` with a one-paragraph m
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import datasets
 
@@ -88,6 +89,43 @@ def require_columns(
             or "Rename the columns in the data or point the recipe's *_key settings at "
             "existing columns.",
         )
+
+
+def row_value(row: Mapping[str, Any], key: str) -> Any:
+    """``row[key]``; for a dotted key that is not a column (``reward_model.ground_truth``, the
+    ground truth of verl's parquet layout) the nested field. None when absent."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def require_field(ds: datasets.Dataset, key: str, *, what: str, hint: str | None = None) -> None:
+    """:func:`require_columns` for a key :func:`row_value` reads: a dotted key needs its first
+    part as a column, and each further part as a field of that struct column where the
+    column's features name its fields."""
+    if key in ds.column_names or "." not in key:
+        require_columns(ds, [key], what=what, hint=hint)
+        return
+    head, *parts = key.split(".")
+    require_columns(ds, [head], what=what, hint=hint)
+    feature: Any = ds.features[head]
+    for depth, part in enumerate(parts):
+        if not isinstance(feature, dict):
+            return  # not a struct the schema describes (a JSON-like column): read per row
+        if part not in feature:
+            inside = ".".join([head, *parts[:depth]])
+            raise DataError(
+                f"{what} has no field {key!r}: column {inside!r} has the fields {_names(feature)}.",
+                hint=hint
+                or "Point the key at an existing field (a dotted key reads a field "
+                "of a struct column, e.g. reward_model.ground_truth).",
+            )
+        feature = feature[part]
 
 
 # -- local files ------------------------------------------------------------------------------

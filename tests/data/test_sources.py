@@ -181,3 +181,31 @@ def test_directory_without_any_data_says_so(tmp_path: Path) -> None:
     (tmp_path / "sub" / "notes.txt").write_text("x")
     with pytest.raises(DataError, match="neither do its subfolders"):
         load_rows(str(tmp_path))
+
+
+def test_row_value_reads_dotted_fields() -> None:
+    from roll_core.data import row_value
+
+    row = {"reward_model": {"ground_truth": "72", "style": "rule"}, "a.b": 1}
+    assert row_value(row, "reward_model.ground_truth") == "72"
+    assert row_value(row, "a.b") == 1  # a column whose name has a dot wins
+    assert row_value(row, "reward_model.missing") is None
+    assert row_value({"reward_model": None}, "reward_model.ground_truth") is None
+
+
+def test_require_field_checks_struct_fields(tmp_path: Path) -> None:
+    from roll_core.data import require_field
+
+    path = tmp_path / "verl.parquet"
+    datasets.Dataset.from_list(
+        [{"prompt": "p", "reward_model": {"ground_truth": "5", "style": "rule"}}]
+    ).to_parquet(str(path))
+    ds = load_rows(str(path))
+    require_field(ds, "reward_model.ground_truth", what="the RL data")
+    require_field(ds, "prompt", what="the RL data")
+    with pytest.raises(DataError) as err:
+        require_field(ds, "reward_model.truth", what="the RL data")
+    assert "has no field 'reward_model.truth'" in err.value.message
+    assert "column 'reward_model' has the fields 'ground_truth', 'style'" in err.value.message
+    with pytest.raises(DataError, match="has no column 'reward'"):
+        require_field(ds, "reward.ground_truth", what="the RL data")
