@@ -257,7 +257,7 @@ class RewardConfig(Strict):
     default_domain: str | None = Field(
         default=None,
         description="Domain for rows without a domain value (no `domain_key` column, or "
-        "an empty value). Left out with exactly one configured domain: that domain. Left out "
+        "a null value). Left out with exactly one configured domain: that domain. Left out "
         "with several: rows without a domain are an error (at `roll validate` for local "
         "data), or, when the data is not known in advance, get reward 0 and are counted in "
         "`reward/unknown_domain/count`.",

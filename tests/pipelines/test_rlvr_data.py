@@ -13,7 +13,7 @@ import pytest
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import encode_prompt
 from roll_core.errors import ConfigError, DataError
-from roll_core.pipelines.rlvr import _prompts, check_data_domains
+from roll_core.pipelines.rlvr import _prompts
 
 QUESTION = "What is 2 + 3?"
 START, END = 257, 258  # <|im_start|>, <|im_end|> of the built-in tokenizer
@@ -151,6 +151,8 @@ def test_one_reward_domain_is_the_default(tmp_path: Path) -> None:
 
 
 def test_rows_without_a_domain_are_a_validate_error_with_several_domains(tmp_path) -> None:
+    from roll_core.pipelines.rlvr import check_data_domains
+
     path = write_parquet(tmp_path / "t.parquet", [verl_row(0, [{"role": "user", "content": "q"}])])
     base = {
         "model": {"path": "builtin:tiny-qwen3"},
