@@ -141,7 +141,8 @@ def prompt_turns(value: Any, *, row: int, column: str, source: str) -> list[dict
     Each turn must be a mapping with a ``role`` from :data:`CHAT_ROLES` and a text
     ``content``; keys whose value is None (parquet writes every key of the column's struct
     into every turn) are dropped, other keys (``name``, ``tool_calls``) are kept for the
-    template. Anything else is a DataError naming ``row``, ``column`` and ``source``."""
+    template; the last turn must not be the assistant's (the reply the model is to write).
+    Anything else is a DataError naming ``row``, ``column`` and ``source``."""
     if not isinstance(value, list | tuple):
         return None
     where = f"Row {row} of column {column!r} in {source}"
@@ -170,4 +171,12 @@ def prompt_turns(value: Any, *, row: int, column: str, source: str) -> list[dict
                 "data.image_key, see docs/vlm.md).",
             )
         turns.append(kept)
+    if turns and turns[-1]["role"] == "assistant":
+        raise DataError(
+            f"{where} ends with an assistant turn; a prompt ends with the turn the model "
+            "answers (user or tool), and an assistant turn there would put a reply, often the "
+            "reference answer, into the prompt.",
+            hint="Drop the final assistant turn from the data (an SFT-style `messages` column "
+            "holds the answer), or train on such rows with `roll sft`.",
+        )
     return turns

@@ -79,6 +79,10 @@ def test_prompt_turns_reads_a_conversation_and_drops_parquet_nulls() -> None:
         ([{"role": "human", "content": "hi"}], "turn 0 has role 'human'; the roles are system"),
         ([{"content": "hi"}], "turn 0 has role None"),
         ([{"role": "user", "content": ["a"]}], "turn 0 (user) has content of type list"),
+        (
+            [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}],
+            "ends with an assistant turn",
+        ),
     ],
 )
 def test_prompt_turns_refuses_bad_shapes_naming_row_and_column(cell: list, says: str) -> None:
