@@ -299,8 +299,7 @@ def _load_saved(directory: Path, *, split: str, key: str) -> datasets.Dataset:
             raise DataError(
                 f"{str(directory)!r} (a datasets DatasetDict folder) has no split {split!r}; "
                 f"its splits are {_names(loaded)}.",
-                hint="Set the split next to " + key + " (e.g. "
-                f"{key.rsplit('.', 1)[0]}.split={next(iter(loaded))}) to one of those.",
+                hint=_split_hint(key, list(loaded)),
             )
         loaded = loaded[split]
     if not isinstance(loaded, datasets.Dataset) or len(loaded) == 0:
@@ -308,6 +307,12 @@ def _load_saved(directory: Path, *, split: str, key: str) -> datasets.Dataset:
             f"{str(directory)!r} has no rows.", hint=f"Point {key} at a dataset with data."
         )
     return loaded
+
+
+def _split_hint(key: str, splits: list[str]) -> str:
+    if key.endswith(".path"):  # a recipe source: its `split` sits next to `path`
+        return f"Set {key[: -len('.path')]}.split to one of those (e.g. {key[: -len('.path')]}.split={splits[0]})."
+    return f"Point {key} at a dataset that has the split, or at one split's folder ({splits[0]}/)."
 
 
 def _split_of(path: Path) -> str | None:

@@ -149,7 +149,7 @@ def test_save_to_disk_dataset_dict_gives_the_named_split(tmp_path: Path) -> None
     with pytest.raises(DataError) as err:
         load_rows(str(folder), split="validation", key="data.eval.path")
     assert "has no split 'validation'; its splits are 'train', 'test'" in err.value.message
-    assert "data.eval.split=train" in (err.value.hint or "")
+    assert "Set data.eval.split to one of those (e.g. data.eval.split=train)" in err.value.hint
 
 
 def test_save_to_disk_single_dataset_is_read_whole(tmp_path: Path) -> None:
