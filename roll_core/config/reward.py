@@ -256,8 +256,10 @@ class RewardConfig(Strict):
     domain_key: str = Field(default="domain", description="Row column holding the domain.")
     default_domain: str | None = Field(
         default=None,
-        description="Domain for rows without a domain value. None: such rows are an error "
-        "at start-up when the data is known, else they get reward 0 and are counted in "
+        description="Domain for rows without a domain value (no `domain_key` column, or "
+        "a null value). Left out with exactly one configured domain: that domain. Left out "
+        "with several: rows without a domain are an error (at `roll validate` for local "
+        "data), or, when the data is not known in advance, get reward 0 and are counted in "
         "`reward/unknown_domain/count`.",
     )
     isolation: Literal["process", "thread"] = Field(
@@ -276,6 +278,8 @@ class RewardConfig(Strict):
 
     @model_validator(mode="after")
     def _default_domain_known(self) -> RewardConfig:
+        if self.default_domain is None and len(self.domains) == 1:
+            self.default_domain = next(iter(self.domains))  # the only reward there is
         if self.default_domain is not None and self.default_domain not in self.domains:
             raise ValueError(
                 f"default_domain {self.default_domain!r} is not one of the configured "

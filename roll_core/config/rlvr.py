@@ -25,8 +25,18 @@ class RLDataConfig(Strict):
 
     train: DatasetSource = Field(description="Training prompts.")
     eval: DatasetSource | None = Field(default=None, description="Held-out prompts for validation.")
-    prompt_key: str = Field(default="prompt", description="Column holding the prompt text.")
-    answer_key: str = Field(default="answer", description="Column holding the reference answer.")
+    prompt_key: str = Field(
+        default="prompt",
+        description="Column holding the prompt: text (one user turn), or a conversation, a "
+        "list of `{role, content}` turns (roles system/user/assistant/tool; verl's parquet "
+        "layout, `messages` columns), rendered by the chat template as it is.",
+    )
+    answer_key: str = Field(
+        default="answer",
+        description="Column holding the reference answer (rewards read it as the row's "
+        "`answer`). A dotted key reads a field of a struct column: "
+        "`reward_model.ground_truth` for verl's parquet layout.",
+    )
     image_key: str = Field(
         default="images",
         description="Column holding each row's image(s) for a vision-language model: a path "
@@ -35,7 +45,9 @@ class RLDataConfig(Strict):
         "with images in this column is an error. No such column: text rows. See docs/vlm.md.",
     )
     system_prompt: str | None = Field(
-        default=None, description="Optional system message before every prompt."
+        default=None,
+        description="Optional system message before every prompt (a conversation prompt "
+        "that has a system turn of its own keeps its own).",
     )
     max_prompt_length: int = Field(
         default=512,

@@ -6,7 +6,13 @@ Nothing here imports ``roll_core.engine``, Ray or the CLI; everything runs on CP
 
 from roll_core.data.arith import PROMPT_TEMPLATE, arith_row, make_arith_rows, write_arith_dataset
 from roll_core.data.batch import Batch
-from roll_core.data.chat import encode_chat, encode_chat_images, image_message, render_chat
+from roll_core.data.chat import (
+    encode_chat,
+    encode_chat_images,
+    image_message,
+    prompt_turns,
+    render_chat,
+)
 from roll_core.data.loader import StatefulLoader
 from roll_core.data.sft import (
     build_sft_dataset,
@@ -16,7 +22,14 @@ from roll_core.data.sft import (
     encode_prompt,
     encode_prompt_response,
 )
-from roll_core.data.sources import BUILDERS, is_local_path, load_rows, require_columns
+from roll_core.data.sources import (
+    BUILDERS,
+    is_local_path,
+    load_rows,
+    require_columns,
+    require_field,
+    row_value,
+)
 from roll_core.data.vision import VisionInputs, read_images
 
 __all__ = [
@@ -38,8 +51,11 @@ __all__ = [
     "is_local_path",
     "load_rows",
     "make_arith_rows",
+    "prompt_turns",
     "read_images",
     "render_chat",
     "require_columns",
+    "require_field",
+    "row_value",
     "write_arith_dataset",
 ]

@@ -10,6 +10,10 @@ images' :class:`~roll_core.data.vision.VisionInputs`.
 ``fold_system=True`` retries a conversation the template rejects with its system message folded
 into the first turn (``system + "\\n\\n" + first["content"]`` as a user message), for templates
 that refuse a system role (e.g. Gemma's). Errors other callers should see are re-raised as-is.
+
+:func:`prompt_turns` reads a dataset cell that holds a conversation (a list of
+``{"role": ..., "content": ...}`` turns: verl's parquet files, many published RL datasets) and
+refuses any other list with a DataError naming the row and column.
 """
 
 from __future__ import annotations
@@ -18,8 +22,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from roll_core.data.vision import VisionInputs
+from roll_core.errors import DataError
 
 Message = Mapping[str, Any]
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+"""The roles a conversation read from a dataset may use."""
 
 
 def render_chat(
@@ -125,3 +133,50 @@ def encode_chat_images(
     )
     ids = processor.tokenizer(expanded, add_special_tokens=False)["input_ids"]
     return [int(i) for i in ids], vision
+
+
+def prompt_turns(value: Any, *, row: int, column: str, source: str) -> list[dict[str, Any]] | None:
+    """The turns of a chat-formatted dataset cell, or None when ``value`` is not a list.
+
+    Each turn must be a mapping with a ``role`` from :data:`CHAT_ROLES` and a text
+    ``content``; keys whose value is None (parquet writes every key of the column's struct
+    into every turn) are dropped, other keys (``name``, ``tool_calls``) are kept for the
+    template; the last turn must not be the assistant's (the reply the model is to write).
+    Anything else is a DataError naming ``row``, ``column`` and ``source``."""
+    if not isinstance(value, list | tuple):
+        return None
+    where = f"Row {row} of column {column!r} in {source}"
+    turns: list[dict[str, Any]] = []
+    for i, turn in enumerate(value):
+        if not isinstance(turn, Mapping):
+            raise DataError(
+                f"{where} is a list, but its item {i} is a {type(turn).__name__} ({turn!r:.80}), "
+                'not a chat turn {"role": ..., "content": ...}.',
+                hint=f"Make every item of {column!r} a turn with a role and a text content, or "
+                "point data.prompt_key at a text column.",
+            )
+        kept = {str(k): v for k, v in turn.items() if v is not None}
+        role, content = kept.get("role"), kept.get("content")
+        if role not in CHAT_ROLES:
+            raise DataError(
+                f"{where}: turn {i} has role {role!r}; the roles are {', '.join(CHAT_ROLES)}.",
+                hint="Rename the role in the data (e.g. 'human' -> 'user', 'gpt' -> "
+                "'assistant') or drop the row.",
+            )
+        if not isinstance(content, str):
+            raise DataError(
+                f"{where}: turn {i} ({role}) has content of type {type(content).__name__}; "
+                "prompt turns need text content.",
+                hint="Give every turn a text `content` (image prompts: a text prompt column and "
+                "data.image_key, see docs/vlm.md).",
+            )
+        turns.append(kept)
+    if turns and turns[-1]["role"] == "assistant":
+        raise DataError(
+            f"{where} ends with an assistant turn; a prompt ends with the turn the model "
+            "answers (user or tool), and an assistant turn there would put a reply, often the "
+            "reference answer, into the prompt.",
+            hint="Drop the final assistant turn from the data (an SFT-style `messages` column "
+            "holds the answer), or train on such rows with `roll sft`.",
+        )
+    return turns

@@ -6,7 +6,11 @@ else (``org/name``, ``name``) is a hub dataset name passed to :func:`datasets.lo
 
 A local file is read whole, whatever ``split`` says (the split name is only a label). In a
 directory, files named after the split (``test.jsonl``, ``train-00000-of-00002.parquet``) are
-the split; a directory whose files carry no split name is all ``train``.
+the split; a directory whose files carry no split name is all ``train``. A folder written by
+``datasets``' ``save_to_disk`` is read with ``load_from_disk``: a ``DatasetDict`` folder gives
+the split named ``split``, a single ``Dataset`` folder is read whole (like a file). A directory
+without data files of its own (a hub snapshot with one subfolder per configuration,
+``main/train-*.parquet``) is an error naming the subfolders that hold data.
 
 Every problem a user can fix (missing file, unknown extension, unparsable file, hub offline,
 missing column) is a :class:`~roll_core.errors.DataError` with a one-paragraph message.
@@ -15,8 +19,9 @@ missing column) is a :class:`~roll_core.errors.DataError` with a one-paragraph m
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import datasets
 
@@ -86,6 +91,43 @@ def require_columns(
         )
 
 
+def row_value(row: Mapping[str, Any], key: str) -> Any:
+    """``row[key]``; for a dotted key that is not a column (``reward_model.ground_truth``, the
+    ground truth of verl's parquet layout) the nested field. None when absent."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def require_field(ds: datasets.Dataset, key: str, *, what: str, hint: str | None = None) -> None:
+    """:func:`require_columns` for a key :func:`row_value` reads: a dotted key needs its first
+    part as a column, and each further part as a field of that struct column where the
+    column's features name its fields."""
+    if key in ds.column_names or "." not in key:
+        require_columns(ds, [key], what=what, hint=hint)
+        return
+    head, *parts = key.split(".")
+    require_columns(ds, [head], what=what, hint=hint)
+    feature: Any = ds.features[head]
+    for depth, part in enumerate(parts):
+        if not isinstance(feature, dict):
+            return  # not a struct the schema describes (a JSON-like column): read per row
+        if part not in feature:
+            inside = ".".join([head, *parts[:depth]])
+            raise DataError(
+                f"{what} has no field {key!r}: column {inside!r} has the fields {_names(feature)}.",
+                hint=hint
+                or "Point the key at an existing field (a dotted key reads a field "
+                "of a struct column, e.g. reward_model.ground_truth).",
+            )
+        feature = feature[part]
+
+
 # -- local files ------------------------------------------------------------------------------
 
 
@@ -99,6 +141,8 @@ def _load_local(path: Path, *, split: str, key: str) -> datasets.Dataset:
             hint=f"Set {key} to an existing json/jsonl/parquet/csv file or directory, or to a "
             "hub dataset name such as 'openai/gsm8k'.",
         )
+    if path.is_dir() and _saved_kind(path) is not None:
+        return _load_saved(path, split=split, key=key)
     if path.is_dir():
         builder, files = _directory_files(path, split=split, key=key)
     else:
@@ -175,10 +219,7 @@ def _builder_for(path: Path, *, key: str) -> str:
 def _directory_files(directory: Path, *, split: str, key: str) -> tuple[str, list[Path]]:
     files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in BUILDERS)
     if not files:
-        raise DataError(
-            f"Directory {str(directory)!r} holds no {'/'.join(BUILDERS)} files.",
-            hint=f"Set {key} to a data file or a directory of data files.",
-        )
+        raise _no_files_error(directory, key=key)
     named = [p for p in files if _split_of(p) == split]
     if not named:
         splits = sorted({s for p in files if (s := _split_of(p))})
@@ -197,6 +238,81 @@ def _directory_files(directory: Path, *, split: str, key: str) -> tuple[str, lis
             hint=f"Keep one format per split, or set {key} to a single file.",
         )
     return builders[0], named
+
+
+def _no_files_error(directory: Path, *, key: str) -> DataError:
+    """No data file in ``directory``: name the subfolders that hold some (a hub snapshot keeps
+    one folder per configuration, ``main/train-00000-of-00001.parquet``)."""
+    message = f"Directory {str(directory)!r} holds no {'/'.join(BUILDERS)} files"
+    holders = _data_subfolders(directory)
+    if not holders:
+        return DataError(
+            message + ", and neither do its subfolders.",
+            hint=f"Set {key} to a data file or a directory of data files.",
+        )
+    shown = [str(p.relative_to(directory)) for p in holders[:8]]
+    more = f" and {len(holders) - 8} more" if len(holders) > 8 else ""
+    return DataError(
+        f"{message} itself; its subfolder(s) {_names(shown)}{more} do (a hub snapshot keeps one "
+        "folder per configuration or split).",
+        hint=f"Set {key} to the subfolder you want, e.g. {key}={str(holders[0])}.",
+    )
+
+
+def _data_subfolders(directory: Path, depth: int = 3) -> list[Path]:
+    """Subfolders (up to ``depth`` levels down, hidden ones skipped) that hold data files or
+    a ``save_to_disk`` dataset, in path order."""
+    found: list[Path] = []
+    if depth == 0:
+        return found
+    for sub in sorted(p for p in directory.iterdir() if p.is_dir()):
+        if sub.name.startswith("."):
+            continue
+        has_files = any(p.is_file() and p.suffix.lower() in BUILDERS for p in sub.iterdir())
+        if has_files or _saved_kind(sub) is not None:
+            found.append(sub)
+        else:
+            found += _data_subfolders(sub, depth - 1)
+    return found
+
+
+def _saved_kind(directory: Path) -> str | None:
+    """``"dict"`` / ``"dataset"`` for a folder written by ``save_to_disk``, else None."""
+    if (directory / "dataset_dict.json").is_file():
+        return "dict"
+    if (directory / "state.json").is_file() and (directory / "dataset_info.json").is_file():
+        return "dataset"
+    return None
+
+
+def _load_saved(directory: Path, *, split: str, key: str) -> datasets.Dataset:
+    """A ``save_to_disk`` folder: the split ``split`` of a DatasetDict, or the whole Dataset."""
+    try:
+        loaded = datasets.load_from_disk(str(directory))
+    except Exception as err:  # a damaged or incomplete save_to_disk folder
+        raise DataError(
+            f"Could not read {str(directory)!r} as a datasets save_to_disk folder: {_reason(err)}",
+            hint=f"Save it again with save_to_disk, or set {key} to another dataset.",
+        ) from err
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise DataError(
+                f"{str(directory)!r} (a datasets DatasetDict folder) has no split {split!r}; "
+                f"its splits are {_names(loaded)}.",
+                hint=_split_hint(key, list(loaded)),
+            )
+        loaded = loaded[split]
+    if not isinstance(loaded, datasets.Dataset) or len(loaded) == 0:
+        raise DataError(
+            f"{str(directory)!r} has no rows.", hint=f"Point {key} at a dataset with data."
+        )
+    return loaded
+
+
+def _split_hint(key: str, splits: list[str]) -> str:
+    if key.endswith(".path"):  # a recipe source: its `split` sits next to `path`
+        return f"Set {key[: -len('.path')]}.split to one of those (e.g. {key[: -len('.path')]}.split={splits[0]})."
+    return f"Point {key} at a dataset that has the split, or at one split's folder ({splits[0]}/)."
 
 
 def _split_of(path: Path) -> str | None:

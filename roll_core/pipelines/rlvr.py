@@ -33,7 +33,17 @@ import torch
 from roll_core.backends.infer import Request, SamplingParams
 from roll_core.backends.infer.base import PREFIX_CONTINUATION_BACKENDS
 from roll_core.config.rlvr import RLVRConfig
-from roll_core.data import StatefulLoader, encode_prompt, load_rows, require_columns
+from roll_core.data import (
+    StatefulLoader,
+    encode_chat_prompt,
+    encode_prompt,
+    is_local_path,
+    load_rows,
+    prompt_turns,
+    require_columns,
+    require_field,
+    row_value,
+)
 from roll_core.data.chat import encode_chat_images, image_message
 from roll_core.data.vision import BadImageError, VisionInputs, image_rows
 from roll_core.engine import Cluster
@@ -58,6 +68,7 @@ from roll_core.pipelines.rl_iteration import (
     update_policy,
 )
 from roll_core.pipelines.turns import Turns
+from roll_core.rewards.router import check_dataset_domains
 from roll_core.rollout.async_scheduler import (
     AsyncRolloutScheduler,
     check_prefix_support,
@@ -70,6 +81,7 @@ from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 def plan(cfg: RLVRConfig) -> list[RolePlan]:
     check_algorithm(cfg)
     check_chat_template(cfg)
+    check_data_domains(cfg)
     r, algo = cfg.rollout, cfg.algorithm
     updates = cfg.trainer.ppo_epochs * cfg.trainer.mini_batches
     rows = [
@@ -115,7 +127,8 @@ def _prompts(
     rows = load_rows(
         source.path, split=source.split, subset=source.subset, max_rows=source.max_rows, key=key
     )
-    require_columns(rows, [d.prompt_key, d.answer_key], what=f"the RL data ({key})")
+    require_columns(rows, [d.prompt_key], what=f"the RL data ({key})")
+    require_field(rows, d.answer_key, what=f"the RL data ({key})")
     images = image_rows(
         rows, column=d.image_key, processor=processor, data_path=source.path, model=cfg.model.path
     )
@@ -129,12 +142,13 @@ def _prompts(
     stats = {"rows": 0, "dropped_too_long": 0, "dropped_empty": 0, "dropped_bad_image": 0}
     for index, row in enumerate(rows):
         stats["rows"] += 1
-        text = row.get(d.prompt_key)
-        if not isinstance(text, str) or not text.strip() or row.get(d.answer_key) in (None, ""):
+        prompt = _prompt_of(cfg, row, index, source.path)
+        answer = row_value(row, d.answer_key)
+        if prompt is None or answer in (None, ""):
             stats["dropped_empty"] += 1
             continue
         if d.answer_key != "answer":  # rewards read the reference from row["answer"]
-            row = {**row, "answer": row[d.answer_key]}
+            row = {**row, "answer": answer}
         vision = None
         if images is not None:
             try:
@@ -143,12 +157,21 @@ def _prompts(
                 stats["dropped_bad_image"] += 1
                 images.warn(index, err)
                 continue
+            if isinstance(prompt, list):
+                raise DataError(
+                    f"Row {index} of {source.path} has images and a conversation prompt "
+                    f"(column {d.prompt_key!r} is a list of turns); image rows take a text "
+                    "prompt.",
+                    hint="Give image rows their prompt as text (see docs/vlm.md).",
+                )
             row = {k: v for k, v in row.items() if k != d.image_key}  # decoded images stay out
-            ids, vision = encode_image_prompt(images.processor, text, pictures, d.system_prompt)
+            ids, vision = encode_image_prompt(images.processor, prompt, pictures, d.system_prompt)
+        elif isinstance(prompt, list):
+            ids = encode_chat_prompt(tokenizer, _with_system(prompt, d.system_prompt))
         elif d.chat_template == "none":
-            ids = list(tokenizer(text)["input_ids"])  # raw prompt: the tokenizer's own specials
+            ids = list(tokenizer(prompt)["input_ids"])  # raw prompt: the tokenizer's own specials
         else:
-            ids = encode_prompt(tokenizer, text, system=d.system_prompt)
+            ids = encode_prompt(tokenizer, prompt, system=d.system_prompt)
         if len(ids) > d.max_prompt_length:
             stats["dropped_too_long"] += 1
             continue
@@ -162,6 +185,41 @@ def _prompts(
             "data.max_prompt_length.",
         )
     return out, stats
+
+
+def _prompt_of(
+    cfg: RLVRConfig, row: dict[str, Any], index: int, path: str
+) -> str | list[dict[str, Any]] | None:
+    """A row's prompt: its text, its conversation (a list of chat turns), or None when blank.
+    Another type, or a conversation with `data.chat_template: none`, is an error."""
+    key = cfg.data.prompt_key
+    value = row.get(key)
+    turns = prompt_turns(value, row=index, column=key, source=path)
+    if turns is None:
+        if value is not None and not isinstance(value, str):
+            raise DataError(
+                f"Row {index} of column {key!r} in {path} is a {type(value).__name__}; an RL "
+                "prompt is text or a list of chat turns [{role, content}, ...].",
+                hint="Point data.prompt_key at the prompt column, or fix the row.",
+            )
+        return value if value and value.strip() else None
+    if not any(t["content"].strip() for t in turns):
+        return None
+    if cfg.data.chat_template == "none":
+        raise ConfigError(
+            f"column {key!r} of {path} holds conversations (lists of chat turns), but "
+            "data.chat_template is none (raw prompts): a conversation is rendered by a chat "
+            "template.",
+            hint="Set data.chat_template: model (the default) or the path of a template file.",
+        )
+    return turns
+
+
+def _with_system(turns: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+    """`data.system_prompt` before a conversation that has no system turn of its own."""
+    if system is None or any(t["role"] == "system" for t in turns):
+        return turns
+    return [{"role": "system", "content": system}, *turns]
 
 
 def encode_image_prompt(
@@ -204,6 +262,40 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
 
 def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
     return {p.row.get(cfg.reward.domain_key) for p in prompts}
+
+
+def check_data_domains(cfg: RLVRConfig) -> None:
+    """The domains of local data against the reward sections, before any model or reward is
+    built (`roll validate`, the dry run): a row whose domain has no reward, or a row without
+    a domain when `reward.default_domain` is unset, is the ConfigError `prepare` would raise.
+    Hub data (not downloaded here) and local paths that do not exist yet are left to the run."""
+    sources = {"data.train.path": cfg.data.train, "data.eval.path": cfg.data.eval}
+    rows = {}
+    for key, source in sources.items():
+        if source is None or not is_local_path(source.path):
+            continue
+        if Path(source.path).expanduser().exists():
+            rows[key] = load_rows(
+                source.path,
+                split=source.split,
+                subset=source.subset,
+                max_rows=source.max_rows,
+                key=key,
+            )
+    checks = [("reward", cfg.reward, list(rows))]  # as in `prepare`: all data, then eval's
+    if cfg.eval.reward is not None and "data.eval.path" in rows:
+        checks.append(("eval.reward", cfg.eval.reward, ["data.eval.path"]))
+    for name, section, keys in checks:
+        for key in keys:
+            data, column = rows[key], section.domain_key
+            values = data[column] if column in data.column_names else [None]
+            check_dataset_domains(
+                values,
+                domains=section.domains,
+                default_domain=section.default_domain,
+                domain_key=column,
+                where=f"{sources[key].path} ({key}, scored by {name})",  # type: ignore[union-attr]
+            )
 
 
 def placement(cfg: RLVRConfig) -> str:

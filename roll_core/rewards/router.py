@@ -107,6 +107,38 @@ def domain_metrics(
     return out
 
 
+def check_dataset_domains(
+    dataset_domains: Iterable[str | None],
+    *,
+    domains: Iterable[str],
+    default_domain: str | None,
+    domain_key: str,
+    where: str = "the data",
+) -> None:
+    """Raise a ConfigError if a domain of the data (None: a row without one) has no reward.
+
+    Pure: `roll validate` calls it on the domains of local data before any reward is built."""
+    configured = sorted(domains)
+    seen = {None if d is None else str(d) for d in dataset_domains}
+    missing = sorted(str(d) for d in seen if d is not None and d not in configured)
+    if missing:
+        raise ConfigError(
+            f"{where} has domain(s) {', '.join(map(repr, missing))} with no reward; "
+            f"configured domains: {', '.join(configured)}.",
+            hint="Add them under reward.domains (e.g. `reward.domains."
+            f"{missing[0]}=math`), or filter those rows out of the data.",
+        )
+    if None in seen and default_domain is None:
+        raise ConfigError(
+            f"some rows of {where} have no {domain_key!r} value and reward.default_domain is "
+            f"not set, so no reward can score them (configured domains: "
+            f"{', '.join(configured)}).",
+            hint=f"Set reward.default_domain (one of {', '.join(configured)}), add a "
+            f"{domain_key!r} column to the data, or point reward.domain_key at the column that "
+            "names each row's domain.",
+        )
+
+
 class RewardRouter:
     """Scores samples with the reward of their row's domain, robustly and thread-safely.
 
@@ -230,21 +262,12 @@ class RewardRouter:
 
     def check_domains(self, dataset_domains: Iterable[str | None]) -> None:
         """Raise a ConfigError if some domain of the data has no reward."""
-        seen = {None if d is None else str(d) for d in dataset_domains}
-        missing = sorted(str(d) for d in seen if d is not None and d not in self.timeouts)
-        if missing:
-            raise ConfigError(
-                f"the data has domain(s) {', '.join(map(repr, missing))} with no reward; "
-                f"configured domains: {', '.join(sorted(self.timeouts))}.",
-                hint="Add them under reward.domains (e.g. `reward.domains."
-                f"{missing[0]}=math`), or filter those rows out of the data.",
-            )
-        if None in seen and self.default_domain is None:
-            raise ConfigError(
-                f"some rows have no {self.domain_key!r} value and reward.default_domain is "
-                "not set.",
-                hint=f"Set reward.default_domain (one of {', '.join(sorted(self.timeouts))}).",
-            )
+        check_dataset_domains(
+            dataset_domains,
+            domains=list(self.timeouts),
+            default_domain=self.default_domain,
+            domain_key=self.domain_key,
+        )
 
     def domain_of(self, sample: RewardSample) -> str | None:
         """The domain that scores ``sample``: its row's value, else the default domain."""

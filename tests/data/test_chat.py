@@ -55,3 +55,41 @@ def test_fold_system_only_when_asked(tokenizer) -> None:
     # nothing to fold into: the template's error is the caller's
     with pytest.raises(Exception, match="no system role"):
         render_chat(tok, SYS_HI[:1], add_generation_prompt=True, fold_system=True)
+
+
+# -- prompt_turns: conversation cells of a dataset (issue 32, item 12) ------------------------
+
+
+def test_prompt_turns_reads_a_conversation_and_drops_parquet_nulls() -> None:
+    from roll_core.data import prompt_turns
+
+    # parquet writes every key of the turns' struct into each turn: a None `name` is dropped
+    cell = [{"role": "user", "content": "What is 2 + 3?", "name": None}]
+    assert prompt_turns(cell, row=0, column="prompt", source="d.parquet") == [
+        {"role": "user", "content": "What is 2 + 3?"}
+    ]
+    assert prompt_turns("What is 2 + 3?", row=0, column="prompt", source="d.parquet") is None
+    assert prompt_turns(None, row=0, column="prompt", source="d.parquet") is None
+
+
+@pytest.mark.parametrize(
+    ("cell", "says"),
+    [
+        (["What is 2 + 3?"], "Row 7 of column 'messages' in d.parquet is a list, but its item 0"),
+        ([{"role": "human", "content": "hi"}], "turn 0 has role 'human'; the roles are system"),
+        ([{"content": "hi"}], "turn 0 has role None"),
+        ([{"role": "user", "content": ["a"]}], "turn 0 (user) has content of type list"),
+        (
+            [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}],
+            "ends with an assistant turn",
+        ),
+    ],
+)
+def test_prompt_turns_refuses_bad_shapes_naming_row_and_column(cell: list, says: str) -> None:
+    from roll_core.data import prompt_turns
+    from roll_core.errors import DataError
+
+    with pytest.raises(DataError) as err:
+        prompt_turns(cell, row=7, column="messages", source="d.parquet")
+    assert says in err.value.message
+    assert "Row 7 of column 'messages' in d.parquet" in err.value.message

@@ -133,3 +133,79 @@ def test_check_text_rows_streams_long_lines_and_empty_files(tmp_path: Path) -> N
     array = tmp_path / "arr.json"
     array.write_text("[" + '{"a": 1},' * 10 + '{"a": 1}]')  # one document: not line-scanned
     check_text_rows(array, key="k", limit=16)
+
+
+# -- datasets save_to_disk folders and hub snapshots (issue 32, items 13 and 14) ---------------
+
+
+def test_save_to_disk_dataset_dict_gives_the_named_split(tmp_path: Path) -> None:
+    folder = tmp_path / "saved"
+    datasets.DatasetDict(
+        train=datasets.Dataset.from_list(ROWS), test=datasets.Dataset.from_list(ROWS[:1])
+    ).save_to_disk(str(folder))
+    assert load_rows(str(folder)).to_list() == ROWS  # not dataset_dict.json's 'splits'
+    assert load_rows(str(folder), split="test").to_list() == ROWS[:1]
+    assert load_rows(str(folder), max_rows=1).to_list() == ROWS[:1]
+    with pytest.raises(DataError) as err:
+        load_rows(str(folder), split="validation", key="data.eval.path")
+    assert "has no split 'validation'; its splits are 'train', 'test'" in err.value.message
+    assert "Set data.eval.split to one of those (e.g. data.eval.split=train)" in err.value.hint
+
+
+def test_save_to_disk_single_dataset_is_read_whole(tmp_path: Path) -> None:
+    folder = tmp_path / "one"
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(folder))
+    assert load_rows(str(folder)).to_list() == ROWS  # not a JSON CastError on state.json
+    assert load_rows(str(folder), split="test").to_list() == ROWS  # a label, like one file
+
+
+def test_hub_snapshot_names_the_subfolders_with_data(tmp_path: Path) -> None:
+    snapshot = tmp_path / "gsm8k"
+    for config in ("main", "socratic"):
+        (snapshot / config).mkdir(parents=True)
+        datasets.Dataset.from_list(ROWS).to_parquet(
+            str(snapshot / config / "train-00000-of-00001.parquet")
+        )
+    (snapshot / "README.md").write_text("card")
+    (snapshot / ".cache").mkdir()
+    with pytest.raises(DataError) as err:
+        load_rows(str(snapshot))
+    assert "holds no .json/.jsonl/.parquet/.csv files itself" in err.value.message
+    assert "subfolder(s) 'main', 'socratic' do" in err.value.message
+    assert f"data.train.path={snapshot / 'main'}" in (err.value.hint or "")
+    assert load_rows(str(snapshot / "main")).to_list() == ROWS  # the way out works
+
+
+def test_directory_without_any_data_says_so(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match="neither do its subfolders"):
+        load_rows(str(tmp_path))
+
+
+def test_row_value_reads_dotted_fields() -> None:
+    from roll_core.data import row_value
+
+    row = {"reward_model": {"ground_truth": "72", "style": "rule"}, "a.b": 1}
+    assert row_value(row, "reward_model.ground_truth") == "72"
+    assert row_value(row, "a.b") == 1  # a column whose name has a dot wins
+    assert row_value(row, "reward_model.missing") is None
+    assert row_value({"reward_model": None}, "reward_model.ground_truth") is None
+
+
+def test_require_field_checks_struct_fields(tmp_path: Path) -> None:
+    from roll_core.data import require_field
+
+    path = tmp_path / "verl.parquet"
+    datasets.Dataset.from_list(
+        [{"prompt": "p", "reward_model": {"ground_truth": "5", "style": "rule"}}]
+    ).to_parquet(str(path))
+    ds = load_rows(str(path))
+    require_field(ds, "reward_model.ground_truth", what="the RL data")
+    require_field(ds, "prompt", what="the RL data")
+    with pytest.raises(DataError) as err:
+        require_field(ds, "reward_model.truth", what="the RL data")
+    assert "has no field 'reward_model.truth'" in err.value.message
+    assert "column 'reward_model' has the fields 'ground_truth', 'style'" in err.value.message
+    with pytest.raises(DataError, match="has no column 'reward'"):
+        require_field(ds, "reward.ground_truth", what="the RL data")
