@@ -48,6 +48,7 @@ from roll_core.pipelines.rl_iteration import (
     RLState,
     add_policy_log_probs,
     advantages_and_kl,
+    correct_rollout,
     critic_batch_metrics,
     load_roles,
     reuses_update_log_probs,
@@ -485,7 +486,8 @@ def _train_step(
         values = torch.cat(clusters["critic"].values(batch))
         batch.tensors["values"] = values * batch.tensors["response_mask"]
         timers["time/values"] = time.perf_counter() - t
-    metrics = advantages_and_kl(
+    metrics = correct_rollout(batch, cfg.algorithm)
+    metrics |= advantages_and_kl(
         batch, cfg.algorithm, rl_state, max_new_tokens=cfg.rollout.max_new_tokens
     )
     if "critic" in clusters:
