@@ -566,11 +566,11 @@ def _train_step(
     temp = cfg.rollout.temperature or 1.0
     timers |= add_policy_log_probs(clusters, batch, temp, old=not reuse_log_probs)
     per_turn = cfg.rollout.max_new_tokens
-    metrics = correct_rollout(batch, cfg.algorithm)
     if cfg.rollout.mode == "step":
-        metrics |= _gigpo(cfg, batch)
+        metrics = _gigpo(cfg, batch)
     else:
-        metrics |= advantages_and_kl(batch, cfg.algorithm, rl_state, max_new_tokens=per_turn)
+        metrics = advantages_and_kl(batch, cfg.algorithm, rl_state, max_new_tokens=per_turn)
+    metrics |= correct_rollout(batch, cfg.algorithm)
     t = time.perf_counter()
     metrics |= update_policy(cfg, clusters, batch, temp)
     timers["time/train"] = time.perf_counter() - t

@@ -61,12 +61,14 @@ def rl_batch_metrics(batch: Batch, max_new_tokens: int) -> dict[str, float]:
 
 
 def correct_rollout(batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
-    """`algorithm.rollout_correction` on a rollout batch, before its advantages (as verl):
-    puts the importance weights into `rollout_is_weights` (the policy loss multiplies each
-    token's loss by them) and removes rejected tokens from `response_mask` (so they leave the
-    advantages, the KL and every loss denominator); returns the `rollout_corr/...` metrics,
-    computed once over the whole batch. Needs `old_log_probs` (see
-    :func:`reuses_update_log_probs`)."""
+    """`algorithm.rollout_correction` on a rollout batch, after its advantages and before
+    the update: puts the importance weights into `rollout_is_weights` (the policy loss
+    multiplies each token's loss by them) and removes rejected tokens from `response_mask`
+    (so they leave the KL and entropy terms, the critic's loss and every loss denominator).
+    After the advantages, so that a rejected last token does not move its response's score
+    (placed on the last response token) out of the group baselines: as in verl, whose rewards
+    are placed before the rejection. Returns the `rollout_corr/...` metrics, computed once over
+    the whole batch. Needs `old_log_probs` (see :func:`reuses_update_log_probs`)."""
     rc = algo.rollout_correction
     if rc is None:
         return {}

@@ -486,10 +486,10 @@ def _train_step(
         values = torch.cat(clusters["critic"].values(batch))
         batch.tensors["values"] = values * batch.tensors["response_mask"]
         timers["time/values"] = time.perf_counter() - t
-    metrics = correct_rollout(batch, cfg.algorithm)
-    metrics |= advantages_and_kl(
+    metrics = advantages_and_kl(
         batch, cfg.algorithm, rl_state, max_new_tokens=cfg.rollout.max_new_tokens
     )
+    metrics |= correct_rollout(batch, cfg.algorithm)
     if "critic" in clusters:
         metrics |= critic_batch_metrics(batch)
     t = time.perf_counter()
