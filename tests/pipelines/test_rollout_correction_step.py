@@ -80,3 +80,40 @@ def test_correction_needs_the_old_log_probs_before_the_update(tmp_path: Path) ->
     assert reuses_update_log_probs(load_recipe(recipe, base, expected="rlvr"))
     on = load_recipe(recipe, [*base, "algorithm.rollout_correction.preset=geo_rs"], expected="rlvr")
     assert not reuses_update_log_probs(on)
+
+
+def test_rlvr_corrects_after_the_advantages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A rejected last token must not drop its response's score (placed on the last response
+    token) from the group baseline, so the rejection comes after the advantages."""
+    import yaml
+
+    from roll_core.pipelines import launch, rlvr
+
+    calls: list[str] = []
+    for name in ("advantages_and_kl", "correct_rollout"):
+        original = getattr(rlvr, name)
+
+        def record(*args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(rlvr, name, record)
+    recipe = {
+        "pipeline": "rlvr",
+        "runs_dir": str(tmp_path / "runs"),
+        "model": {"path": "builtin:tiny-qwen3"},
+        "data": {
+            "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 8},
+            "max_prompt_length": 64,
+        },
+        "rollout": {"n": 2, "prompts_per_step": 2, "max_new_tokens": 3, "chunk_size": 8},
+        "algorithm": {"preset": "grpo", "rollout_correction": {"preset": "token_mis"}},
+        "trainer": {"max_steps": 1, "micro_batch_size": 8},
+        "actor_train": {"num_threads": 1},
+        "actor_infer": {"num_threads": 1},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    launch(load_recipe(path, []), recipe=str(path), run_id="order")
+    assert calls == ["advantages_and_kl", "correct_rollout"]
