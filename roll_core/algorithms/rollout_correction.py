@@ -114,10 +114,11 @@ def importance_weights(
     ``compute_rollout_correction_weights``; ``geometric`` from slime). ``cap=None``: no
     truncation. Metrics (before truncation, as verl): ``rollout_is_mean`` (over response
     tokens), ``rollout_is_max`` / ``_min`` (token: over response tokens; sequence levels: over
-    rows with a response token, from the unclamped log-ratio for the max's clamp at +20 only),
+    rows with a response token, ``exp`` of the row's log-ratio, clamped at +20 for the max only),
     ``rollout_is_ratio_fraction_high`` / ``_low`` (share above ``cap`` / below ``1 / cap``), and
     ``rollout_is_eff_sample_size``: ``(sum w)^2 / (n sum w^2)`` over the n response tokens of the
     weights clamped to ``[1 / cap, cap]`` (verl's formula; without a cap the raw weights).
+    Needs at least one response token (:func:`rollout_correction` checks).
     """
     _check_level(level, "algorithm.rollout_correction.is_level")
     if cap is not None and cap <= 0:
