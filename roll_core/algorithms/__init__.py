@@ -36,6 +36,7 @@ from roll_core.algorithms.normalization import (
     whiten_advantages,
 )
 from roll_core.algorithms.policy_losses import POLICY_LOSSES, policy_loss, tis_weight
+from roll_core.algorithms.rollout_correction import rollout_correction
 from roll_core.algorithms.shaping import groups_with_signal, overlong_penalty
 from roll_core.algorithms.value import explained_variance, value_loss
 
@@ -67,6 +68,7 @@ __all__ = [
     "normalize_rewards",
     "overlong_penalty",
     "policy_loss",
+    "rollout_correction",
     "scores_to_token_rewards",
     "sequence_scores",
     "tis_weight",

@@ -299,6 +299,7 @@ def policy_loss(
     agg_mode: str = "token-mean",
     infer_log_probs: torch.Tensor | None = None,
     tis_cap: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     max_len: int | None = None,
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
@@ -313,6 +314,11 @@ def policy_loss(
         agg_mode: loss aggregation (:data:`~roll_core.algorithms.aggregation.LOSS_AGG_MODES`).
         infer_log_probs: ``[B, T]`` log-probs from the inference engine (needed with tis_cap).
         tis_cap: when set, multiply every token's loss by :func:`tis_weight` (TIS).
+        rollout_is_weights: ``[B, T]`` importance weights of the rollout correction
+            (:mod:`roll_core.algorithms.rollout_correction`, computed once per batch): every
+            token's loss is multiplied by its weight before aggregation (as verl); the
+            aggregation's denominators do not change. Its rejection acts through
+            ``response_mask`` (rejected tokens are 0 there).
         max_len, global_num_tokens, global_num_seqs: see
             :func:`~roll_core.algorithms.aggregation.agg_loss`.
         **params: the loss's own parameters (``clip_low``, ``clip_high``, ``clip_c``); one
@@ -328,6 +334,11 @@ def policy_loss(
         raise ValueError(
             "tis_cap with decoupled_ppo would apply exp(old - infer) twice (its behaviour "
             "weight is that correction already): drop tis_cap"
+        )
+    if rollout_is_weights is not None and (tis_cap is not None or name == "decoupled_ppo"):
+        raise ValueError(
+            "rollout-correction importance weights with tis_cap or decoupled_ppo would weight "
+            "every token by pi_old / pi_infer twice: use one of them"
         )
     inputs = dict(
         log_probs=log_probs,
@@ -348,6 +359,8 @@ def policy_loss(
         loss_mat = loss_mat * weight
         metrics["actor/tis_weight_mean"] = float(masked_mean(weight, response_mask))
         metrics["actor/tis_capfrac"] = float(masked_mean(capped.float(), response_mask))
+    if rollout_is_weights is not None:
+        loss_mat = loss_mat * rollout_is_weights.detach()
     loss = agg_loss(
         loss_mat,
         response_mask,

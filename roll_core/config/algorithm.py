@@ -159,6 +159,197 @@ class OverlongConfig(Strict):
         return self.buffer_len if self.buffer_len is not None else max(1, max_len // 5)
 
 
+CorrectionLevel = Literal["token", "sequence", "geometric"]
+DivergenceOption = Literal[
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+]
+CorrectionPresetName = Literal[
+    "token_tis", "seq_tis", "seq_tis_rs", "geo_rs", "geo_rs_seq_tis", "token_mis"
+]
+
+CORRECTION_PRESETS: dict[str, dict[str, Any]] = {
+    "token_tis": {"is_level": "token", "is_cap": 2.0},
+    "seq_tis": {"is_level": "sequence", "is_cap": 2.0},
+    "seq_tis_rs": {"is_level": "sequence", "is_cap": 2.0, "rs_level": "sequence", "rs_high": 2.0},
+    "geo_rs": {"rs_level": "geometric", "rs_high": 1.001},
+    "geo_rs_seq_tis": {
+        "is_level": "sequence",
+        "is_cap": 2.0,
+        "rs_level": "geometric",
+        "rs_high": 1.001,
+    },
+    "token_mis": {
+        "is_level": "token",
+        "is_cap": None,
+        "rs_level": "token",
+        "rs_low": 0.0,
+        "rs_high": 2.0,
+    },
+}
+"""Rollout-correction preset -> the keys it sets (docs/algorithms.md "Rollout correction")."""
+
+
+class DivergenceBand(Strict):
+    """One divergence rejection criterion (verl's `rollout_rs` option and its threshold)."""
+
+    option: DivergenceOption = Field(
+        description="`token_k1|k2|k3` (each token), `seq_sum_*`, `seq_mean_*` (sum / mean over "
+        "a response's tokens), `seq_max_k2|k3` (its largest token value): the whole response "
+        "is rejected when the sequence statistic leaves the band. Per token, with d = old_logp "
+        "- rollout_logp: k1 = -d, k2 = d^2 / 2, k3 = exp(d) - 1 - d."
+    )
+    high: float = Field(
+        gt=0,
+        description="Upper bound: k2/k3 statistics above it are rejected; for k1 options the "
+        "statistic must be <= log(high).",
+    )
+    low: float | None = Field(
+        default=None,
+        gt=0,
+        description="k1 options only: the statistic must be >= log(low) (null: 1 / high).",
+    )
+
+    @model_validator(mode="after")
+    def _band(self) -> DivergenceBand:
+        if not self.option.endswith("k1") and self.low is not None:
+            raise ValueError(
+                f"low only applies to k1 options ({self.option} is never negative): remove low"
+            )
+        if self.low is not None and self.low >= self.high:
+            raise ValueError(
+                f"the band low {self.low} >= high {self.high} keeps nothing: set low below high"
+            )
+        return self
+
+
+class RolloutCorrectionConfig(Strict):
+    """Correction for the mismatch between the sampler (inference engine) and the trainer.
+
+    The importance weight ``pi_old / pi_rollout`` (trainer's old log-probs against the
+    sampler's) weights each token's loss (IS); rejection (RS) masks tokens or whole responses
+    whose ratio or divergence leaves a band. Mismatch metrics (`rollout_corr/...`) are logged
+    every step, also with an empty section. Needs the trainer's old log-probs before the
+    update, so `trainer.old_log_probs: auto` computes them. Presets and the mapping to verl's
+    keys: docs/algorithms.md "Rollout correction".
+    """
+
+    preset: CorrectionPresetName | None = Field(
+        default=None,
+        description="token_tis, seq_tis, seq_tis_rs, geo_rs, geo_rs_seq_tis, token_mis; keys "
+        "set here override it.",
+    )
+    is_level: CorrectionLevel | None = Field(
+        default=None,
+        description="Importance weight per `token`, per `sequence` (product of the token "
+        "ratios) or `geometric` (their geometric mean, one per sequence); null: no weights "
+        "(verl: rollout_is).",
+    )
+    is_cap: float | None = Field(
+        default=2.0,
+        gt=0,
+        description="Truncate the weights at this value (TIS; verl: rollout_is_threshold); "
+        "null: untruncated (MIS: combine with a rejection band).",
+    )
+    rs_level: CorrectionLevel | None = Field(
+        default=None,
+        description="Reject tokens (`token`) or whole responses (`sequence`, `geometric`) whose "
+        "ratio at that level leaves [rs_low, rs_high] (verl: rollout_rs); null: off.",
+    )
+    rs_high: float | None = Field(
+        default=None, gt=0, description="Upper ratio bound (verl: rollout_rs_threshold)."
+    )
+    rs_low: float | None = Field(
+        default=None,
+        ge=0,
+        description="Lower ratio bound (null: 1 / rs_high; 0: no lower bound; verl: "
+        "rollout_rs_threshold_lower).",
+    )
+    rs_divergence: list[DivergenceBand] = Field(
+        default_factory=list,
+        description="Divergence criteria, all must pass (verl: the comma list of rollout_rs "
+        "options and rollout_rs_threshold).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        named = {"is_level": get_args(CorrectionLevel), "rs_level": get_args(CorrectionLevel)}
+        for key, valid in named.items():
+            value = data.get(key)
+            if isinstance(value, str) and value not in valid:
+                raise ValueError(
+                    f"{key}: unknown level {value!r}; {_did_you_mean(value, valid)}"
+                    f"valid: {', '.join(valid)}"
+                )
+        options = get_args(DivergenceOption)
+        for i, band in enumerate(data.get("rs_divergence") or []):
+            value = band.get("option") if isinstance(band, dict) else None
+            if isinstance(value, str) and value not in options:
+                raise ValueError(
+                    f"rs_divergence[{i}].option: unknown option {value!r}; "
+                    f"{_did_you_mean(value, options)}valid: {', '.join(options)}"
+                )
+        name = data.get("preset")
+        if name is None:
+            return data
+        if name not in CORRECTION_PRESETS:
+            valid = tuple(CORRECTION_PRESETS)
+            raise ValueError(
+                f"unknown preset {name!r}; {_did_you_mean(name, valid)}"
+                f"valid presets: {', '.join(valid)}"
+            )
+        return {**CORRECTION_PRESETS[name], **data}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RolloutCorrectionConfig:
+        # the default cap is what a resolved config.yaml records, so only another value errs
+        if self.is_level is None and self.is_cap != 2.0:
+            raise ValueError("is_cap is set but is_level is not: set is_level or remove is_cap")
+        if self.rs_level is None and (self.rs_high is not None or self.rs_low is not None):
+            raise ValueError("rs_high/rs_low are set but rs_level is not: set rs_level")
+        if self.rs_level is not None:
+            if self.rs_high is None:
+                raise ValueError(f"rs_level {self.rs_level} needs rs_high (e.g. 2.0)")
+            low = 1.0 / self.rs_high if self.rs_low is None else self.rs_low
+            if low >= self.rs_high:
+                raise ValueError(
+                    f"the band rs_low {low} >= rs_high {self.rs_high} rejects every token: set "
+                    "rs_low below rs_high"
+                )
+        return self
+
+    @property
+    def resolved_rs_low(self) -> float | None:
+        """`rs_low`, or 1 / `rs_high` when unset (None without a ratio band)."""
+        if self.rs_high is None:
+            return None
+        return 1.0 / self.rs_high if self.rs_low is None else self.rs_low
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`roll_core.algorithms.rollout_correction` (besides the
+        tensors)."""
+        return {
+            "is_level": self.is_level,
+            "is_cap": self.is_cap,
+            "rs_level": self.rs_level,
+            "rs_low": self.resolved_rs_low,
+            "rs_high": self.rs_high,
+            "rs_divergence": [(b.option, b.low, b.high) for b in self.rs_divergence],
+        }
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "ppo": {
         "adv_estimator": "gae",
@@ -362,6 +553,11 @@ class AlgorithmConfig(Strict):
         "weight each token by min(pi_old / pi_infer, tis_cap) (e.g. 2.0; null: off). Not with "
         "`policy_loss: decoupled_ppo`, whose behaviour weight is already that correction.",
     )
+    rollout_correction: RolloutCorrectionConfig | None = Field(
+        default=None,
+        description="Train-inference mismatch correction: importance weights and rejection "
+        "(null: off; an empty section logs the mismatch metrics only).",
+    )
     entropy_coef: float = Field(
         default=0.0, ge=0, description="Entropy bonus coefficient (0: off)."
     )
@@ -423,6 +619,21 @@ class AlgorithmConfig(Strict):
                 "(capped), computed from the same log-probs. Remove tis_cap, or use "
                 "policy_loss ppo with tis_cap"
             )
+        rc = self.rollout_correction
+        if rc is not None and rc.is_level is not None:
+            if self.tis_cap is not None:
+                raise ValueError(
+                    "tis_cap with rollout_correction.is_level would weight every token by "
+                    "pi_old / pi_infer twice (tis_cap is token-level TIS): remove tis_cap, or "
+                    "use rollout_correction.preset token_tis alone"
+                )
+            if self.policy_loss == "decoupled_ppo":
+                raise ValueError(
+                    "rollout_correction.is_level with policy_loss decoupled_ppo would correct "
+                    "for the sampler twice: decoupled_ppo already weights every token by "
+                    "pi_old / pi_behaviour. Remove is_level (rejection, rs_*, may stay), or "
+                    "use policy_loss ppo"
+                )
         if self.dual_clip_c is not None and self.policy_loss != "ppo":
             raise ValueError(
                 f"dual_clip_c only applies to policy_loss ppo, not {self.policy_loss}; remove it"

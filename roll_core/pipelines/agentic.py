@@ -53,6 +53,7 @@ from roll_core.pipelines.rl_iteration import (
     RLState,
     add_policy_log_probs,
     advantages_and_kl,
+    correct_rollout,
     load_roles,
     reuses_update_log_probs,
     rl_batch_metrics,
@@ -570,6 +571,7 @@ def _train_step(
         metrics = _gigpo(cfg, batch)
     else:
         metrics = advantages_and_kl(batch, cfg.algorithm, rl_state, max_new_tokens=per_turn)
+    metrics |= correct_rollout(batch, cfg.algorithm)
     t = time.perf_counter()
     metrics |= update_policy(cfg, clusters, batch, temp)
     timers["time/train"] = time.perf_counter() - t

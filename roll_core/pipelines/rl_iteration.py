@@ -24,6 +24,7 @@ from roll_core.algorithms import (
     explained_variance,
     normalize_rewards,
     overlong_penalty,
+    rollout_correction,
     scores_to_token_rewards,
     whiten_advantages,
 )
@@ -56,6 +57,31 @@ def rl_batch_metrics(batch: Batch, max_new_tokens: int) -> dict[str, float]:
         gap = (t["old_log_probs"] - t["behaviour_log_probs"]).abs()
         metrics["train_infer/logprob_diff"] = _masked_mean(gap, mask)
         metrics["train_infer/logprob_diff_max"] = float((gap * mask).max())
+    return metrics
+
+
+def correct_rollout(batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
+    """`algorithm.rollout_correction` on a rollout batch, after its advantages and before
+    the update: puts the importance weights into `rollout_is_weights` (the policy loss
+    multiplies each token's loss by them) and removes rejected tokens from `response_mask`
+    (so they leave the KL and entropy terms, the critic's loss and every loss denominator).
+    After the advantages, so that a rejected last token does not move its response's score
+    (placed on the last response token) out of the group baselines: as in verl, whose rewards
+    are placed before the rejection. Returns the `rollout_corr/...` metrics, computed once over
+    the whole batch. Needs `old_log_probs` (see :func:`reuses_update_log_probs`)."""
+    rc = algo.rollout_correction
+    if rc is None:
+        return {}
+    t = batch.tensors
+    weights, mask, metrics = rollout_correction(
+        old_log_probs=t["old_log_probs"],
+        rollout_log_probs=t["behaviour_log_probs"],
+        response_mask=t["response_mask"],
+        **rc.kwargs(),
+    )
+    t["response_mask"] = mask
+    if weights is not None:
+        t["rollout_is_weights"] = weights
     return metrics
 
 
@@ -184,8 +210,8 @@ def sync_weights(clusters: dict[str, Cluster], version: int) -> dict[str, float]
 
 def reuses_update_log_probs(cfg: RLConfig) -> bool:
     """True when the step's one update may compute the old log-probs itself (the detached
-    log-probs of its own forward, workers/objectives.py): one update per step and no KL in
-    the reward (it reads them before the update). The pipelines also ask actor_train whether
+    log-probs of its own forward, workers/objectives.py): one update per step, no KL in
+    the reward and no rollout correction (they read them before the update). The pipelines also ask actor_train whether
     its model has active dropout (then the train-mode forward differs from the old-log-prob
     one)."""
     t, algo = cfg.trainer, cfg.algorithm
@@ -194,6 +220,7 @@ def reuses_update_log_probs(cfg: RLConfig) -> bool:
         and t.ppo_epochs == 1
         and t.mini_batches == 1
         and not (algo.kl.coef > 0 and algo.kl.use_as == "reward")
+        and algo.rollout_correction is None  # it weighs pi_old against pi_rollout before
     )
 
 

@@ -58,6 +58,7 @@ from roll_core.pipelines.rl_iteration import (
     RLState,
     add_policy_log_probs,
     advantages_and_kl,
+    correct_rollout,
     critic_batch_metrics,
     load_roles,
     reuses_update_log_probs,
@@ -581,6 +582,7 @@ def _train_step(
     metrics = advantages_and_kl(
         batch, cfg.algorithm, rl_state, max_new_tokens=cfg.rollout.max_new_tokens
     )
+    metrics |= correct_rollout(batch, cfg.algorithm)
     if "critic" in clusters:
         metrics |= critic_batch_metrics(batch)
     t = time.perf_counter()

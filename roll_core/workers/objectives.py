@@ -92,6 +92,7 @@ def rl(
         advantages=t["advantages"],
         response_mask=mask,
         infer_log_probs=t["behaviour_log_probs"],
+        rollout_is_weights=t.get("rollout_is_weights"),
         **loss_kwargs,
         **globals_,
     )

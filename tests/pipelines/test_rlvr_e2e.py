@@ -79,6 +79,37 @@ def test_rlvr_runs_and_logs_the_promised_metrics(roll, rl_recipe, tmp_path: Path
     assert (run / "final" / "model.safetensors").exists()
 
 
+def test_rlvr_rollout_correction_logs_its_metrics(roll, rl_recipe, tmp_path: Path) -> None:
+    recipe = rl_recipe(
+        algorithm={"preset": "grpo", "rollout_correction": {"preset": "geo_rs_seq_tis"}},
+        trainer={"max_steps": 2, "micro_batch_size": 8},
+        eval={"every_steps": None},
+    )
+    res = roll("train", "rlvr", str(recipe), "--run-id", "rl-corr-00")
+    assert res.returncode == 0, res.stderr
+    trained = [r for r in rows(tmp_path / "runs" / "rl-corr-00") if "actor/pg_loss" in r]
+    assert len(trained) == 2
+    for step in trained:
+        for key in (
+            "kl",
+            "k3_kl",
+            "ratio_mean",
+            "ratio_min",
+            "ratio_max",
+            "ess",
+            "rollout_is_mean",
+            "rollout_is_eff_sample_size",
+            "rollout_rs_masked_fraction",
+            "rollout_rs_seq_masked_fraction",
+            "rollout_rs_geometric_masked_fraction",
+        ):
+            assert f"rollout_corr/{key}" in step, key
+        # hf sampler and trainer in fp32 with synced weights: (almost) no mismatch, so the
+        # tight geometric band (ratio within 0.1%) keeps every response
+        assert abs(step["rollout_corr/kl"]) < 1e-3
+        assert step["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+
+
 def test_rlvr_sigkill_resume_is_bitwise(roll, rl_recipe, cli_env, tmp_path: Path) -> None:
     recipe = rl_recipe()
     base = roll("train", "rlvr", str(recipe), "--run-id", "rl-base-01")
