@@ -134,6 +134,7 @@ class DriverLoop:
                     self._check_unfinished(found.path.name, start)
                 else:
                     self.console_note(f"resumed from {found.path.name}")
+                self.ckpts.prune(keep=found.path)  # a kill may have come before the last prune
             else:
                 self.console_note("no checkpoint was saved yet: starting again from step 0")
             if self.new_config is not None:

@@ -421,10 +421,10 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
     rewards = RewardStage(
         cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.train + setup.eval)
     )
-    eval_rewards = (  # eval.reward: validation scored apart from training
-        RewardStage(cfg.eval.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.eval))
-        if cfg.eval.reward is not None
-        else rewards
+    # validation has a stage of its own (eval.reward, else the training reward): its samples
+    # never count in the training steps' reward/<domain>/... metrics or the checkpointed totals
+    eval_rewards = RewardStage(
+        cfg.eval.reward or cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.eval)
     )
     stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)
     params = sampling_params(cfg.rollout)
@@ -493,8 +493,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
         if scheduler is not None:
             scheduler.close()
         rewards.close()
-        if eval_rewards is not rewards:
-            eval_rewards.close()
+        eval_rewards.close()
         executor.shutdown()
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roll_core.errors import CheckpointError
-from roll_core.runs.run import atomic_write_text
+from roll_core.runs.run import atomic_write_text, normal_file_modes
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -52,10 +52,11 @@ def _fsync_tree(root: Path) -> None:
         os.close(fd)
 
 
-def _fault_injection(step: int) -> None:
-    """Test hook: `ROLL_DEBUG_KILL_IN_SAVE=N` SIGKILLs this process mid-save of step N (after
-    the files are written, before the manifest and rename), to prove saves are atomic."""
-    if os.environ.get("ROLL_DEBUG_KILL_IN_SAVE") == str(step):
+def _fault_injection(step: int, hook: str = "ROLL_DEBUG_KILL_IN_SAVE") -> None:
+    """Test hooks: `ROLL_DEBUG_KILL_IN_SAVE=N` SIGKILLs this process mid-save of step N (after
+    the files are written, before the manifest and rename), to prove saves are atomic;
+    `ROLL_DEBUG_KILL_BEFORE_PRUNE=N` once step N is published, before older ones are pruned."""
+    if os.environ.get(hook) == str(step):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -107,6 +108,7 @@ class CheckpointManager:
         try:
             tmp.mkdir()
             write(tmp)
+            normal_file_modes(tmp)
             _fault_injection(step)
             files = {
                 str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
@@ -124,17 +126,28 @@ class CheckpointManager:
                 hint="Free disk space or fix permissions; earlier checkpoints are untouched.",
             ) from None
         atomic_write_text(self.root / LATEST, final.name + "\n")
-        self._prune(keep=final)
+        _fault_injection(step, "ROLL_DEBUG_KILL_BEFORE_PRUNE")
+        self.prune(keep=final)
         return final
 
     def _complete(self) -> list[Path]:
         dirs = [p for p in self.root.glob("step-*") if p.is_dir()] if self.root.is_dir() else []
         return sorted(dirs, key=lambda p: p.name, reverse=True)
 
-    def _prune(self, keep: Path) -> None:
+    def prune(self, keep: Path) -> None:
+        """Keep the `keep_last` newest checkpoints and `keep`; remove older ones and staging
+        left by a killed save. Called after every save and when a run resumes (a kill between
+        publishing a checkpoint and pruning left one too many). An old checkpoint is renamed
+        to a hidden `.tmp-` name before it is deleted, so a kill mid-delete never leaves a
+        torn `step-*` directory, only staging the next prune removes."""
         for old in self._complete()[self.keep_last :]:
             if old != keep:
-                shutil.rmtree(old, ignore_errors=True)
+                doomed = self.root / f".tmp-pruned-{old.name}-{os.getpid()}"
+                try:
+                    os.rename(old, doomed)
+                except OSError:  # e.g. removed by hand meanwhile: nothing left to delete
+                    continue
+                shutil.rmtree(doomed, ignore_errors=True)
         for tmp in self.root.glob(".tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
 

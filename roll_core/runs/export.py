@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from roll_core.runs.run import normal_file_modes
+
 FINAL = "final"
 
 
@@ -55,6 +57,7 @@ def export_atomic(dest: Path, write: Callable[[Path], Any]) -> Path:
     staging.mkdir(parents=True)
     try:
         write(staging)
+        normal_file_modes(staging)  # a model file the writer made 0600 reads like the others
         _kill_hook()
         _fsync_dir_tree(staging)
         if dest.exists():

@@ -68,6 +68,21 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise OSError(err.errno, err.strerror, str(path)) from err
 
 
+def normal_file_modes(root: Path) -> None:
+    """Give every file under `root` the mode a plain `open(path, "w")` there gets (0666 less
+    the umask): some writers (safetensors) create their files 0600, which would make an
+    export or checkpoint unreadable to the group and others when every other file is not."""
+    probe = root / f".mode-probe-{os.getpid()}"
+    probe.touch()
+    try:
+        mode = probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 != mode:
+            os.chmod(path, mode)
+
+
 def _git_sha() -> str | None:
     try:
         out = subprocess.run(

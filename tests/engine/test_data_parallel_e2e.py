@@ -1,5 +1,6 @@
 """Data-parallel actor_train through the real CLI: RLVR on Ray with 2 train ranks (fsdp2)
-and 1 inference rank, and SFT with 2 local deepspeed ranks resuming bit for bit."""
+and 1 inference rank, SFT with 2 local deepspeed ranks resuming bit for bit, and the sharded
+backends evaluating exact match (greedy generation by every rank together)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,41 @@ def test_sft_two_deepspeed_ranks_resume_bit_for_bit(roll, tiny_recipe, tmp_path:
     assert [r["train/loss"] for r in rows(runs / "straight")] == [
         r["train/loss"] for r in rows(runs / "split")
     ]
+
+
+@pytest.mark.parametrize(
+    "backend, options",
+    [("fsdp2", {}), ("deepspeed", {"deepspeed": {"zero_stage": 3}})],
+    ids=["fsdp2", "deepspeed-zero3"],
+)
+def test_sharded_backends_evaluate_exact_match(
+    roll, tiny_recipe, tmp_path: Path, backend: str, options: dict
+) -> None:
+    """eval.exact_match generates with the training model: both ranks of a sharded model run
+    every forward together (each gathers weights) and the eval result is written."""
+    if backend == "deepspeed":
+        pytest.importorskip("deepspeed", reason="needs the deepspeed extra")
+    recipe = tiny_recipe(
+        data={
+            "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 16},
+            "eval": {"path": str(ROOT / "data/tiny-arith/test.jsonl"), "max_rows": 4},
+            "max_length": 64,
+        },
+        trainer={"max_steps": 1, "micro_batch_size": 4, "grad_accum_steps": 1},
+        actor_train={
+            "backend": backend,
+            "world_size": 2,
+            "device": "cpu",
+            "num_threads": 1,
+            **options,
+        },
+        eval={"every_steps": 1, "exact_match": True, "batch_size": 4, "max_new_tokens": 3},
+        checkpoint={"every_steps": None},
+        tracking={"backends": ["jsonl"]},
+    )
+    res = roll("sft", str(recipe), "--run-id", "em", timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (logged,) = rows(tmp_path / "runs" / "em")
+    assert logged["step"] == 1
+    assert 0.0 <= logged["eval/exact_match"] <= 1.0
+    assert math.isfinite(logged["eval/loss"])

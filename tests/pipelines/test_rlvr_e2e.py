@@ -76,6 +76,9 @@ def test_rlvr_runs_and_logs_the_promised_metrics(roll, rl_recipe, tmp_path: Path
     # weights in sync: the trainer's log-probs equal the sampler's (hf, fp32)
     assert all(r["train_infer/logprob_diff"] < 1e-3 for r in logged[1:])
     assert "eval/accuracy" in logged[0] and "eval/accuracy" in logged[3]
+    # the training reward counts training samples only (4 prompts x n=4 = 16 a step): the
+    # 16 eval samples scored after steps 0 and 3 do not leak into steps 1 and 4 (32 before)
+    assert [r["reward/math/count"] for r in logged[1:]] == [16.0] * 6
     assert (run / "final" / "model.safetensors").exists()
 
 

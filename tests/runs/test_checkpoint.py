@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,54 @@ def test_keep_last_prunes_oldest(tmp_path: Path) -> None:
     for step in (1, 2, 3):
         mgr.save(step, writer(bytes([step])))
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000002", "step-000003"]
+
+
+def test_prune_keeps_the_newest_and_the_resumed_one(tmp_path: Path) -> None:
+    # 3 checkpoints left by a kill before pruning; resuming from step 1 with keep_last=1 keeps
+    # the newest (step 3) and step 1, and removes step 2 and a torn save's staging
+    saver = CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2, 3):
+        saver.save(step, writer(bytes([step])))
+    (tmp_path / ".tmp-step-000004-77").mkdir()
+    CheckpointManager(tmp_path, keep_last=1).prune(keep=tmp_path / "step-000001")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-000001", "step-000003"]
+
+
+def test_kill_mid_prune_leaves_no_torn_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    mgr = CheckpointManager(tmp_path, keep_last=2)
+    for step in (1, 2):
+        mgr.save(step, writer(bytes([step])))
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path: Path, ignore_errors: bool = False) -> None:
+        if "step-000001" not in str(path):  # e.g. the save clearing its own staging
+            return real_rmtree(path, ignore_errors=ignore_errors)
+        next(p for p in Path(path).rglob("*") if p.is_file()).unlink()  # one file gone...
+        raise KeyboardInterrupt  # ...then the kill
+
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        mgr.save(3, writer(b"three"))  # prunes step 1
+    # every step-* left is whole; the half-deleted step 1 is hidden staging
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000002", "step-000003"]
+    assert all(verify(p) is None for p in tmp_path.glob("step-*"))
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    mgr.prune(keep=tmp_path / "step-000003")  # the next prune removes it
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_saved_files_get_the_mode_of_a_normal_write(tmp_path: Path) -> None:
+    def private_writer(tmp: Path) -> None:  # like safetensors: its own file 0600
+        os.close(os.open(tmp / "weights.bin", os.O_CREAT | os.O_WRONLY, 0o600))
+        (tmp / "state.json").write_text("{}")
+
+    old = os.umask(0o022)
+    try:
+        path = CheckpointManager(tmp_path).save(1, private_writer)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in path.iterdir()}
+    assert modes == {"weights.bin": 0o644, "state.json": 0o644, "manifest.json": 0o644}
 
 
 def test_crash_during_save_leaves_previous_usable(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,22 @@ def test_export_publishes_whole_and_replaces_the_previous(tmp_path: Path) -> Non
     export_atomic(dest, lambda d: (d / "model.bin").write_text("v2"))
     assert (dest / "model.bin").read_text() == "v2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+
+
+def test_export_files_get_the_mode_of_a_normal_write(tmp_path: Path) -> None:
+    def write(d: Path) -> None:  # safetensors creates its file 0600; the rest are normal
+        os.close(os.open(d / "model.safetensors", os.O_CREAT | os.O_WRONLY, 0o600))
+        (d / "config.json").write_text("{}")
+
+    old = os.umask(0o027)  # a group-readable umask: 0666 less 027 = 0640
+    try:
+        dest = export_atomic(tmp_path / "final", write)
+    finally:
+        os.umask(old)
+    assert {p.name: p.stat().st_mode & 0o777 for p in dest.iterdir()} == {
+        "model.safetensors": 0o640,
+        "config.json": 0o640,
+    }
 
 
 def test_failed_export_leaves_the_previous_one(tmp_path: Path) -> None:

@@ -1,14 +1,16 @@
 """End-to-end: failures of a run are reported as what they are and leave it finishable.
 
 The real `roll` CLI in a subprocess on the built-in tiny model: a kill between the last
-checkpoint and the final export, filesystem errors on the run directory (a full disk and a
-read-only disk injected at the write call by tests/runs/fs_fault.py, a run directory deleted
-mid-run), a damaged meta.json and a deleted `latest` pointer.
+checkpoint and the final export (also one before the older checkpoints are pruned),
+filesystem errors on the run directory (a full disk and a read-only disk injected at the
+write call by tests/runs/fs_fault.py, a run directory deleted mid-run), a damaged meta.json
+and a deleted `latest` pointer.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -77,6 +79,39 @@ def test_kill_before_final_export_is_finished_by_resume(roll, short_recipe, tmp_
     # Now it is finished: a second resume has nothing to do and says so.
     res = roll("resume", "kill-export-01", "--runs-dir", str(runs))
     assert res.returncode == 2 and "nothing to resume" in res.stderr
+
+
+def test_kill_before_prune_then_resume_keeps_keep_last_and_normal_file_modes(
+    roll, short_recipe, tmp_path: Path
+) -> None:
+    """SIGKILL once the last checkpoint (step 6) is published but before the older ones are
+    pruned, so before the export: 3 checkpoints with keep_last 2. The resume that finishes
+    the run prunes back to 2. Under umask 027 every file of the checkpoints and the export is
+    0640, the model weights (safetensors writes 0600) included."""
+    runs = tmp_path / "runs"
+    old_umask = os.umask(0o027)  # inherited by the CLI subprocesses
+    try:
+        res = roll(
+            "sft", str(short_recipe), "--run-id", "kill-prune-09",
+            env={"ROLL_DEBUG_KILL_BEFORE_PRUNE": "6"},
+        )  # fmt: skip
+        assert res.returncode == -signal.SIGKILL
+        ckpts = runs / "kill-prune-09" / "checkpoints"
+        names = ["step-000002", "step-000004", "step-000006"]
+        assert sorted(p.name for p in ckpts.glob("step-*")) == names
+        res = roll("resume", "kill-prune-09", "--runs-dir", str(runs))
+    finally:
+        os.umask(old_umask)
+    assert res.returncode == 0, res.stderr
+    assert "finishing it" in res.stderr
+    assert sorted(p.name for p in ckpts.glob("step-*")) == names[1:]
+    assert not list(ckpts.glob(".tmp-*"))
+    final = runs / "kill-prune-09" / "final"
+    files = [p for p in [*final.rglob("*"), *ckpts.rglob("*")] if p.is_file()]
+    assert final / "model.safetensors" in files
+    assert {p.relative_to(runs).as_posix(): p.stat().st_mode & 0o777 for p in files} == {
+        p.relative_to(runs).as_posix(): 0o640 for p in files
+    }
 
 
 def test_full_disk_at_metrics_write_is_a_clear_error(

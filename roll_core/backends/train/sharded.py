@@ -107,8 +107,6 @@ class ShardedTrainBackend(TorchTrainBackend):
         seed: int,
         num_threads: int | None,
     ) -> None:
-        from roll_core.models import load_tokenizer
-
         self.rank, self.world_size = require_process_group(self.name)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -118,7 +116,7 @@ class ShardedTrainBackend(TorchTrainBackend):
         self.use_bf16 = use_bf16
         self.autocast_dtype = None  # subclasses cast through their own mixed precision
         self.micro_batch_size = micro_batch_size
-        self.tokenizer = load_tokenizer(tokenizer_path or model_path)
+        self._init_processors(model_path, tokenizer_path)
         self.lora = None
 
     # ---- lock-step micro-batches ------------------------------------------------------------

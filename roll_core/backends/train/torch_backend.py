@@ -81,6 +81,10 @@ def token_loss_sum(
 class TorchTrainBackend:
     """TrainBackend for a single process."""
 
+    world_size = 1
+    """Ranks that hold a part of the model (the sharded backends set theirs): above 1, every
+    rank runs `generate` together, in lock step."""
+
     def __init__(
         self,
         *,
@@ -106,14 +110,8 @@ class TorchTrainBackend:
         use_bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.micro_batch_size = micro_batch_size
-        self.tokenizer = load_tokenizer(tokenizer_path or model_path)
+        self._init_processors(model_path, tokenizer_path)
         self.model = load_causal_lm(model_path, dtype=_DTYPES[dtype], device=self.device)
-        # a VLM's image processor is exported with the model, so the export loads as a VLM
-        self.image_processor = (
-            load_processor(model_path, self.tokenizer).image_processor
-            if is_vision_model(model_path)
-            else None
-        )
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.lora = lora
@@ -130,6 +128,17 @@ class TorchTrainBackend:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optim_cfg = optim
         self.optimizer, self.scheduler = make_optimizer(self.params, optim, total_steps)
+
+    def _init_processors(self, model_path: str, tokenizer_path: str | None) -> None:
+        """What `generate` and `export` need besides the model, set here for every backend
+        (the sharded ones call it from their own setup): the tokenizer and, for a VLM, its
+        image processor (exported with the model, so the export loads as a VLM)."""
+        self.tokenizer = load_tokenizer(tokenizer_path or model_path)
+        self.image_processor = (
+            load_processor(model_path, self.tokenizer).image_processor
+            if is_vision_model(model_path)
+            else None
+        )
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
@@ -248,6 +257,8 @@ class TorchTrainBackend:
                 ),
                 eos_token_id=eos,
                 pad_token_id=pad,
+                # sharded: each forward gathers weights, so every rank runs until all are done
+                synced_gpus=self.world_size > 1,
             )
         results = []
         for row in out[:, width:].tolist():
