@@ -23,6 +23,8 @@ What we do around it:
   ``\\boxed{}`` inside it is unwrapped; several boxes are one answer, a set: ``\\boxed{2}``
   and ``\\boxed{3}`` need both, in any order, in one box or several) and cached, since
   every prompt is scored ``n`` times.
+* **Times and ratios.** math-verify reads ``:`` as a division (``4:30`` = ``2:15``); clock
+  times and plain-number ratios are compared by :mod:`roll_core.rewards.math_forms`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 from roll_core.errors import ConfigError
 from roll_core.rewards.base import RewardResult, RewardSample
+from roll_core.rewards.math_forms import compare_special_forms
 
 __all__ = [
     "MathReward",
@@ -187,8 +190,13 @@ def answers_match(reference: str, extracted: str) -> bool:
     """True when ``extracted`` is mathematically the same answer as ``reference``.
 
     Both are parsed by math-verify (LaTeX or plain expressions) and compared numerically and
-    symbolically. No timeout of its own: call it under a wall-clock bound.
+    symbolically. Clock times and ratios, which math-verify reads as divisions, are
+    compared by :func:`~roll_core.rewards.math_forms.compare_special_forms` instead. No
+    timeout of its own: call it under a wall-clock bound.
     """
+    special = compare_special_forms(reference_answer(reference)[0], extracted)
+    if special is not None:
+        return special
     mv = _math_verify()
     gold = list(_parse_reference(reference))
     return bool(mv.verify(gold, _parse(extracted), timeout_seconds=None))
