@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from roll_core.backends.train.torch_backend import resolve_device
+from roll_core.backends.train.torch_backend import ROUTER_AUX_METRIC, resolve_device
 from roll_core.data import Batch, StatefulLoader, load_rows
 from roll_core.engine import Cluster
 from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
@@ -173,6 +173,7 @@ def run_supervised(
                 **session.summarise(out, batch),
                 "train/grad_norm": out[0]["train/grad_norm"],
                 "train/lr": out[0]["train/lr"],
+                **{k: sum(o[k] for o in out) for k in out[0] if k == ROUTER_AUX_METRIC},
                 "train/epoch": float(loader.epoch),
                 "perf/tokens_per_s": sum(o["perf/tokens"] for o in out) / wall,
                 "perf/step_s": wall,
