@@ -12,7 +12,7 @@ What we do around it:
   (every box, as a set, when the reference has several boxes); without one, the configured
   ``answer_pattern`` (a regex: named group ``answer``, else group 1, else the whole match,
   last match wins) or, by default, the last number in the text (``"The answer is 68."`` ->
-  ``68``, ``-5``, ``3.25``, ``1,000``, ``1/2``) outside LaTeX, or the last LaTeX math span
+  ``68``, ``-5``, ``3.25``, ``1,000``, ``1/2``, ``1:2``, ``4:30 p.m.``) outside LaTeX, or the last LaTeX math span
   when that comes later (``$\\frac{1}{2}$`` is one half, never ``2``; ``$2^{10}$`` is 1024,
   never ``10``).
 * **Timeouts.** math-verify's own timeout uses ``signal.alarm``, which only works in the main
@@ -51,9 +51,11 @@ __all__ = [
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # A number: optional sign (not when it is a binary minus like "7-5"), digits with optional
-# thousands commas, an optional decimal part and an optional "/denominator".
+# thousands commas, an optional decimal part and an optional "/denominator"; then any ":term"
+# (a ratio "1:2", a clock time "4:30:15") and, after a time's minutes, an "am"/"p.m.".
 _NUMBER = re.compile(
     r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+(?:\.\d+)?)?"
+    r"(?::\d+(?:\.\d+)?)*(?:(?<=:\d\d)(?i:\s*[ap]\.?\s*m\b\.?))?"
 )
 
 

@@ -51,6 +51,11 @@ def test_extract_boxed(text: str, expected: str | None) -> None:
         ("it costs 1,000 dollars", "1000"),
         ("half: 1/2", "1/2"),
         ("pi is about 3.14", "3.14"),
+        ("mix them 1:2.", "1:2"),  # a ratio, not its last term
+        ("we meet at 4:30 p.m. sharp", "4:30 p.m."),
+        ("at 4:30 PM.", "4:30 PM."),
+        ("at 4:30 a meeting starts", "4:30"),
+        ("it lasts 1:05:30", "1:05:30"),
         ("no digits", None),
     ],
 )
@@ -229,3 +234,17 @@ def test_a_single_box_reference_still_takes_the_last_box_of_the_response() -> No
 def test_clock_times_and_ratios(reference: str, answer: str, score: float) -> None:
     result = MathReward()(sample(rf"So the answer is \boxed{{{answer}}}.", answer=reference))
     assert result.score == score, result.info
+
+
+@pytest.mark.parametrize(
+    ("reference", "response", "score"),
+    [
+        ("4:30 p.m.", "The train leaves at 4:30 p.m.", 1.0),
+        ("4:30 p.m.", "The train leaves at 4:30.", 0.0),  # am or pm?
+        ("16:30", "The train leaves at 4:30 PM", 1.0),
+        ("1:2", "Mix water and syrup 2:4.", 1.0),
+        ("4:30", "It is 2:15.", 0.0),
+    ],
+)
+def test_times_and_ratios_without_a_box(reference: str, response: str, score: float) -> None:
+    assert MathReward()(sample(response, answer=reference)).score == score
