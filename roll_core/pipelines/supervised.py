@@ -64,6 +64,14 @@ def sum_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
     return total
 
 
+def router_aux_metric(outs: list[dict[str, float]]) -> dict[str, float]:
+    """`actor/router_aux_loss` of a mixture-of-experts model that returns one (the ranks'
+    weighted shares add up to the step's mean), else nothing."""
+    if ROUTER_AUX_METRIC not in outs[0]:
+        return {}
+    return {ROUTER_AUX_METRIC: sum(o[ROUTER_AUX_METRIC] for o in outs)}
+
+
 def train_rows(cfg: Any) -> Any:
     """The rows of `data.train`."""
     d = cfg.data.train
@@ -173,7 +181,7 @@ def run_supervised(
                 **session.summarise(out, batch),
                 "train/grad_norm": out[0]["train/grad_norm"],
                 "train/lr": out[0]["train/lr"],
-                **{k: sum(o[k] for o in out) for k in out[0] if k == ROUTER_AUX_METRIC},
+                **router_aux_metric(out),
                 "train/epoch": float(loader.epoch),
                 "perf/tokens_per_s": sum(o["perf/tokens"] for o in out) / wall,
                 "perf/step_s": wall,
