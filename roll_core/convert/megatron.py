@@ -58,7 +58,12 @@ from roll_core.convert.archs import (
     MCORE_LAYER_PREFIX,
     ExtraState,
 )
-from roll_core.convert.safe_load import load_pickle, load_torch_file, namespace_to_dict
+from roll_core.convert.safe_load import (
+    check_zip_crcs,
+    load_pickle,
+    load_torch_file,
+    namespace_to_dict,
+)
 from roll_core.convert.staging import checkpoint_errors
 from roll_core.convert.tensors import merge_tp, split_tp
 from roll_core.errors import CheckpointError, UsageError
@@ -413,8 +418,12 @@ class DistReader:
                 hint="The checkpoint is damaged; copy the iteration directory again.",
             )
         self.files_of: dict[str, set[str]] = {}
+        self._items_of: dict[str, set[tuple[str, int, int]]] = {}
         for index, info in (self.metadata.storage_data or {}).items():
             self.files_of.setdefault(index.fqn, set()).add(info.relative_path)
+            item = (info.relative_path, info.offset, info.length)
+            self._items_of.setdefault(index.fqn, set()).add(item)
+        self._checked: set[tuple[str, int, int]] = set()
         files = sorted(set().union(*self.files_of.values()))
         absent = [str(it_dir / f) for f in files if not (it_dir / f).is_file()]
         if absent:
@@ -477,6 +486,7 @@ class DistReader:
             )
         shape = (1,) * len(index) + tuple(md.size[len(index) :])
         offsets = index + (0,) * (len(shape) - len(index))
+        self._check_items(fqn)
         out = torch.empty(shape, dtype=md.properties.dtype)
         planner = _ChunkLoadPlanner({fqn: (offsets, out)})
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
@@ -485,6 +495,19 @@ class DistReader:
             with checkpoint_errors(f"reading {fqn} from {self.dir} ({where})"):
                 dcp.load({fqn: out}, storage_reader=self._reader, planner=planner, no_dist=True)
         return out.reshape(md.size[len(index) :])
+
+    def _check_items(self, fqn: str) -> None:
+        """Check the CRC-32s of every stored item of ``fqn`` once: each is a ``torch.save`` zip
+        whose CRCs ``torch.distributed.checkpoint`` never checks (garbage loads as weights)."""
+        for item in sorted(self._items_of.get(fqn, set()) - self._checked):
+            relative, offset, length = item
+            path = self.dir / relative
+            with checkpoint_errors(f"reading {fqn} from {path}"), open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+            if len(data) == length:  # a short file: dcp.load reports it as truncated
+                check_zip_crcs(io.BytesIO(data), f"{path} at byte {offset} ({fqn})")
+            self._checked.add(item)
 
 
 # -- writing ---------------------------------------------------------------------------------

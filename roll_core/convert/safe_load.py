@@ -11,6 +11,11 @@ numpy arrays (Megatron stores numpy RNG states) and the dataclasses and enums of
 that keeps its name and arguments (so ``args.attention_backend`` reads as
 ``Opaque(megatron.core.transformer.enums.AttnBackend, 5)``). Functions outside the list are
 refused, so loading a file never runs its code.
+
+``torch.load`` does not check the CRC-32 that ``torch.save``'s zip container stores for every
+member, so garbage inside a tensor's bytes loads as wrong weights. :func:`check_zip_crcs`
+checks them first (for ``model_optim_rng.pt``, ``common.pt`` and each tensor item of a
+``*.distcp`` file, which ``torch.distributed.checkpoint`` also writes with ``torch.save``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import argparse
 import dataclasses
 import enum
 import importlib
+import io
 import pickle
 import types
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +122,34 @@ safe_pickle = types.SimpleNamespace(
 )
 
 
+def check_zip_crcs(source: Path | io.BytesIO, where: str) -> None:
+    """Raise a CheckpointError naming ``where`` and the member when a member of the zip
+    container ``source`` fails its CRC-32 check. Not a zip (a pre-1.6 ``torch.save``) or a zip
+    whose directory cannot be read (truncated): nothing to check here, ``torch.load`` reports
+    it."""
+    try:
+        archive = zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return
+    with archive:
+        for info in archive.infolist():
+            try:
+                with archive.open(info) as member:
+                    while member.read(1 << 20):
+                        pass
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as e:
+                raise CheckpointError(
+                    f"{where} is damaged: its member {info.filename!r} fails the zip "
+                    f"container's check ({e}); converting it would give wrong weights.",
+                    hint="The file was changed after it was saved (a bad copy or disk); copy "
+                    "the checkpoint again from where it was saved.",
+                ) from None
+
+
 def load_torch_file(path: Path, *, mmap: bool = True) -> Any:
-    """``torch.load`` of a Megatron file, memory-mapped, with the safe unpickler above."""
+    """``torch.load`` of a Megatron file, memory-mapped, with the safe unpickler above; the
+    zip container's CRCs are checked first (:func:`check_zip_crcs`)."""
+    check_zip_crcs(path, str(path))
     try:
         return torch.load(
             path,

@@ -349,19 +349,21 @@ def parse_choice(
     aliases: Mapping[str, str] | None = None,
     what: str = "action",
 ) -> str:
-    """Leniently read one of ``choices`` (lower-case word -> canonical action) from ``text``.
+    """Leniently read one of ``choices`` (lower-case name -> canonical action) from ``text``.
 
     Looks inside ``<answer>`` tags when present. The answer must name exactly one distinct
-    action among its words (``"Up"``, ``"up."``, ``"I push up"`` read as Up; ``"up or left"``
-    and ``"jump"`` are invalid). ``aliases`` (e.g. ``"u" -> "Up"``) match only a whole answer,
-    so a stray letter inside a sentence is never read as an action.
+    action (``"Up"``, ``"up."``, ``"I push up"`` read as Up; ``"up or left"`` and ``"jump"``
+    are invalid). A name is any non-empty text (``"pick up"``, ``"move_left"``, ``"slot 2"``),
+    matched case-insensitively as a whole (not inside a longer word or number, any run of
+    whitespace matching a space); where names overlap the longest match wins (``"Pick up"``
+    reads as ``pick up``, not ``up``). ``aliases`` (e.g. ``"u" -> "Up"``) match only a whole
+    answer, so a stray letter inside a sentence is never read as an action.
     """
     answer = extract_answer(text)
     bare = answer.strip().strip(".!").strip().lower()
     if aliases and bare in aliases:
         return aliases[bare]
-    words = re.findall(r"[a-z]+", answer.lower())
-    hits = {choices[w] for w in words if w in choices}
+    hits = _named_choices(answer, choices)
     valid = ", ".join(dict.fromkeys(choices.values()))
     if not answer:
         raise InvalidAction(f"empty {what}; expected one of {valid}")
@@ -370,6 +372,27 @@ def parse_choice(
     if not hits:
         raise InvalidAction(f"{_quote(answer)} is not one of {valid}")
     return hits.pop()
+
+
+def _named_choices(answer: str, choices: Mapping[str, str]) -> set[str]:
+    """The actions whose names occur in ``answer``, longest name first, no overlaps."""
+    text = " ".join(answer.lower().split())
+    taken = [False] * len(text)
+    hits: set[str] = set()
+    for key in sorted(choices, key=lambda k: len(" ".join(k.split())), reverse=True):
+        name = " ".join(key.lower().split())
+        if not name:
+            continue
+        # a name that starts/ends with a letter or digit must not continue a longer word
+        head = r"(?<![^\W_])" if name[0].isalnum() else ""
+        tail = r"(?![^\W_])" if name[-1].isalnum() else ""
+        for found in re.finditer(head + re.escape(name) + tail, text):
+            span = range(found.start(), found.end())
+            if not any(taken[i] for i in span):
+                for i in span:
+                    taken[i] = True
+                hits.add(choices[key])
+    return hits
 
 
 def _quote(text: str, limit: int = 40) -> str:

@@ -48,6 +48,10 @@ class GymnasiumTextEnv(TextEnv):
     gym_env: Any = None
     _last_obs: Any = None
 
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._choices = _action_choices(type(self).__name__, self.action_names)
+
     def make_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``gymnasium.make`` (default: none)."""
         return {}
@@ -68,8 +72,7 @@ class GymnasiumTextEnv(TextEnv):
         return self.observation_text(obs), dict(info)
 
     def parse_action(self, text: str) -> int:
-        names = {name.lower(): name for name in self.action_names}
-        return list(self.action_names).index(parse_choice(text, names))
+        return list(self.action_names).index(parse_choice(text, self._choices))
 
     def on_step(self, action: int) -> Transition:
         obs, reward, terminated, truncated, info = self.gym_env.step(action)
@@ -85,6 +88,38 @@ class GymnasiumTextEnv(TextEnv):
 
     def valid_actions(self) -> list[str]:
         return list(self.action_names)
+
+
+def _action_choices(env: str, names: Sequence[str]) -> dict[str, str]:
+    """``action_names`` as :func:`parse_choice` choices; a name that cannot parse is an error.
+
+    Any non-empty name parses (spaces, digits, ``_``, ``-``), case-insensitively; two names
+    that differ only in case or spacing could never be told apart, so they are refused.
+    """
+    choices: dict[str, str] = {}
+    for name in names:
+        key = " ".join(str(name).lower().split())
+        if not isinstance(name, str) or not key:
+            raise ConfigError(
+                f"the env {env} has an empty or non-text action name {name!r} in "
+                f"action_names {tuple(names)!r}, so that action could never be chosen.",
+                hint="Give every gymnasium action a non-empty text name (this is the env "
+                "author's fix, in the env's class).",
+            )
+        if key in choices:
+            raise ConfigError(
+                f"the env {env} has two action names that read the same, {choices[key]!r} "
+                f"and {name!r} (names match case-insensitively, any spacing), so the model "
+                "could never choose between them.",
+                hint="Give each gymnasium action a distinct name in the env's action_names.",
+            )
+        choices[key] = name
+    if not choices:
+        raise ConfigError(
+            f"the env {env} has no action_names, so no action could ever be chosen.",
+            hint="Set action_names to the text of gymnasium action 0, 1, ... in the env's class.",
+        )
+    return choices
 
 
 def _gym_make(env_id: str, kwargs: dict[str, Any]) -> Any:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from roll_core.backends.train.torch_backend import resolve_device
+from roll_core.backends.train.torch_backend import ROUTER_AUX_METRIC, resolve_device
 from roll_core.data import Batch, StatefulLoader, load_rows
 from roll_core.engine import Cluster
 from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
@@ -62,6 +62,14 @@ def sum_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
         for key, value in result.items():
             total[key] = total.get(key, 0.0) + value
     return total
+
+
+def router_aux_metric(outs: list[dict[str, float]]) -> dict[str, float]:
+    """`actor/router_aux_loss` of a mixture-of-experts model that returns one (the ranks'
+    weighted shares add up to the step's mean), else nothing."""
+    if ROUTER_AUX_METRIC not in outs[0]:
+        return {}
+    return {ROUTER_AUX_METRIC: sum(o[ROUTER_AUX_METRIC] for o in outs)}
 
 
 def train_rows(cfg: Any) -> Any:
@@ -174,6 +182,7 @@ def run_supervised(
                 **session.summarise(out, batch),
                 "train/grad_norm": out[0]["train/grad_norm"],
                 "train/lr": out[0]["train/lr"],
+                **router_aux_metric(out),
                 "train/epoch": float(loader.epoch),
                 "perf/tokens_per_s": sum(o["perf/tokens"] for o in out) / wall,
                 "perf/step_s": wall,

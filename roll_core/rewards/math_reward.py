@@ -12,7 +12,7 @@ What we do around it:
   (every box, as a set, when the reference has several boxes); without one, the configured
   ``answer_pattern`` (a regex: named group ``answer``, else group 1, else the whole match,
   last match wins) or, by default, the last number in the text (``"The answer is 68."`` ->
-  ``68``, ``-5``, ``3.25``, ``1,000``, ``1/2``) outside LaTeX, or the last LaTeX math span
+  ``68``, ``-5``, ``3.25``, ``1,000``, ``1/2``, ``1:2``, ``4:30 p.m.``) outside LaTeX, or the last LaTeX math span
   when that comes later (``$\\frac{1}{2}$`` is one half, never ``2``; ``$2^{10}$`` is 1024,
   never ``10``).
 * **Timeouts.** math-verify's own timeout uses ``signal.alarm``, which only works in the main
@@ -23,6 +23,8 @@ What we do around it:
   ``\\boxed{}`` inside it is unwrapped; several boxes are one answer, a set: ``\\boxed{2}``
   and ``\\boxed{3}`` need both, in any order, in one box or several) and cached, since
   every prompt is scored ``n`` times.
+* **Times and ratios.** math-verify reads ``:`` as a division (``4:30`` = ``2:15``); clock
+  times and plain-number ratios are compared by :mod:`roll_core.rewards.math_forms`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 from roll_core.errors import ConfigError
 from roll_core.rewards.base import RewardResult, RewardSample
+from roll_core.rewards.math_forms import compare_special_forms
 
 __all__ = [
     "MathReward",
@@ -48,9 +51,11 @@ __all__ = [
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # A number: optional sign (not when it is a binary minus like "7-5"), digits with optional
-# thousands commas, an optional decimal part and an optional "/denominator".
+# thousands commas, an optional decimal part and an optional "/denominator"; then any ":term"
+# (a ratio "1:2", a clock time "4:30:15") and, after a time's minutes, an "am"/"p.m.".
 _NUMBER = re.compile(
     r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+(?:\.\d+)?)?"
+    r"(?::\d+(?:\.\d+)?)*(?:(?<=:\d\d)(?i:\s*[ap]\.?\s*m\b\.?))?"
 )
 
 
@@ -187,8 +192,13 @@ def answers_match(reference: str, extracted: str) -> bool:
     """True when ``extracted`` is mathematically the same answer as ``reference``.
 
     Both are parsed by math-verify (LaTeX or plain expressions) and compared numerically and
-    symbolically. No timeout of its own: call it under a wall-clock bound.
+    symbolically. Clock times and ratios, which math-verify reads as divisions, are
+    compared by :func:`~roll_core.rewards.math_forms.compare_special_forms` instead. No
+    timeout of its own: call it under a wall-clock bound.
     """
+    special = compare_special_forms(reference_answer(reference)[0], extracted)
+    if special is not None:
+        return special
     mv = _math_verify()
     gold = list(_parse_reference(reference))
     return bool(mv.verify(gold, _parse(extracted), timeout_seconds=None))

@@ -4,13 +4,16 @@ next run cleans), output readable as the umask says and every tensor in its own 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
 import shutil
 import signal
+import struct
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -73,7 +76,9 @@ def test_damaged_torch_dist_files_are_clear_errors(roll, dist_ckpt: Path, tmp_pa
     data = bytearray(f.read_bytes())
     data[offset : offset + 64] = b"\xff" * 64  # the tensor's serialised header
     f.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=r"final_layernorm.*do not decode as a tensor"):
+    with pytest.raises(
+        CheckpointError, match=r"final_layernorm.weight\) is damaged: its member .archive/data.pkl."
+    ):
         mcore_to_hf(corrupt, tmp_path / "out")
     missing = copy(dist_ckpt, tmp_path / "missing")
     meta = missing / "release/.metadata"
@@ -89,6 +94,53 @@ def test_damaged_torch_dist_files_are_clear_errors(roll, dist_ckpt: Path, tmp_pa
     with pytest.raises(CheckpointError, match=r"metadata\.json is not valid JSON"):
         mcore_to_hf(missing, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _garbage_in_largest_member(archive: Path, offset: int = 0, length: int | None = None) -> str:
+    """Overwrite 4 KiB inside the data of the largest member of the zip container (a
+    torch.save) at ``offset`` of ``archive`` (``length`` bytes; None: to the end); return the
+    member's name."""
+    data = bytearray(archive.read_bytes())
+    end = len(data) if length is None else offset + length
+    with zipfile.ZipFile(io.BytesIO(bytes(data[offset:end]))) as zf:
+        info = max(zf.infolist(), key=lambda i: i.file_size)
+    assert info.file_size >= 8192 and info.compress_type == zipfile.ZIP_STORED
+    header = offset + info.header_offset
+    name_len, extra_len = struct.unpack("<HH", data[header + 26 : header + 30])
+    start = header + 30 + name_len + extra_len + 1024  # inside the tensor's bytes
+    data[start : start + 4096] = bytes(range(256)) * 16
+    archive.write_bytes(bytes(data))
+    return info.filename
+
+
+def test_garbage_in_legacy_tensor_data_is_a_clear_error(
+    roll, hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "legacy"
+    hf_to_mcore(hf_models["qwen3"], ckpt, fmt="legacy")
+    shard = ckpt / "release/mp_rank_00/model_optim_rng.pt"
+    member = _garbage_in_largest_member(shard)
+    r = roll("convert", "mcore2hf", str(ckpt), str(tmp_path / "out"))
+    assert_clean_error(r, 1, f"{shard} is damaged", f"member '{member}'", "Bad CRC-32",
+                       "copy the checkpoint again")  # fmt: skip
+    assert entries(tmp_path) == ["legacy"]  # no output, no staging directory
+
+
+def test_garbage_in_torch_dist_tensor_data_is_a_clear_error(
+    dist_ckpt: Path, tmp_path: Path
+) -> None:
+    corrupt = copy(dist_ckpt, tmp_path / "corrupt")
+    fqn = "embedding.word_embeddings.weight"
+    md = DistReader(corrupt / "release").metadata
+    info = next(v for k, v in md.storage_data.items() if k.fqn == fqn)
+    f, offset = corrupt / "release" / info.relative_path, info.offset
+    member = _garbage_in_largest_member(f, offset, info.length)
+    with pytest.raises(CheckpointError) as err:
+        mcore_to_hf(corrupt, tmp_path / "out")
+    text = str(err.value)
+    assert f"{f} at byte {offset} (embedding.word_embeddings.weight) is damaged" in text
+    assert f"member '{member}'" in text and "Bad CRC-32" in text
+    assert entries(tmp_path) == ["corrupt"]
 
 
 def test_checkpoint_exception_keeps_the_roll_error_inside(tmp_path: Path) -> None:

@@ -51,6 +51,11 @@ def test_extract_boxed(text: str, expected: str | None) -> None:
         ("it costs 1,000 dollars", "1000"),
         ("half: 1/2", "1/2"),
         ("pi is about 3.14", "3.14"),
+        ("mix them 1:2.", "1:2"),  # a ratio, not its last term
+        ("we meet at 4:30 p.m. sharp", "4:30 p.m."),
+        ("at 4:30 PM.", "4:30 PM."),
+        ("at 4:30 a meeting starts", "4:30"),
+        ("it lasts 1:05:30", "1:05:30"),
         ("no digits", None),
     ],
 )
@@ -181,3 +186,65 @@ def test_a_reference_with_several_boxes_is_one_set_answer(response: str, score: 
 
 def test_a_single_box_reference_still_takes_the_last_box_of_the_response() -> None:
     assert MathReward()(sample(r"draft \boxed{1}, final \boxed{2}", answer="2")).score == 1.0
+
+
+# math-verify reads ":" as a division (4:30 = 2/15, 12:00 = 12/0, 1:2:3 = 1/6): clock times
+# and ratios are compared by roll_core.rewards.math_forms. (reference, boxed answer, score)
+@pytest.mark.parametrize(
+    ("reference", "answer", "score"),
+    [
+        # clock times: never a ratio
+        ("4:30", "2:15", 0.0),
+        ("4:30", "4:30", 1.0),
+        ("4:30", "8:60", 0.0),  # not a time (60 minutes); the same ratio as 4:30
+        ("2/15", "4:30", 0.0),  # a time is not a number
+        (r"\text{4:30 p.m.}", r"4:30 \text{ p.m.}", 1.0),
+        (r"\text{4:30 p.m.}", r"\text{4:30 PM}", 1.0),
+        ("4:30 p.m.", "16:30", 1.0),
+        ("4:30 p.m.", "4:30", 0.0),  # the reference says pm; a bare 4:30 may be am
+        ("4:30 p.m.", "4:30 a.m.", 0.0),
+        ("4:30", "4:30 pm", 1.0),  # a bare reference allows either half of the day
+        ("4:30", "16:30", 1.0),
+        ("16:30", "4:30", 0.0),
+        ("12:00", "12:00", 1.0),  # 12/0 for math-verify: equal to every x:0
+        ("12:00", "1:0", 0.0),
+        ("12:00", r"12:00 \text{ noon}", 1.0),
+        ("12:00 a.m.", "0:00", 1.0),
+        ("12:00 a.m.", r"12:00 \text{ noon}", 0.0),
+        ("4:30:15", "4:30:15", 1.0),
+        ("4:30:15", "4:30", 0.0),
+        ("4:30:15", "2:15:30", 0.0),  # (4/30)/15 = (2/15)/15 for math-verify
+        ("4:30:00", "4:30", 1.0),
+        # ratios: proportional, same number of terms
+        ("1:2", "1:2", 1.0),
+        ("1:2", "2:4", 1.0),
+        ("1:2", "0.5", 1.0),  # a two-term ratio may be answered by its value
+        ("1:2", "2:1", 0.0),
+        ("1:2", "0:0", 0.0),
+        ("0:0", "0:0", 1.0),
+        ("3:0", "1:0", 1.0),
+        ("3:0", r"\infty", 0.0),
+        ("1:2:3", "2:4:6", 1.0),
+        ("1:2:3", r"1 \colon 2 \colon 3", 1.0),
+        ("1:2:3", "1/6", 0.0),  # (1/2)/3 for math-verify
+        ("1:2:3", "1:6:1", 0.0),
+        ("1:2:3", "1:2", 0.0),
+    ],
+)
+def test_clock_times_and_ratios(reference: str, answer: str, score: float) -> None:
+    result = MathReward()(sample(rf"So the answer is \boxed{{{answer}}}.", answer=reference))
+    assert result.score == score, result.info
+
+
+@pytest.mark.parametrize(
+    ("reference", "response", "score"),
+    [
+        ("4:30 p.m.", "The train leaves at 4:30 p.m.", 1.0),
+        ("4:30 p.m.", "The train leaves at 4:30.", 0.0),  # am or pm?
+        ("16:30", "The train leaves at 4:30 PM", 1.0),
+        ("1:2", "Mix water and syrup 2:4.", 1.0),
+        ("4:30", "It is 2:15.", 0.0),
+    ],
+)
+def test_times_and_ratios_without_a_box(reference: str, response: str, score: float) -> None:
+    assert MathReward()(sample(response, answer=reference)).score == score

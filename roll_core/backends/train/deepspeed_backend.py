@@ -162,11 +162,11 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
         )
         self.model = self.engine.module
 
-    def forward(self, mb: Any, *, logits_from: int = 0) -> torch.Tensor:
+    def model_output(self, mb: Any, *, logits_from: int = 0) -> Any:
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
         keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
-        return self.engine(input_ids=ids, attention_mask=attn, use_cache=False, **keep).logits
+        return self.engine(input_ids=ids, attention_mask=attn, use_cache=False, **keep)
 
     # ---- step -------------------------------------------------------------------------------
     def _zero_grad(self) -> None:

@@ -109,11 +109,11 @@ class FSDP2TrainBackend(ShardedTrainBackend):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(self.params, optim, total_steps)
 
-    def forward(self, mb: Any, *, logits_from: int = 0) -> torch.Tensor:
+    def model_output(self, mb: Any, *, logits_from: int = 0) -> Any:
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
         keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
-        return self.model(input_ids=ids, attention_mask=attn, use_cache=False, **keep).logits
+        return self.model(input_ids=ids, attention_mask=attn, use_cache=False, **keep)
 
     # ---- step -------------------------------------------------------------------------------
     def _zero_grad(self) -> None:

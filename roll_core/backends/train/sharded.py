@@ -25,7 +25,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from roll_core.backends.train.torch_backend import TorchTrainBackend, resolve_device
+from roll_core.backends.train.torch_backend import (
+    TorchTrainBackend,
+    add_router_aux_loss,
+    resolve_device,
+)
 from roll_core.data import Batch
 from roll_core.errors import CheckpointError
 
@@ -161,7 +165,10 @@ class ShardedTrainBackend(TorchTrainBackend):
         seen_tokens = 0
         for mb, dummy in self.aligned_chunks(batch):
             mb = mb.to(self.device)
-            loss, metrics = objective(self.forward(mb), mb)
+            out = self.model_output(mb)
+            loss, metrics = objective(out.logits, mb)
+            weight = len(mb) / len(batch) / self.world_size  # of the step, over all ranks
+            loss, metrics = add_router_aux_loss(loss, metrics, out, self.model, weight)
             self._backward(loss * (0.0 if dummy else float(self.world_size)))
             if dummy:
                 continue

@@ -78,6 +78,32 @@ def token_loss_sum(
     return (per_token.view_as(mask) * mask).sum()
 
 
+ROUTER_AUX_METRIC = "actor/router_aux_loss"
+
+
+def add_router_aux_loss(
+    loss: torch.Tensor, metrics: dict[str, float], output: Any, model: Any, weight: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``loss`` plus the router's load-balancing loss of a mixture-of-experts forward, as
+    transformers adds it to its own loss: ``config.router_aux_loss_coef * output.aux_loss``
+    (Qwen3-MoE, Qwen2-MoE, Mixtral... return ``aux_loss`` when their config sets
+    ``output_router_logits``); unchanged when the output has none.
+
+    ``weight``: this micro-batch's share of the step (its rows over the rank's rows, over the
+    ranks), so the terms of a step's micro-batches add up to their row-weighted mean, like the
+    objective's share of the global loss; ``metrics`` gains ``actor/router_aux_loss`` (the
+    unscaled ``aux_loss``, weighted the same way, so its sum over micro-batches and ranks is
+    the step's mean).
+    """
+    aux = getattr(output, "aux_loss", None)
+    if aux is None:
+        return loss, metrics
+    coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
+    aux = aux.to(loss.device, torch.float32)
+    metrics = {**metrics, ROUTER_AUX_METRIC: float(aux.detach()) * weight}
+    return loss + coef * weight * aux, metrics
+
+
 class TorchTrainBackend:
     """TrainBackend for a single process."""
 
@@ -150,14 +176,17 @@ class TorchTrainBackend:
         vision-language model also gets the rows' images, see roll_core/data/vision.py);
         with `logits_from` > 0 only those of columns logits_from.. ([B, T - logits_from, V]:
         the LM head runs on those positions only)."""
+        return self.model_output(mb, logits_from=logits_from).logits
+
+    def model_output(self, mb: Batch, *, logits_from: int = 0) -> Any:
+        """The model's whole output on one micro-batch (see :meth:`forward`): its `logits`,
+        and the router's `aux_loss` of a mixture-of-experts model that returns one."""
         ids = mb.tensors["input_ids"].to(self.device)
         attn = mb.tensors["attention_mask"].to(self.device)
         keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
         vision = vision_model_inputs(mb, self.device)  # VLM rows: their pixel_values, grids
         with self._autocast():
-            return self.model(
-                input_ids=ids, attention_mask=attn, use_cache=False, **keep, **vision
-            ).logits
+            return self.model(input_ids=ids, attention_mask=attn, use_cache=False, **keep, **vision)
 
     def train_step(self, batch: Batch, objective: Objective) -> dict[str, float]:
         """One optimizer step: `objective` on each micro-batch, backward, clip, AdamW, LR.
@@ -174,8 +203,12 @@ class TorchTrainBackend:
         for mb in batch.chunk(self.micro_batch_size):
             mb = mb.to(self.device)
             logits_from = getattr(objective, "logits_from", None)
-            start = logits_from(mb) if logits_from is not None else 0
-            loss, metrics = objective(self.forward(mb, logits_from=start), mb)
+            first = logits_from(mb) if logits_from is not None else 0
+            out = self.model_output(mb, logits_from=first)
+            loss, metrics = objective(out.logits, mb)
+            loss, metrics = add_router_aux_loss(
+                loss, metrics, out, self.model, len(mb) / len(batch)
+            )
             loss.backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
