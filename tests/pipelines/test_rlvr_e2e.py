@@ -77,6 +77,17 @@ def test_rlvr_runs_and_logs_the_promised_metrics(roll, rl_recipe, tmp_path: Path
     assert all(r["train_infer/logprob_diff"] < 1e-3 for r in logged[1:])
     assert "eval/accuracy" in logged[0] and "eval/accuracy" in logged[3]
     assert (run / "final" / "model.safetensors").exists()
+    # the sync path the run took (local executor, torch + hf: in-place copies), not only the
+    # dry run's plan: on the console at the start and in meta.json
+    sync = json.loads((run / "meta.json").read_text())["weight_sync"]
+    assert sync == {
+        "path": "same_process",
+        "requested": "auto",
+        "backend": None,
+        "ranks": 2,
+        "bucket_mb": 256,
+    }
+    assert "weight sync: same_process (in-place copies" in res.stderr
 
 
 def test_rlvr_sigkill_resume_is_bitwise(roll, rl_recipe, cli_env, tmp_path: Path) -> None:
