@@ -221,6 +221,49 @@ def train_memory(shape: ModelShape, spec: TrainMemorySpec) -> dict[str, float]:
     return {"params": params, "grads": grads, "optimizer": optim}
 
 
+@dataclass(frozen=True)
+class LogitsSpec:
+    """What sizes the logits one micro-batch of the RL objective materialises."""
+
+    micro_batch_size: int  # rows per forward (trainer.micro_batch_size)
+    seq_len: int  # longest row: prompt + response tokens
+    response_len: int  # longest response: the positions the loss reads
+    logits_bytes: int = 2  # 2: 16-bit weights or bf16 autocast; 4: fp32 throughout
+
+
+LOGIT_CHUNK = 2**26
+"""Logit elements the trainer turns into float32 at a time (backends/train/torch_backend.py:
+LOG_PROB_CHUNK; the engine layer cannot import the backends, tests check they agree)."""
+
+
+def logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
+    """Peak bytes of one micro-batch's logits in actor_train (train phase only), as the code
+    computes them: the larger of its two passes over the vocabulary V, with B rows of L
+    positions, R of them response tokens, b bytes per logit and C = LOGIT_CHUNK:
+
+    * log-prob pass (old / reference log-probs, `token_log_probs`): the model's logits
+      [B, L, V] (b bytes each) plus, for one chunk of at most C of them, the float32 copy
+      divided by the temperature and its log-softmax (4 + 4): B x L x V x b + 8 x min(C, BLV);
+    * loss pass (`workers/objectives.py:rl`): the logits [B, L, V] stay while the N = B x R
+      response rows are taken out in float32: logits / temperature and the log-softmax kept
+      for backward, plus the copies made on the way (10 bytes per element at most), and the
+      backward pass's gradients (12 bytes per element: saved log-softmax, its gradient and
+      the input's); the entropy metric runs on chunks of C: B x L x V x b + 12 x N x V +
+      8 x min(C, NV).
+
+    The torch backend computes the logits of the response columns only (so L is ~R there);
+    the estimate keeps L, the sharded backends' case. An entropy bonus (algorithm.entropy_coef
+    > 0) keeps two more float32 [N, V] tensors for backward, not counted; nor are the other
+    activations (hidden states of every layer).
+    """
+    v, b = shape.vocab_size, spec.logits_bytes
+    full = spec.micro_batch_size * spec.seq_len * v
+    picked = spec.micro_batch_size * spec.response_len * v
+    log_prob_pass = full * b + 8 * min(LOGIT_CHUNK, full)
+    loss_pass = full * b + 12 * picked + 8 * min(LOGIT_CHUNK, picked)
+    return float(max(log_prob_pass, loss_pass))
+
+
 def infer_memory(
     shape: ModelShape, *, tensor_parallel: int, dtype_bytes: int, kv_tokens: int
 ) -> dict[str, float]:

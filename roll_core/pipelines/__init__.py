@@ -79,8 +79,7 @@ def gpu_plan_rows(cfg: Any) -> list[RolePlan]:
     for gpus, text in gp.memory_groups():
         where = f"GPUs {span(gpus)}"
         rows.append(RolePlan("memory/GPU", "estimate", "", len(gpus), where, ex, text))
-    note = gp.model_note + "; activations not included"
-    rows.append(RolePlan("memory/GPU", "model", "", p.num_gpus, "", ex, note))
+    rows.append(RolePlan("memory/GPU", "model", "", p.num_gpus, "", ex, gp.model_note))
     if hasattr(cfg, "actor_infer") and hasattr(cfg.actor_train, "offload"):
         rows += phase_rows(cfg, gp)
     return rows
