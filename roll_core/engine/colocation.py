@@ -105,9 +105,9 @@ def phase_peaks(
     infer_kv: bool,
 ) -> dict[str, float]:
     """Bytes on one GPU shared by both roles, per phase, for one choice (module doc).
-    actor_train's ``logits`` (one micro-batch's, placement.logits_memory) exist in the train
-    phase only."""
-    state = {k: v for k, v in train.items() if k != "logits"}
+    actor_train's ``logits`` and ``activations`` (one micro-batch's, placement.logits_memory)
+    exist in the train phase only."""
+    state = {k: v for k, v in train.items() if k not in ("logits", "activations")}
     kept = sum(v for k, v in state.items() if k not in train_off)
     weights, kv = infer.get("params", 0.0), infer.get("kv_cache", 0.0)
     return {

@@ -18,6 +18,7 @@ from roll_core.engine.placement import (
     Placement,
     RoleRequest,
     TrainMemorySpec,
+    checkpointed_activations,
     gib,
     gpu_memory,
     infer_memory,
@@ -35,6 +36,7 @@ _SHORT = {
     "optimizer": "optim",
     "kv_cache": "kv",
     "logits": "logits while training",
+    "activations": "checkpointed layer inputs",
 }
 
 
@@ -202,13 +204,18 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
             ),
         )
         logits = _logits_spec(cfg, _BYTES[cfg.model.dtype])
-        if logits is not None:
+        if logits is None:
+            note += "; activations not included"
+        elif cfg.model.gradient_checkpointing:
             per_role["actor_train"]["logits"] = logits_memory(shape, logits)
-        note += (
-            "; actor_train's logits of one micro-batch included, other activations not"
-            if logits is not None
-            else "; activations not included"
-        )
+            per_role["actor_train"]["activations"] = checkpointed_activations(shape, logits)
+            note += "; one micro-batch's logits and checkpointed layer inputs included"
+        else:
+            per_role["actor_train"]["logits"] = logits_memory(shape, logits)
+            note += (
+                "; one micro-batch's logits included, not the layer activations "
+                "(model.gradient_checkpointing: false)"
+            )
         if infer is not None:
             kv_tokens = _kv_tokens(cfg, infer.world_size)
             infer_bytes = 2 if infer.backend == "vllm" else _BYTES[cfg.model.dtype]

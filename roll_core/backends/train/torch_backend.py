@@ -74,9 +74,9 @@ def token_log_probs(
     parts = []
     for start in range(0, width - 1, step):
         end = min(start + step, width - 1)
-        scaled = logits[:, start:end].float() / temperature
-        logp = torch.log_softmax(scaled, dim=-1)
+        logp = torch.log_softmax(logits[:, start:end].float() / temperature, dim=-1)
         parts.append(logp.gather(-1, input_ids[:, start + 1 : end + 1].unsqueeze(-1)).squeeze(-1))
+        del logp  # before the next chunk's copies, not after them
     if not parts:
         return torch.zeros((rows, 0), dtype=torch.float32, device=logits.device)
     return torch.cat(parts, dim=1)
