@@ -9,6 +9,9 @@ names and paths a run would trip over, found without loading a model.
 * every agentic env is built and reset once, as the run does before it starts;
 * the sequence the recipe asks for must fit the model's context (``max_position_embeddings``):
   a longer one is a warning, since positions past the context are untrained.
+* the GPU memory estimate (``--dry-run``'s memory rows): a GPU whose role needs more than
+  ``executor.gpu_memory_gib`` even when it has the GPU to itself is a warning (a colocated
+  plan that cannot fit by taking turns is refused by the plan itself);
 * `resume_warnings`: a resume override that changes batch sizes (or the data, or the seed)
   gives a run that no longer matches one that never stopped.
 """
@@ -75,7 +78,30 @@ def check_recipe(cfg: Any) -> list[str]:
         from roll_core.envs import make_env
 
         make_env(entry.env, **entry.options).reset(0)
-    return warnings
+    return warnings + memory_warnings(cfg)
+
+
+def memory_warnings(cfg: Any) -> list[str]:
+    """One warning per group of GPUs where the largest role alone exceeds the GPU."""
+    from roll_core.engine.placement import span
+    from roll_core.engine.resource_plan import gpu_plan
+
+    gp = gpu_plan(cfg) if hasattr(cfg, "actor_train") else None
+    if gp is None:
+        return []
+    over: dict[tuple[str, float], list[int]] = {}
+    for mem in gp.memory:
+        for role, parts in mem.roles.items():
+            need = sum(parts.values()) / 1024**3
+            if need > gp.gpu_memory_gib:
+                over.setdefault((role, round(need, 1)), []).append(mem.gpu)
+    return [
+        f"GPUs {span(gpus)}: {role} alone needs about {need:.1f} GiB at its peak (the memory "
+        f"rows of the plan), more than executor.gpu_memory_gib={gp.gpu_memory_gib:g}; the run "
+        "would run out of GPU memory. Shard it over more ranks (world_size, zero_stage 3 / "
+        "fsdp2), lower trainer.micro_batch_size or the sequence length, or offload."
+        for (role, need), gpus in over.items()
+    ]
 
 
 def context_warnings(cfg: Any, context: int | None) -> list[str]:

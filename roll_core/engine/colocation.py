@@ -104,8 +104,11 @@ def phase_peaks(
     infer_weights: bool,
     infer_kv: bool,
 ) -> dict[str, float]:
-    """Bytes on one GPU shared by both roles, per phase, for one choice (module doc)."""
-    kept = sum(v for k, v in train.items() if k not in train_off)
+    """Bytes on one GPU shared by both roles, per phase, for one choice (module doc).
+    actor_train's ``logits`` and ``activations`` (one micro-batch's, placement.logits_memory)
+    exist in the train phase only."""
+    state = {k: v for k, v in train.items() if k not in ("logits", "activations")}
+    kept = sum(v for k, v in state.items() if k not in train_off)
     weights, kv = infer.get("params", 0.0), infer.get("kv_cache", 0.0)
     return {
         "generate": weights + kv + kept,
@@ -113,8 +116,8 @@ def phase_peaks(
         + (0.0 if infer_weights else weights)
         + (0.0 if infer_kv else kv),
         "sync": weights
-        + train.get("params", 0.0)
-        + sum(v for k, v in train.items() if k != "params" and k not in train_off)
+        + state.get("params", 0.0)
+        + sum(v for k, v in state.items() if k != "params" and k not in train_off)
         + (0.0 if infer_kv else kv),
     }
 

@@ -221,6 +221,60 @@ def train_memory(shape: ModelShape, spec: TrainMemorySpec) -> dict[str, float]:
     return {"params": params, "grads": grads, "optimizer": optim}
 
 
+@dataclass(frozen=True)
+class LogitsSpec:
+    """What sizes the logits one micro-batch of the RL objective materialises."""
+
+    micro_batch_size: int  # rows per forward (trainer.micro_batch_size)
+    seq_len: int  # longest row: prompt + response tokens
+    response_len: int  # longest response: the positions the loss reads
+    logits_bytes: int = 2  # 2: 16-bit weights or bf16 autocast; 4: fp32 throughout
+
+
+LOGIT_CHUNK = 2**26
+"""Logit elements the trainer turns into float32 at a time (backends/train/torch_backend.py:
+LOG_PROB_CHUNK; the engine layer cannot import the backends, tests check they agree)."""
+
+
+def logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
+    """Peak bytes of one micro-batch's logits in actor_train (train phase only), as the code
+    computes them, with B rows of L positions, R of them response tokens, vocabulary V,
+    b bytes per logit and C = LOGIT_CHUNK; the larger of its two passes:
+
+    * log-prob pass (old / reference log-probs, `token_log_probs`): the logits [B, L, V] plus
+      one chunk of at most C of them in float32, divided by the temperature, and its
+      log-softmax: B L V b + 8 min(C, B L V);
+    * loss pass (`workers/objectives.py:rl`), with N = B R response rows: the largest of
+      taking the rows out beside the logits (a b-byte copy, its float32 copy when b = 2, and
+      that divided by the temperature: B L V b + N V (b + 4 + 4 [b = 2])), the entropy metric
+      on one chunk of C beside the float32 rows and their log-softmax (B L V b + 8 N V +
+      8 min(C, N V)), and backward (the saved log-softmax, its gradient and the input's:
+      12 N V; the logits are gone by then).
+
+    Measured on CPU (peak RSS, V = 151,936, B 1, L 1024, R 768, bf16): log-prob pass 817 MiB
+    (formula 809), loss pass 1711 MiB (formula 1699). The torch backend computes the logits
+    of the response columns only (so L is ~R there); the estimate keeps L, the sharded
+    backends' case. An entropy bonus (algorithm.entropy_coef > 0) keeps two more float32
+    [N, V] tensors for backward, not counted; nor are the other activations.
+    """
+    v, b = shape.vocab_size, spec.logits_bytes
+    full = spec.micro_batch_size * spec.seq_len * v
+    picked = spec.micro_batch_size * spec.response_len * v
+    log_prob_pass = full * b + 8 * min(LOGIT_CHUNK, full)
+    take_rows = full * b + picked * (b + 4 + (4 if b < 4 else 0))
+    entropy = full * b + 8 * picked + 8 * min(LOGIT_CHUNK, picked)
+    backward = 12 * picked
+    return float(max(log_prob_pass, take_rows, entropy, backward))
+
+
+def checkpointed_activations(shape: ModelShape, spec: LogitsSpec) -> float:
+    """Bytes of the layer inputs gradient checkpointing keeps for backward over one
+    micro-batch: num_layers x B x L x hidden_size x b (b: the compute dtype's bytes, as for
+    the logits). The one layer recomputed at a time during backward is not counted."""
+    rows = spec.micro_batch_size * spec.seq_len
+    return float(shape.num_layers * rows * shape.hidden_size * spec.logits_bytes)
+
+
 def infer_memory(
     shape: ModelShape, *, tensor_parallel: int, dtype_bytes: int, kv_tokens: int
 ) -> dict[str, float]:

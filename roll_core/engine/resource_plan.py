@@ -14,12 +14,15 @@ from typing import Any
 from roll_core.engine.model_sizes import model_shape
 from roll_core.engine.placement import (
     GpuMemory,
+    LogitsSpec,
     Placement,
     RoleRequest,
     TrainMemorySpec,
+    checkpointed_activations,
     gib,
     gpu_memory,
     infer_memory,
+    logits_memory,
     place,
     span,
     train_memory,
@@ -27,7 +30,14 @@ from roll_core.engine.placement import (
 from roll_core.errors import ConfigError
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_SHORT = {"params": "params", "grads": "grads", "optimizer": "optim", "kv_cache": "kv"}
+_SHORT = {
+    "params": "params",
+    "grads": "grads",
+    "optimizer": "optim",
+    "kv_cache": "kv",
+    "logits": "logits while training",
+    "activations": "checkpointed layer inputs",
+}
 
 
 @dataclass
@@ -59,13 +69,19 @@ class GpuPlan:
             text = " + ".join(parts)
             if len(mem.roles) > 1:
                 text += (
-                    f" = {gib(mem.resident)} resident, {gib(mem.peak_taking_turns)} taking turns"
+                    f"; {gib(mem.resident)} if both stay on the GPU, "
+                    f"{gib(mem.peak_taking_turns)} if each leaves it while the other works"
                 )
+            if len(mem.roles) > 1 and mem.resident / 1024**3 <= limit:
+                text += f"; fits {limit:g} GiB with both on the GPU: nothing has to move"
             if mem.resident / 1024**3 > limit:
                 if mem.peak_taking_turns / 1024**3 <= limit:
-                    text += f"; fits {limit:g} GiB only with offload between phases"
+                    text += f"; fits {limit:g} GiB only by moving memory between phases"
                 else:
-                    text += f"; EXCEEDS {limit:g} GiB: shard more, offload, or lower the KV need"
+                    text += (
+                        f"; EXCEEDS {limit:g} GiB: shard more, offload, lower the KV need or "
+                        "trainer.micro_batch_size"
+                    )
             groups.setdefault(text, []).append(mem.gpu)
         return [(gpus, text) for text, gpus in groups.items()]
 
@@ -75,7 +91,7 @@ class GpuPlan:
         out = [f"placement: {p.num_gpus} GPUs on {p.num_nodes} node(s)"]
         out += ["  " + line for line in p.node_lines()]
         out.append("  " + self.colocation())
-        out.append(f"memory per GPU ({self.model_note}; activations not included):")
+        out.append(f"memory per GPU ({self.model_note}):")
         out += [f"  GPUs {span(gpus)}: {text}" for gpus, text in self.memory_groups()]
         return out
 
@@ -92,6 +108,30 @@ def _kv_tokens(cfg: Any, infer_ranks: int) -> int:
     )
     seq_len = getattr(getattr(cfg, "data", None), "max_prompt_length", 0) + r.max_new_tokens
     return max(1, seqs) * seq_len
+
+
+def _logits_spec(cfg: Any, dtype_bytes: int) -> LogitsSpec | None:
+    """The sizes of one micro-batch of the RL objective (placement.logits_memory); None when
+    the recipe does not bound them (SFT / DPO / distill, agentic without rollout.max_context).
+    rlvr: max_prompt_length + max_new_tokens positions, max_new_tokens of them responses;
+    agentic: rollout.max_context positions, max_new_tokens of them responses in step mode,
+    all of them in trajectory mode."""
+    rollout, trainer = getattr(cfg, "rollout", None), getattr(cfg, "trainer", None)
+    if rollout is None or not hasattr(trainer, "micro_batch_size"):
+        return None
+    prompt = getattr(getattr(cfg, "data", None), "max_prompt_length", None)
+    if prompt is not None:
+        seq, response = prompt + rollout.max_new_tokens, rollout.max_new_tokens
+    elif getattr(rollout, "max_context", None):
+        seq = rollout.max_context
+        # step mode trains one turn's response per row; a trajectory's turns may fill it
+        response = rollout.max_new_tokens if rollout.mode == "step" else seq
+    else:
+        return None
+    train = cfg.actor_train
+    bf16 = getattr(train, "precision", "auto") != "fp32"  # auto: bf16 on a GPU
+    logits_bytes = 2 if dtype_bytes < 4 or bf16 else 4
+    return LogitsSpec(trainer.micro_batch_size, seq, response, logits_bytes)
 
 
 def _uses_gpus(cfg: Any) -> bool:
@@ -163,6 +203,19 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
                 lora=train.lora is not None,
             ),
         )
+        logits = _logits_spec(cfg, _BYTES[cfg.model.dtype])
+        if logits is None:
+            note += "; activations not included"
+        elif cfg.model.gradient_checkpointing:
+            per_role["actor_train"]["logits"] = logits_memory(shape, logits)
+            per_role["actor_train"]["activations"] = checkpointed_activations(shape, logits)
+            note += "; one micro-batch's logits and checkpointed layer inputs included"
+        else:
+            per_role["actor_train"]["logits"] = logits_memory(shape, logits)
+            note += (
+                "; one micro-batch's logits included, not the layer activations "
+                "(model.gradient_checkpointing: false)"
+            )
         if infer is not None:
             kv_tokens = _kv_tokens(cfg, infer.world_size)
             infer_bytes = 2 if infer.backend == "vllm" else _BYTES[cfg.model.dtype]

@@ -125,6 +125,10 @@ class WeightSync:
     def __init__(self, train: Cluster, infer: Cluster, settings: SyncSettings) -> None:
         self.train, self.infer, self.settings = train, infer, settings
         self.path: str | None = None
+        self.backend: str | None = None
+        """The group's collective backend (gloo / nccl); None on the paths without a group."""
+        self.ranks = 0
+        """Members of the sync: actor_train rank 0 and every inference engine rank."""
         self._joined = False
 
     # ---- planning ---------------------------------------------------------------------------
@@ -133,11 +137,12 @@ class WeightSync:
         them all join the group at once. Returns the path."""
         s = self.settings
         if s.path == "driver":
-            self.path = "driver"
+            self.path, self.ranks = "driver", 1 + self.infer.world_size
             return self.path
         sender = self.train.run_one(0, "sync_endpoint")
         per_rank: list[list[dict[str, Any]]] = self.infer.run("sync_endpoints")
         receivers = [ep for eps in per_rank for ep in eps]
+        self.ranks = 1 + len(receivers)
         path = choose_path(
             s.path, sender, receivers, driver_pid=os.getpid(), shm_needed=s.bucket_bytes
         )
@@ -147,12 +152,12 @@ class WeightSync:
         if path == "same_process":
             return path
         host, port = self.train.run_one(0, "dist_endpoint")
-        world = 1 + len(receivers)
+        self.backend = group_backend(path, [sender, *receivers])
         common = dict(
             host=host,
             port=port,
-            world_size=world,
-            backend=group_backend(path, [sender, *receivers]),
+            world_size=self.ranks,
+            backend=self.backend,
             timeout_s=s.timeout_s,
             mode=path,
         )
@@ -165,6 +170,18 @@ class WeightSync:
         self._wait(futures, labels, "joining the weight-sync group")
         self._joined = True
         return path
+
+    def describe(self) -> dict[str, Any]:
+        """What a run records of its sync (meta.json ``weight_sync``, the start-up line): the
+        path taken (`connect` must have run), what `sync.path` asked for, the group backend,
+        the ranks, the bucket size."""
+        return {
+            "path": self.path,
+            "requested": self.settings.path,
+            "backend": self.backend,
+            "ranks": self.ranks,
+            "bucket_mb": self.settings.bucket_mb,
+        }
 
     # ---- one sync ---------------------------------------------------------------------------
     def sync(self, version: int) -> dict[str, float]:

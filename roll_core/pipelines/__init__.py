@@ -16,7 +16,7 @@ from roll_core.config.loader import apply_overrides, dump_config, read_yaml, sch
 from roll_core.engine.resource_plan import check_capacity
 from roll_core.pipelines import agentic, distill, dpo, rlvr, sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
-from roll_core.pipelines.roles import check_vision_support
+from roll_core.pipelines.roles import check_engine_support, check_vision_support
 from roll_core.runs import Run
 from roll_core.runs.failure import explain_failure
 from roll_core.tracking.progress import phase
@@ -54,6 +54,7 @@ def plan(cfg: Any) -> list[RolePlan]:
     an impossible placement raises ConfigError."""
     rows = PIPELINES[cfg.pipeline].plan(cfg)
     check_vision_support(cfg)
+    check_engine_support(cfg)
     check_capacity(cfg, rows)
     return rows + gpu_plan_rows(cfg)
 
@@ -78,8 +79,7 @@ def gpu_plan_rows(cfg: Any) -> list[RolePlan]:
     for gpus, text in gp.memory_groups():
         where = f"GPUs {span(gpus)}"
         rows.append(RolePlan("memory/GPU", "estimate", "", len(gpus), where, ex, text))
-    note = gp.model_note + "; activations not included"
-    rows.append(RolePlan("memory/GPU", "model", "", p.num_gpus, "", ex, note))
+    rows.append(RolePlan("memory/GPU", "model", "", p.num_gpus, "", ex, gp.model_note))
     if hasattr(cfg, "actor_infer") and hasattr(cfg.actor_train, "offload"):
         rows += phase_rows(cfg, gp)
     return rows
@@ -146,6 +146,7 @@ def launch(cfg: Any, *, recipe: str | None, run_id: str | None = None) -> RunRes
     """Create a run directory for `cfg` and run its pipeline."""
     check_capacity(cfg, PIPELINES[cfg.pipeline].plan(cfg))
     check_vision_support(cfg)
+    check_engine_support(cfg)
     setup = _prepare(cfg)
     run = Run.create(
         cfg.runs_dir,
@@ -176,6 +177,7 @@ def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = N
     cfg = load_run_config(run, list(overrides or []))
     check_capacity(cfg, PIPELINES[cfg.pipeline].plan(cfg))
     check_vision_support(cfg)
+    check_engine_support(cfg)
     setup = _prepare(cfg)
     new_config = dump_config(cfg) if overrides else None
     return _execute(cfg, setup, run, resume=True, new_config=new_config)

@@ -55,6 +55,7 @@ from roll_core.pipelines.rl_iteration import (
     advantages_and_kl,
     correct_rollout,
     load_roles,
+    record_weight_sync,
     reuses_update_log_probs,
     rl_batch_metrics,
     sampling_params,
@@ -488,6 +489,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
             )
             loop.log_extra(0, metrics)
         _sync(clusters, manager, start)
+        record_weight_sync(clusters, loop)
         turns.start()
         if evaluate and start == 0:
             loop.log_eval(0, lambda: validate(cfg, mgr, specs))

@@ -208,6 +208,22 @@ def sync_weights(clusters: dict[str, Cluster], version: int) -> dict[str, float]
     return weight_sync_for(clusters["actor_train"], clusters["actor_infer"]).sync(version)
 
 
+def record_weight_sync(clusters: dict[str, Cluster], loop: Any) -> None:
+    """The path the first sync took (decided from where the ranks really run, which the dry
+    run can only plan): one console line, and ``weight_sync`` in the run's meta.json
+    (path, what sync.path asked for, group backend, ranks, bucket size; docs/scaling.md)."""
+    info = weight_sync_for(clusters["actor_train"], clusters["actor_infer"]).describe()
+    loop.run.update_meta(weight_sync=info)
+    how = {
+        "same_process": "in-place copies, trainer and inference in the driver",
+        "driver": "rank 0 gathers every weight, the driver sends them",
+    }.get(info["path"], f"{info['backend']} group of {info['ranks']} ranks")
+    loop.console_note(
+        f"weight sync: {info['path']} ({how}; sync.path={info['requested']}, "
+        f"buckets of {info['bucket_mb']:g} MiB)"
+    )
+
+
 def reuses_update_log_probs(cfg: RLConfig) -> bool:
     """True when the step's one update may compute the old log-probs itself (the detached
     log-probs of its own forward, workers/objectives.py): one update per step, no KL in

@@ -61,6 +61,7 @@ from roll_core.pipelines.rl_iteration import (
     correct_rollout,
     critic_batch_metrics,
     load_roles,
+    record_weight_sync,
     reuses_update_log_probs,
     rl_batch_metrics,
     sampling_params,
@@ -471,6 +472,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
 
         start = loop.begin(save_state=save_state, load_state=load_state)
         sync_weights(clusters, version=start)
+        record_weight_sync(clusters, loop)
         turns.start()
         if cfg.eval.every_steps and setup.eval and start == 0:
             loop.log_eval(0, lambda: validate(cfg, setup, clusters, eval_rewards))

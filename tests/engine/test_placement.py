@@ -137,3 +137,75 @@ def test_kv_cache_and_per_gpu_sum() -> None:
     p = place([RoleRequest("actor_train", 2), RoleRequest("actor_infer", 1, 2)])
     mem = gpu_memory(p, {"actor_train": {"params": 1 * GIB}, "actor_infer": {"kv": 3 * GIB}})
     assert mem[1].resident == 4 * GIB and mem[1].peak_taking_turns == 3 * GIB
+
+
+def test_logits_memory_by_hand() -> None:
+    """One micro-batch's logits (issue 32 item 7), b bytes per logit, C = 2**26 elements per
+    float32 chunk, BLV logits of which NV response: the largest of the log-prob pass
+    (BLV b + 8 min(C, BLV)), taking the response rows out (BLV b + NV (b + 4 + 4 [b = 2])),
+    the entropy metric (BLV b + 8 NV + 8 min(C, NV)) and backward (12 NV)."""
+    from roll_core.engine.placement import LOGIT_CHUNK, LogitsSpec, logits_memory
+
+    v10 = ModelShape(1, 1, 1, 1, 1, 1, vocab_size=10, tie_embeddings=True)
+    # B 2 x L 5 x V 10 = 100 logits, 60 of them response (R 3); all under one chunk.
+    # bf16: log-prob 200 + 800 = 1000, rows 200 + 600 = 800, entropy 200 + 480 + 480 = 1160,
+    # backward 720: 1160
+    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=2)) == 1160.0
+    # fp32: 400 + 800 = 1200, 400 + 480 = 880, 400 + 480 + 480 = 1360, 720: 1360
+    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=4)) == 1360.0
+    # a long prompt and a 1-token response: the log-prob pass is the largest:
+    # 2*1000 + 8*1000 = 10000 (rows 2000 + 100, entropy 2000 + 80 + 80, backward 120)
+    assert logits_memory(v10, LogitsSpec(1, 100, 1, logits_bytes=2)) == 10000.0
+    # Qwen3's vocabulary, one row of 1024 + 8192 positions (recipes/qwen3-30b-a3b-rlvr.yaml):
+    # BLV = 9216 x 151936 = 1,400,242,176 and NV = 8192 x 151936 = 1,244,659,712 are both over
+    # one chunk; taking the rows out is the largest: 2 BLV + 10 NV = 2,800,484,352 +
+    # 12,446,597,120 = 15,247,081,472 bytes (14.2 GiB); entropy 2 BLV + 8 NV + 8 C =
+    # 13,294,632,960, backward 14,935,916,544, log-prob pass 2 BLV + 8 C = 3,337,355,264
+    qwen3 = model_shape("Qwen/Qwen3-30B-A3B")
+    assert LOGIT_CHUNK == 2**26
+    assert logits_memory(qwen3, LogitsSpec(1, 9216, 8192)) == 15_247_081_472.0
+
+
+def test_checkpointed_activations_by_hand() -> None:
+    from roll_core.engine.placement import LogitsSpec, checkpointed_activations
+
+    # Qwen3-30B-A3B: 48 layers x 1 row x 9216 positions x hidden 2048 x 2 bytes
+    qwen3 = model_shape("Qwen/Qwen3-30B-A3B")
+    assert checkpointed_activations(qwen3, LogitsSpec(1, 9216, 8192)) == 1_811_939_328.0
+
+
+def test_logit_chunk_is_the_trainers() -> None:
+    """engine/ cannot import backends/: the constant is written twice and must agree."""
+    from roll_core.backends.train.torch_backend import LOG_PROB_CHUNK
+    from roll_core.engine.placement import LOGIT_CHUNK
+
+    assert LOGIT_CHUNK == LOG_PROB_CHUNK
+
+
+def test_dry_run_counts_the_logits_and_says_what_moves() -> None:
+    """recipes/qwen3-30b-a3b-rlvr.yaml on 16 GPUs: ZeRO-3 28.4 GiB + logits 14.2 + the layer
+    inputs gradient checkpointing keeps 1.7 next to vLLM's 36.0 GiB is 80.3 GiB: over 80
+    unless vLLM leaves the GPU while training."""
+    from pathlib import Path
+
+    from roll_core.config import load_recipe
+    from roll_core.pipelines import plan
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-rlvr.yaml"
+    rows = {r.role + "/" + r.worker: r.detail for r in plan(load_recipe(recipe, []))}
+    assert rows["memory/GPU/estimate"] == (
+        "actor_train 44.3 GiB (params 3.6, grads 3.6, optim 21.3, logits while training 14.2, "
+        "checkpointed layer inputs 1.7) + actor_infer 36.0 GiB (params 28.4, kv 7.6); 80.3 GiB "
+        "if both stay on the GPU, 44.3 GiB if each leaves it while the other works; fits 80 GiB "
+        "only by moving memory between phases"
+    )
+    assert (
+        "one micro-batch's logits and checkpointed layer inputs included"
+        in (rows["memory/GPU/model"])
+    )
+    assert rows["colocation/Turns"].startswith(
+        "colocated, taking turns: offload actor_infer weights+kv_cache"
+    )
+    assert rows["memory/phase/estimate"] == (
+        "generate 64.4 GiB, train 44.3 GiB, sync 56.9 GiB (of 80 GiB)"
+    )

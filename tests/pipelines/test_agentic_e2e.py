@@ -92,6 +92,9 @@ def test_train_agentic_two_steps_mixed_envs(roll, tmp_path: Path) -> None:
     assert "warm start (SFT on random valid actions) (1): done in " in res.stderr
     meta = json.loads((run / "meta.json").read_text())
     assert "eval/success_rate" in meta["metrics"] and "rollout/success_rate" in meta["metrics"]
+    # the weight-sync path the run took (local executor, torch + hf): console and meta.json
+    assert meta["weight_sync"]["path"] == "same_process"
+    assert "weight sync: same_process (in-place copies" in res.stderr
 
 
 @pytest.mark.slow

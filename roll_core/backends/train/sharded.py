@@ -207,9 +207,10 @@ class ShardedTrainBackend(TorchTrainBackend):
         out = []
         for mb, dummy in self.aligned_chunks(batch):
             mb = mb.to(self.device)
-            logits = self.forward(mb).float() / temperature
+            logits = self.forward(mb)
             if not dummy:
-                out.append(token_log_probs(logits, mb.tensors["input_ids"]).cpu())
+                ids = mb.tensors["input_ids"]
+                out.append(token_log_probs(logits, ids, temperature=temperature).cpu())
         width = batch.tensors["input_ids"].shape[1] - 1
         return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in out])
 

@@ -56,10 +56,30 @@ Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]
 sums). Objectives live in roll_core/workers/objectives.py and call pure losses."""
 
 
-def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log p(input_ids[:, t+1] | prefix) for every t: [B, T-1] from logits [B, T, V]."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+LOG_PROB_CHUNK = 2**26
+"""Logit elements (rows x positions x vocabulary) turned into float32 log-probs at a time: the
+log-prob pass never holds more than this many float32 copies (2 x 256 MiB), whatever the
+vocabulary and sequence length (engine/placement.py:logits_memory counts it)."""
+
+
+def token_log_probs(
+    logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0
+) -> torch.Tensor:
+    """log p(input_ids[:, t+1] | prefix) for every t: [B, T-1] float32 from logits [B, T, V]
+    (any dtype) divided by `temperature`. Computed a chunk of positions at a time
+    (`LOG_PROB_CHUNK` elements), so the float32 copies of a large vocabulary stay small; each
+    position's value is the same as in one pass."""
+    rows, width, vocab = logits.shape
+    step = max(1, LOG_PROB_CHUNK // max(1, rows * vocab))
+    parts = []
+    for start in range(0, width - 1, step):
+        end = min(start + step, width - 1)
+        logp = torch.log_softmax(logits[:, start:end].float() / temperature, dim=-1)
+        parts.append(logp.gather(-1, input_ids[:, start + 1 : end + 1].unsqueeze(-1)).squeeze(-1))
+        del logp  # before the next chunk's copies, not after them
+    if not parts:
+        return torch.zeros((rows, 0), dtype=torch.float32, device=logits.device)
+    return torch.cat(parts, dim=1)
 
 
 def token_loss_sum(
@@ -247,8 +267,10 @@ class TorchTrainBackend:
         out = []
         for mb in batch.chunk(self.micro_batch_size):
             mb = mb.to(self.device)
-            logits = self.forward(mb).float() / temperature
-            out.append(token_log_probs(logits, mb.tensors["input_ids"]).cpu())
+            logits = self.forward(mb)
+            out.append(
+                token_log_probs(logits, mb.tensors["input_ids"], temperature=temperature).cpu()
+            )
         width = batch.tensors["input_ids"].shape[1] - 1
         return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in out])
 
