@@ -289,6 +289,23 @@ def tis_weight(
     return torch.exp(log_ratio.clamp(max=math.log(cap))), capped
 
 
+def _check_single_correction(
+    name: str, tis_cap: float | None, rollout_is_weights: torch.Tensor | None
+) -> None:
+    """At most one of tis_cap, decoupled_ppo's behaviour weight and the rollout correction's
+    importance weights: each is pi_old / pi_infer, and two would apply it twice."""
+    if tis_cap is not None and name == "decoupled_ppo":
+        raise ValueError(
+            "tis_cap with decoupled_ppo would apply exp(old - infer) twice (its behaviour "
+            "weight is that correction already): drop tis_cap"
+        )
+    if rollout_is_weights is not None and (tis_cap is not None or name == "decoupled_ppo"):
+        raise ValueError(
+            "rollout-correction importance weights with tis_cap or decoupled_ppo would weight "
+            "every token by pi_old / pi_infer twice: use one of them"
+        )
+
+
 def policy_loss(
     name: str,
     *,
@@ -330,16 +347,7 @@ def policy_loss(
         ``actor/tis_weight_mean`` and ``actor/tis_capfrac``.
     """
     fn = POLICY_LOSSES.get(name)
-    if tis_cap is not None and name == "decoupled_ppo":
-        raise ValueError(
-            "tis_cap with decoupled_ppo would apply exp(old - infer) twice (its behaviour "
-            "weight is that correction already): drop tis_cap"
-        )
-    if rollout_is_weights is not None and (tis_cap is not None or name == "decoupled_ppo"):
-        raise ValueError(
-            "rollout-correction importance weights with tis_cap or decoupled_ppo would weight "
-            "every token by pi_old / pi_infer twice: use one of them"
-        )
+    _check_single_correction(name, tis_cap, rollout_is_weights)
     inputs = dict(
         log_probs=log_probs,
         old_log_probs=old_log_probs,

