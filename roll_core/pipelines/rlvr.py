@@ -39,7 +39,13 @@ from roll_core.data.vision import BadImageError, VisionInputs, image_rows
 from roll_core.engine import Cluster
 from roll_core.engine.colocation import resolve_offload
 from roll_core.errors import ConfigError, DataError
-from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
+from roll_core.models import (
+    check_chat_template_choice,
+    load_tokenizer,
+    resolve_model_path,
+    resolve_tokenizer_path,
+    use_chat_template,
+)
 from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
@@ -178,8 +184,7 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
     check_chat_template(cfg)
     tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
-    if cfg.data.chat_template not in ("model", "none"):  # a template file replaces the model's
-        tokenizer.chat_template = Path(cfg.data.chat_template).read_text(encoding="utf-8")
+    use_chat_template(tokenizer, cfg.data.chat_template)  # a template file replaces the model's
     processor = load_processor(model_path, tokenizer) if is_vision_model(model_path) else None
     train, stats = _prompts(cfg, tokenizer, cfg.data.train, "data.train.path", processor)
     evals: list[Prompt] = []
@@ -215,34 +220,11 @@ def check_chat_template(cfg: RLVRConfig) -> None:
     """`data.chat_template` against the tokenizer's files (no model or tokenizer is loaded):
     a missing template file, or `model` with a tokenizer that has no template, is a
     ConfigError at validation instead of a failure at run time."""
-    from roll_core.errors import ModelError
-    from roll_core.models import chat_template_status
-
-    choice = cfg.data.chat_template
-    if choice == "none":
-        return
-    if choice != "model":
-        if not Path(choice).is_file():
-            raise ConfigError(
-                f"data.chat_template: no template file {choice} "
-                f"(resolved to {Path(choice).absolute()}).",
-                hint="Give the path of a Jinja chat-template file, `model` (the tokenizer's "
-                "own template) or `none` (raw prompts).",
-            )
-        return
-    name = cfg.model.tokenizer or cfg.model.path
-    try:
-        has_template = chat_template_status(name)
-    except ModelError:  # a missing model is reported by its own check
-        return
-    if has_template is False:
-        raise ConfigError(
-            f"the tokenizer of {name} has no chat template, and data.chat_template is `model` "
-            "(the default), so the prompts cannot be rendered.",
-            hint="Set data.chat_template: none to use the raw prompt text (base models), "
-            "data.chat_template: PATH to a Jinja template file, or model.tokenizer to a "
-            "tokenizer that ships a template.",
-        )
+    check_chat_template_choice(
+        cfg.data.chat_template,
+        key="data.chat_template",
+        tokenizer_name=cfg.model.tokenizer or cfg.model.path,
+    )
 
 
 def check_algorithm(cfg: RLVRConfig) -> None:
