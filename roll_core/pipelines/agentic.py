@@ -68,6 +68,7 @@ from roll_core.pipelines.rl_iteration import (
     save_roles,
     sync_weights,
     update_policy,
+    warn_logprob_gap,
 )
 from roll_core.pipelines.turns import Turns
 from roll_core.rollout.agentic import (
@@ -567,6 +568,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
                 step,
                 lambda: _train_step(cfg, setup, clusters, manager, rl_state, reuse, turns),
             )
+            warn_logprob_gap(loop, rl_state, metrics, cfg.trainer.warn_logprob_diff)
             metrics |= _sync(clusters, manager, step, turns)
             loop.end_step(
                 step,

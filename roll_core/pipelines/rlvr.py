@@ -62,6 +62,7 @@ from roll_core.pipelines.rl_iteration import (
     save_roles,
     sync_weights,
     update_policy,
+    warn_logprob_gap,
 )
 from roll_core.pipelines.turns import Turns
 from roll_core.rollout.async_scheduler import (
@@ -364,6 +365,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             loop.log_eval(0, lambda: validate(cfg, setup, clusters, eval_rewards))
         for step in loop.steps(start, cfg.trainer.max_steps):
             metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state, reuse, turns)
+            warn_logprob_gap(loop, rl_state, metrics, cfg.trainer.warn_logprob_diff)
             metrics |= rewards.step_metrics()
             # version v = the weights after v updates; async: suspend -> sync -> resume;
             # colocated: optimizer off, inference weights back, sync, params off, KV back

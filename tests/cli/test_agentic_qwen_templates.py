@@ -75,10 +75,22 @@ def test_validate_checks_the_template_for_the_mode(roll, tmp_path: Path, qwen_re
 )
 def test_train_agentic_real_qwen3(roll, tmp_path: Path, qwen_real, kind, rollout) -> None:
     path = recipe(tmp_path, qwen_real(kind), **rollout)
-    res = roll("train", "agentic", str(path), "--run-id", "q", timeout=300)
+    # any gap above 1e-30 warns: the warning's end-to-end path (issue 32, item 5)
+    res = roll(
+        "train",
+        "agentic",
+        str(path),
+        "trainer.warn_logprob_diff=1e-30",
+        "--run-id",
+        "q",
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr + res.stdout
     rows = [json.loads(x) for x in (tmp_path / "runs/q/metrics.jsonl").read_text().splitlines()]
     step = [r for r in rows if r.get("step") == 1][0]
     assert step["train_infer/logprob_diff"] < 1e-3
+    assert step["train_infer/logprob_diff"] <= step["train_infer/logprob_diff_max"] < 1e-2
+    warned = step["train_infer/logprob_diff"] > 1e-30
+    assert res.stderr.count("above trainer.warn_logprob_diff=1e-30") == int(warned)
     # the trajectory run says how it trains a template that rewrites history
     assert ("rewrites earlier turns" in res.stderr) == (rollout["mode"] == "trajectory")
