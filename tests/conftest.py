@@ -82,3 +82,27 @@ def tiny_recipe(tmp_path: Path):
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def qwen_real(tmp_path_factory: pytest.TempPathFactory):
+    """`qwen_real(kind)` -> a cached directory built from the real Qwen vocabulary
+    (tests/qwen_real.py): kind "tokenizer-qwen3" / "tokenizer-qwen2.5" (tokenizer only) or
+    "qwen3" / "qwen3-moe" / "qwen3-tpl2.5" (a random-init tiny model with the Qwen3 template, or
+    the Qwen2.5 template for "qwen3-tpl2.5")."""
+    from tests.qwen_real import write_model, write_tokenizer
+
+    root = tmp_path_factory.mktemp("qwen-real")
+    built: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in built:
+            out = root / kind
+            if kind.startswith("tokenizer-"):
+                built[kind] = write_tokenizer(out, kind.removeprefix("tokenizer-"))
+            else:
+                template = "qwen2.5" if kind == "qwen3-tpl2.5" else "qwen3"
+                built[kind] = write_model(out, template=template, moe=kind == "qwen3-moe")
+        return built[kind]
+
+    return get

@@ -66,6 +66,16 @@ class AgenticRolloutConfig(SamplingConfig):
     history_window: int = Field(
         default=2, ge=0, description="Step mode: earlier (observation, action) turns in a prompt."
     )
+    chat_template: str = Field(
+        default="model",
+        description="How a conversation becomes tokens. `model`: the tokenizer's chat template. "
+        "Any other value: the path of a Jinja chat-template file used instead (as "
+        "`data.chat_template` of rlvr). `roll validate` checks that the template can be "
+        "trained exactly in this `mode`: trajectory mode appends the template's ids for each "
+        "env reply to the generated ids (token-in/token-out), which works also for templates "
+        "that rewrite history (Qwen3); a template that does not write an earlier assistant "
+        "turn's text as given can only run in step mode. See docs/agentic.md.",
+    )
     max_new_tokens: int = Field(default=32, ge=1, description="Longest response per turn.")
     max_context: int | None = Field(
         default=None,

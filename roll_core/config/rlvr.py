@@ -187,6 +187,14 @@ class RLTrainerConfig(Strict):
         "same update bit for bit) and the separate forward pass is skipped. `recompute`: "
         "always a separate forward pass.",
     )
+    warn_logprob_diff: float | None = Field(
+        default=5e-3,
+        gt=0,
+        description="Warn once per run when `train_infer/logprob_diff` (mean |logp_train - "
+        "logp_infer| on the generated tokens) exceeds this: the trainer and the inference "
+        "engine disagree by more than numerics explain (fp32 CPU: ~1e-6; bf16 engines: "
+        "~1e-3), e.g. MoE routing that differs between them. None: never warn.",
+    )
 
 
 class VLLMConfig(Strict):

@@ -14,11 +14,16 @@ that refuse a system role (e.g. Gemma's). Errors other callers should see are re
 :func:`prompt_turns` reads a dataset cell that holds a conversation (a list of
 ``{"role": ..., "content": ...}`` turns: verl's parquet files, many published RL datasets) and
 refuses any other list with a DataError naming the row and column.
+
+Reasoning templates (Qwen3: ``<think>...</think>``): :func:`reasoning_format` gives the markers
+and the empty block the template writes itself before an answer, so an evaluation can strip the
+reasoning block before comparing and count the block in its token budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from roll_core.data.vision import VisionInputs
@@ -180,3 +185,54 @@ def prompt_turns(value: Any, *, row: int, column: str, source: str) -> list[dict
             "holds the answer), or train on such rows with `roll sft`.",
         )
     return turns
+
+
+# ---- reasoning templates (Qwen3, DeepSeek-R1 style `<think>...</think>`) ----------------------
+REASONING_MARKERS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
+"""(open, close) pairs of the reasoning blocks roll knows; a chat template that writes the close
+marker is a reasoning template."""
+
+_ANSWER_PROBE = "ROLL_ANSWER_PROBE_5c1e"
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """How a chat template frames an answer: its reasoning markers (None: not a reasoning
+    template) and the ``preamble`` it writes itself between the generation prompt and the last
+    assistant message's text (Qwen3: ``"<think>\\n\\n</think>\\n\\n"``, ChatML: ``""``), which a
+    model trained on that template generates before its answer."""
+
+    markers: tuple[str, str] | None
+    preamble: str
+    preamble_tokens: int
+
+    def answer(self, text: str) -> str:
+        """``text`` without its reasoning block: what follows the last close marker, leading
+        newlines removed (as Qwen3's template reads an assistant turn); ``""`` when a block was
+        opened and never closed (the budget ran out while reasoning)."""
+        if self.markers is None:
+            return text
+        opening, closing = self.markers
+        if closing in text:
+            return text.rsplit(closing, 1)[1].lstrip("\n")
+        return "" if opening in text else text
+
+
+def reasoning_format(tokenizer: Any) -> ReasoningFormat:
+    """The :class:`ReasoningFormat` of ``tokenizer``'s chat template."""
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    markers = next((pair for pair in REASONING_MARKERS if pair[1] in template), None)
+    if not template:
+        return ReasoningFormat(markers, "", 0)
+    user = [{"role": "user", "content": "hi"}]
+    prompt = render_chat(tokenizer, user, add_generation_prompt=True)
+    full = render_chat(
+        tokenizer,
+        [*user, {"role": "assistant", "content": _ANSWER_PROBE}],
+        add_generation_prompt=False,
+    )
+    if not full.startswith(prompt) or _ANSWER_PROBE not in full:
+        return ReasoningFormat(markers, "", 0)
+    preamble = full[len(prompt) : full.index(_ANSWER_PROBE)]
+    count = len(tokenizer.encode(preamble, add_special_tokens=False)) if preamble else 0
+    return ReasoningFormat(markers, preamble, count)

@@ -57,14 +57,14 @@ def split_by_tokens(batch: Batch, n: int) -> list[Batch]:
 
 def reduce_rank_metrics(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
     """One metrics dict from every rank's: sums (objective sums, token counts), except the
-    metrics that are global already (`SAME_ON_EVERY_RANK`, from rank 0) and timings
-    (`*_s`: the slowest rank)."""
+    metrics that are global already (`SAME_ON_EVERY_RANK`, from rank 0), timings (`*_s`: the
+    slowest rank) and maxima (`*_max`: the largest)."""
     out: dict[str, float] = {}
     for key in per_rank[0]:
         values = [float(m[key]) for m in per_rank if key in m]
         if key in SAME_ON_EVERY_RANK:
             out[key] = values[0]
-        elif key.endswith("_s"):
+        elif key.endswith(("_s", "_max")):  # `_max`: backends.train.base.is_max_metric
             out[key] = max(values)
         else:
             out[key] = sum(values)

@@ -15,12 +15,14 @@ from roll_core.models.builtin import (
 )
 from roll_core.models.loading import (
     chat_template_status,
+    check_chat_template_choice,
     count_parameters,
     load_causal_lm,
     load_tokenizer,
     model_summary,
     resolve_model_path,
     resolve_tokenizer_path,
+    use_chat_template,
 )
 from roll_core.models.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
@@ -32,6 +34,7 @@ __all__ = [
     "build_tokenizer",
     "builtin_dir",
     "chat_template_status",
+    "check_chat_template_choice",
     "count_parameters",
     "default_cache_dir",
     "get_builtin",
@@ -41,4 +44,5 @@ __all__ = [
     "model_summary",
     "resolve_model_path",
     "resolve_tokenizer_path",
+    "use_chat_template",
 ]

@@ -102,6 +102,47 @@ def chat_template_status(name_or_path: str) -> bool | None:
     return None
 
 
+def check_chat_template_choice(choice: str, *, key: str, tokenizer_name: str) -> None:
+    """A recipe's chat-template choice (``model``: the tokenizer's own, ``none``: raw text, or
+    the path of a Jinja template file) against the files, without loading the tokenizer: a
+    missing template file, or ``model`` with a tokenizer that has no template, is a ConfigError
+    naming ``key`` (``data.chat_template``, ``rollout.chat_template``)."""
+    from roll_core.errors import ConfigError
+
+    if choice == "none":
+        return
+    if choice != "model":
+        if not Path(choice).is_file():
+            raise ConfigError(
+                f"{key}: no template file {choice} (resolved to {Path(choice).absolute()}).",
+                hint="Give the path of a Jinja chat-template file or `model` (the tokenizer's "
+                "own template)" + (" or `none` (raw prompts)." if key.startswith("data.") else "."),
+            )
+        return
+    try:
+        has_template = chat_template_status(tokenizer_name)
+    except ModelError:  # a missing model is reported by its own check
+        return
+    if has_template is False:
+        raise ConfigError(
+            f"the tokenizer of {tokenizer_name} has no chat template, and {key} is `model` "
+            "(the default), so the prompts cannot be rendered.",
+            hint=(
+                f"Set {key}: none to use the raw prompt text (base models), "
+                if key.startswith("data.")
+                else "Set "
+            )
+            + f"{key}: PATH to a Jinja template file, or model.tokenizer to a tokenizer that "
+            "ships a template.",
+        )
+
+
+def use_chat_template(tokenizer: PreTrainedTokenizerBase, choice: str) -> None:
+    """Apply a recipe's chat-template choice: a template file replaces the tokenizer's own."""
+    if choice not in ("model", "none"):
+        tokenizer.chat_template = Path(choice).read_text(encoding="utf-8")
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """Load the tokenizer of ``name_or_path`` (a model directory or a tokenizer-only one);
     its pad token falls back to the eos token."""

@@ -44,7 +44,15 @@ from roll_core.envs.base import observation_images
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.envs.registry import validate_options
 from roll_core.errors import ConfigError, RollError
-from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
+from roll_core.models import (
+    BUILTIN_PREFIX,
+    chat_template_status,
+    check_chat_template_choice,
+    load_tokenizer,
+    resolve_model_path,
+    resolve_tokenizer_path,
+    use_chat_template,
+)
 from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
@@ -62,6 +70,7 @@ from roll_core.pipelines.rl_iteration import (
     save_roles,
     sync_weights,
     update_policy,
+    warn_logprob_gap,
 )
 from roll_core.pipelines.turns import Turns
 from roll_core.rollout.agentic import (
@@ -84,6 +93,7 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
     check_algorithm(cfg)
     check_images(cfg)
     check_warm_start(cfg)
+    check_chat_format(cfg)
     r = cfg.rollout
     episodes = r.group_size * sum(e.groups_per_step for e in cfg.envs)
     rows = [
@@ -153,6 +163,7 @@ class AgenticSetup:
     tokenizer: Any
     max_context: int
     processor: Any = None  # a vision-language model's VisionProcessor (image observations)
+    chat: ChatFormat | None = None  # the checked chat format (template policy for the log)
 
 
 def check_warm_start(cfg: AgenticConfig) -> None:
@@ -228,9 +239,68 @@ def prepare(cfg: AgenticConfig) -> AgenticSetup:
                 "make the env's render_image() return None.",
             )
     processor = load_processor(model_path, tokenizer) if vision else None
-    ChatFormat(tokenizer, processor)  # a template that cannot render turns incrementally fails
+    use_chat_template(tokenizer, cfg.rollout.chat_template)
+    chat = check_chat_format(cfg, tokenizer)
     max_context = cfg.rollout.max_context or _model_context(model_path)
-    return AgenticSetup(model_path, tok_path, tokenizer, max_context, processor)
+    return AgenticSetup(model_path, tok_path, tokenizer, max_context, processor, chat)
+
+
+def check_chat_format(cfg: AgenticConfig, tokenizer: Any = None) -> ChatFormat | None:
+    """Whether the chat template (the tokenizer's, or ``rollout.chat_template``) can be trained
+    exactly in ``rollout.mode``, before a run directory exists: a ConfigError if not. Without
+    ``tokenizer`` (``roll validate``, dry run) the tokenizer is loaded when its files are on
+    this machine (a built-in model's ChatML template is known to be fine; a hub id not in
+    the cache is checked when the run loads it). Returns the ChatFormat it checked (None:
+    not checked)."""
+    r = cfg.rollout
+    name = cfg.model.tokenizer or cfg.model.path
+    check_chat_template_choice(r.chat_template, key="rollout.chat_template", tokenizer_name=name)
+    if tokenizer is None:
+        if name.startswith(BUILTIN_PREFIX) and r.chat_template == "model":
+            return None
+        try:
+            if chat_template_status(name) is None:
+                return None
+        except RollError:
+            return None  # a missing model is reported by its own check
+        tokenizer = load_tokenizer(resolve_tokenizer_path(name))
+        use_chat_template(tokenizer, r.chat_template)
+    chat = ChatFormat(tokenizer)
+    source = (
+        f"the chat template {r.chat_template}"
+        if r.chat_template != "model"
+        else f"the chat template of {name}"
+    )
+    if r.mode == "trajectory" and not chat.can_append:
+        raise ConfigError(
+            f"rollout.mode=trajectory appends each env reply to the ids the model generated, "
+            f"but {source} cannot continue a conversation that way: {chat.append_error}.",
+            hint="Use rollout.mode: step (each turn is its own sample; history_window earlier "
+            "turns are rendered into its prompt), or set rollout.chat_template to a template "
+            "file that writes earlier assistant turns verbatim.",
+        )
+    if r.mode == "step" and r.history_window and not chat.renders_history:
+        raise ConfigError(
+            f"rollout.history_window={r.history_window} renders earlier turns into each "
+            f"prompt, but {source}: {chat.append_error}.",
+            hint="Set rollout.history_window: 0, or rollout.chat_template to a template "
+            "file that renders multi-turn conversations.",
+        )
+    return chat
+
+
+def template_policy(chat: ChatFormat, mode: str) -> str | None:
+    """One line for the run's log on how the chat template is used (None: nothing to say)."""
+    if mode == "step":
+        return None
+    if chat.prefix_stable:
+        return None
+    return (
+        "chat template: it rewrites earlier turns (e.g. Qwen3 drops their reasoning), so "
+        "trajectories are never re-rendered: each turn's prompt is the ids the model was given "
+        "before plus what it generated plus the template's ids for the env's reply "
+        "(token-in/token-out), and exactly those ids are trained."
+    )
 
 
 def _model_context(model_path: str) -> int:
@@ -432,6 +502,9 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         + ", ".join(f"{e.tag or e.env} ({e.groups_per_step} groups/step)" for e in cfg.envs)
         + f"; group size {cfg.rollout.group_size}, context {setup.max_context} tokens"
     )
+    policy = template_policy(setup.chat, cfg.rollout.mode) if setup.chat else None
+    if policy:
+        loop.console_note(policy)
     executor = roles.executor_for(cfg)
     manager: EnvRolloutManager | None = None
     choice = resolve_offload(cfg)
@@ -499,6 +572,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
                 step,
                 lambda: _train_step(cfg, setup, clusters, manager, rl_state, reuse, turns),
             )
+            warn_logprob_gap(loop, rl_state, metrics, cfg.trainer.warn_logprob_diff)
             metrics |= _sync(clusters, manager, step, turns)
             loop.end_step(
                 step,

@@ -29,6 +29,7 @@ from roll_core.algorithms import (
     whiten_advantages,
 )
 from roll_core.backends.infer import SamplingParams
+from roll_core.backends.train.base import is_max_metric
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.config.rlvr import RLConfig, SamplingConfig
 from roll_core.data import Batch
@@ -85,6 +86,41 @@ def correct_rollout(batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
     return metrics
 
 
+def logprob_gap_warning(metrics: dict[str, float], threshold: float | None) -> str | None:
+    """The warning for a step whose `train_infer/logprob_diff` exceeds `threshold`
+    (`trainer.warn_logprob_diff`; None: never), or None."""
+    gap = metrics.get("train_infer/logprob_diff")
+    if threshold is None or gap is None or not gap > threshold:
+        return None
+    worst = metrics.get("train_infer/logprob_diff_max")
+    return (
+        f"train_infer/logprob_diff is {gap:.3g}"
+        + (f" (max {worst:.3g})" if worst is not None else "")
+        + f", above trainer.warn_logprob_diff={threshold:g}: the trainer's log-probs of the "
+        "sampled tokens differ from the inference engine's by more than numerics explain "
+        "(fp32: ~1e-6, bf16 engines: ~1e-3), so the updates are off-policy. Common causes: a "
+        "mixture-of-experts model whose routing differs between the engine and the trainer "
+        "(e.g. Qwen3-MoE on vLLM vs the HF forward), different precisions (actor_infer."
+        "precision, vllm.dtype), or weights that did not sync. To correct for it set "
+        "algorithm.rollout_correction (e.g. preset: token_tis, or geo_rs to reject the worst "
+        "responses; docs/algorithms.md), algorithm.tis_cap or algorithm.policy_loss: "
+        "decoupled_ppo; to silence this, raise trainer.warn_logprob_diff (null: never). "
+        "Shown once per run."
+    )
+
+
+def warn_logprob_gap(
+    loop: Any, state: RLState, metrics: dict[str, float], threshold: float | None
+) -> None:
+    """Print :func:`logprob_gap_warning` on the run's console, the first time only."""
+    if state.gap_warned:
+        return
+    message = logprob_gap_warning(metrics, threshold)
+    if message is not None:
+        state.gap_warned = True
+        loop.console.print(f"warning: {message}", style="yellow", markup=False, soft_wrap=True)
+
+
 def critic_batch_metrics(batch: Batch) -> dict[str, float]:
     """The critic's predictions on a rollout batch against the returns computed from them
     (before the critic's update): their mean and the explained variance."""
@@ -109,6 +145,7 @@ class RLState:
             coef=algo.kl.coef, target=algo.kl.target, horizon=algo.kl.horizon
         )
         self.running = RunningMeanStd()
+        self.gap_warned = False  # train/infer log-prob gap warned (once per run, not saved)
 
     def state_dict(self) -> dict[str, Any]:
         return {"kl": self.kl.state_dict(), "running": self.running.state_dict()}
@@ -280,7 +317,7 @@ def update_policy(
     cfg: RLConfig, clusters: dict[str, Cluster], batch: Batch, temperature: float
 ) -> dict[str, float]:
     """ppo_epochs x mini_batches optimizer steps (of the critic, when there is one, then of
-    the actor, on the same mini-batch); metrics averaged over them."""
+    the actor, on the same mini-batch); metrics averaged over them (`*_max`: the largest)."""
     totals: dict[str, float] = {}
     count = 0
     algo = cfg.algorithm
@@ -302,6 +339,9 @@ def update_policy(
             )
             step_metrics |= reduce_rank_metrics(out)  # one rank's view of the update
             for k, v in step_metrics.items():
-                totals[k] = totals.get(k, 0.0) + v
+                if is_max_metric(k):
+                    totals[k] = max(totals.get(k, v), v)
+                else:
+                    totals[k] = totals.get(k, 0.0) + v
             count += 1
-    return {k: v / count for k, v in totals.items()}
+    return {k: v if is_max_metric(k) else v / count for k, v in totals.items()}

@@ -49,7 +49,13 @@ from roll_core.data.vision import BadImageError, VisionInputs, image_rows
 from roll_core.engine import Cluster
 from roll_core.engine.colocation import resolve_offload
 from roll_core.errors import ConfigError, DataError
-from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
+from roll_core.models import (
+    check_chat_template_choice,
+    load_tokenizer,
+    resolve_model_path,
+    resolve_tokenizer_path,
+    use_chat_template,
+)
 from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
@@ -68,6 +74,7 @@ from roll_core.pipelines.rl_iteration import (
     save_roles,
     sync_weights,
     update_policy,
+    warn_logprob_gap,
 )
 from roll_core.pipelines.turns import Turns
 from roll_core.rewards.router import check_dataset_domains
@@ -238,8 +245,7 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
     check_chat_template(cfg)
     tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
-    if cfg.data.chat_template not in ("model", "none"):  # a template file replaces the model's
-        tokenizer.chat_template = Path(cfg.data.chat_template).read_text(encoding="utf-8")
+    use_chat_template(tokenizer, cfg.data.chat_template)  # a template file replaces the model's
     processor = load_processor(model_path, tokenizer) if is_vision_model(model_path) else None
     train, stats = _prompts(cfg, tokenizer, cfg.data.train, "data.train.path", processor)
     evals: list[Prompt] = []
@@ -309,34 +315,11 @@ def check_chat_template(cfg: RLVRConfig) -> None:
     """`data.chat_template` against the tokenizer's files (no model or tokenizer is loaded):
     a missing template file, or `model` with a tokenizer that has no template, is a
     ConfigError at validation instead of a failure at run time."""
-    from roll_core.errors import ModelError
-    from roll_core.models import chat_template_status
-
-    choice = cfg.data.chat_template
-    if choice == "none":
-        return
-    if choice != "model":
-        if not Path(choice).is_file():
-            raise ConfigError(
-                f"data.chat_template: no template file {choice} "
-                f"(resolved to {Path(choice).absolute()}).",
-                hint="Give the path of a Jinja chat-template file, `model` (the tokenizer's "
-                "own template) or `none` (raw prompts).",
-            )
-        return
-    name = cfg.model.tokenizer or cfg.model.path
-    try:
-        has_template = chat_template_status(name)
-    except ModelError:  # a missing model is reported by its own check
-        return
-    if has_template is False:
-        raise ConfigError(
-            f"the tokenizer of {name} has no chat template, and data.chat_template is `model` "
-            "(the default), so the prompts cannot be rendered.",
-            hint="Set data.chat_template: none to use the raw prompt text (base models), "
-            "data.chat_template: PATH to a Jinja template file, or model.tokenizer to a "
-            "tokenizer that ships a template.",
-        )
+    check_chat_template_choice(
+        cfg.data.chat_template,
+        key="data.chat_template",
+        tokenizer_name=cfg.model.tokenizer or cfg.model.path,
+    )
 
 
 def check_algorithm(cfg: RLVRConfig) -> None:
@@ -478,6 +461,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             loop.log_eval(0, lambda: validate(cfg, setup, clusters, eval_rewards))
         for step in loop.steps(start, cfg.trainer.max_steps):
             metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state, reuse, turns)
+            warn_logprob_gap(loop, rl_state, metrics, cfg.trainer.warn_logprob_diff)
             metrics |= rewards.step_metrics()
             # version v = the weights after v updates; async: suspend -> sync -> resume;
             # colocated: optimizer off, inference weights back, sync, params off, KV back

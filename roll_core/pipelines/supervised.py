@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from roll_core.backends.train.torch_backend import ROUTER_AUX_METRIC, resolve_device
 from roll_core.data import Batch, StatefulLoader, load_rows
+from roll_core.data.chat import reasoning_format
 from roll_core.engine import Cluster
 from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokenizer_path
 from roll_core.models.loading import is_vision_model
@@ -92,16 +93,24 @@ def eval_rows(cfg: Any) -> Any:
 
 
 def exact_match(cluster: Cluster, data: Any, tokenizer: Any, ev: Any) -> float:
-    """Fraction of `data.eval_prompts` whose greedy output (`ev.max_new_tokens`), decoded and
-    stripped, equals the answer in `data.eval_answers`."""
+    """Fraction of `data.eval_prompts` whose greedy output, decoded and stripped, equals the
+    answer in `data.eval_answers`.
+
+    With a reasoning chat template (Qwen3) the answer is the text after the reasoning block
+    (``<think>...</think>``, empty or not; an unclosed block is no answer), and the budget is
+    `ev.max_new_tokens` plus the tokens of the empty block the template itself writes before an
+    answer (4 for Qwen3), which a model trained on that template generates first."""
     prompts, answers, bs = data.eval_prompts, data.eval_answers, ev.batch_size
     vision = getattr(data, "eval_vision", None) or None  # VLM prompts: their images
+    reasoning = reasoning_format(tokenizer)
+    budget = ev.max_new_tokens + reasoning.preamble_tokens
     hits = 0
     for i in range(0, len(prompts), bs):
         images = {"vision": vision[i : i + bs]} if vision else {}
-        outs = cluster.generate(prompts[i : i + bs], max_new_tokens=ev.max_new_tokens, **images)
+        outs = cluster.generate(prompts[i : i + bs], max_new_tokens=budget, **images)
         for out, ref in zip(outs, answers[i : i + bs], strict=True):
-            hits += tokenizer.decode(out, skip_special_tokens=True).strip() == ref
+            text = reasoning.answer(tokenizer.decode(out, skip_special_tokens=True))
+            hits += text.strip() == ref
     return hits / max(1, len(prompts))
 
 

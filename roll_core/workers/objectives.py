@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from roll_core.backends.train.base import is_max_metric
 from roll_core.backends.train.torch_backend import LOG_PROB_CHUNK, Objective, token_loss_sum
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.data import Batch
@@ -58,7 +59,8 @@ def rl(
 
     Normalised with the mini-batch's global token and sequence counts in `mb.meta`, so
     micro-batching gives the mini-batch's loss; metrics are weighted by the micro-batch's share
-    of the mini-batch's tokens, so their sums over micro-batches are mini-batch means.
+    of the mini-batch's tokens, so their sums over micro-batches are mini-batch means (`*_max`
+    metrics are maxima: left unweighted, combined by max).
     """
     from roll_core.algorithms import entropy_bonus, entropy_from_logits, kl_loss, policy_loss
 
@@ -125,8 +127,10 @@ def rl(
     if "old_log_probs" not in t:  # the train/infer gap, measured on this forward instead
         gap = (old_log_probs - t["behaviour_log_probs"]).abs()
         metrics["train_infer/logprob_diff"] = float((gap * mask).sum() / mask.sum().clamp(min=1))
+        metrics["train_infer/logprob_diff_max"] = float((gap * mask).max()) if gap.numel() else 0.0
     share = float(mask.sum()) / max(1.0, float(mb.meta["response_tokens"]))
-    return loss, {k: float(v) * share for k, v in metrics.items()}
+    # means become this micro-batch's share of the global mean; maxima stay as they are
+    return loss, {k: float(v) * (1.0 if is_max_metric(k) else share) for k, v in metrics.items()}
 
 
 def response_logits_from(mb: Batch) -> int:

@@ -58,6 +58,9 @@ def test_skipped_old_log_prob_pass_gives_bit_identical_weights(roll, tmp_path: P
     assert all("time/old_log_prob" in r for r in full[1:])
     for a, b in zip(skipped[1:], full[1:], strict=True):  # the gap is still logged, same value
         assert a["train_infer/logprob_diff"] == pytest.approx(b["train_infer/logprob_diff"])
+        assert a["train_infer/logprob_diff_max"] == pytest.approx(
+            b["train_infer/logprob_diff_max"]
+        )  # the largest gap of any micro-batch (issue 32: was missing when the pass is skipped)
         assert a["actor/pg_loss"] == b["actor/pg_loss"]
     a = load_file(str(runs / "rl-auto" / "final" / "model.safetensors"))
     b = load_file(str(runs / "rl-recompute" / "final" / "model.safetensors"))

@@ -10,6 +10,21 @@ import torch
 from roll_core.data import Batch
 
 
+def is_max_metric(key: str) -> bool:
+    """Objective metrics named ``*_max`` are maxima: micro-batches and ranks combine them by
+    max; every other objective metric is a sum (of shares of a global mean)."""
+    return key.endswith("_max")
+
+
+def add_metrics(sums: dict[str, float], metrics: dict[str, Any]) -> None:
+    """Accumulate one micro-batch's objective metrics into ``sums`` (see :func:`is_max_metric`)."""
+    for key, value in metrics.items():
+        if is_max_metric(key) and key in sums:
+            sums[key] = max(sums[key], float(value))
+        else:
+            sums[key] = sums.get(key, 0.0) + float(value)
+
+
 class TrainBackend(Protocol):
     """Owns a model and its optimizer on one rank."""
 

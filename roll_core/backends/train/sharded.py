@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from roll_core.backends.train.base import add_metrics
 from roll_core.backends.train.torch_backend import (
     TorchTrainBackend,
     add_router_aux_loss,
@@ -172,8 +173,7 @@ class ShardedTrainBackend(TorchTrainBackend):
             self._backward(loss * (0.0 if dummy else float(self.world_size)))
             if dummy:
                 continue
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
+            add_metrics(sums, metrics)
             seen_tokens += int(mb.tensors["attention_mask"].sum())
         lr = self._lr()
         grad_norm = self._optimizer_step()
@@ -193,8 +193,7 @@ class ShardedTrainBackend(TorchTrainBackend):
             mb = mb.to(self.device)
             _, metrics = objective(self.forward(mb), mb)
             if not dummy:
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
+                add_metrics(sums, metrics)
         return sums
 
     @torch.no_grad()

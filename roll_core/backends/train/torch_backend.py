@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from roll_core.backends.train.base import add_metrics
 from roll_core.backends.train.schedules import make_optimizer
 from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
@@ -230,8 +231,7 @@ class TorchTrainBackend:
                 loss, metrics, out, self.model, len(mb) / len(batch)
             )
             loss.backward()
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
+            add_metrics(sums, metrics)
             seen_tokens += int(mb.tensors["attention_mask"].sum())
         max_norm = self.optim_cfg.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -256,8 +256,7 @@ class TorchTrainBackend:
         for mb in batch.chunk(self.micro_batch_size):
             mb = mb.to(self.device)
             _, metrics = objective(self.forward(mb), mb)
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
+            add_metrics(sums, metrics)
         return sums
 
     @torch.no_grad()

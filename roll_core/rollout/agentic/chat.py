@@ -3,10 +3,21 @@
 Token-in/token-out: the ids of a trajectory are the first prompt (system + first observation,
 rendered by the model's chat template), then for every turn the ids the model *generated*
 (exactly, eos included) and the ids of the env's reply. The env's reply is the chat template's
-text between an assistant message and the next generation prompt (ChatML:
+text between an earlier assistant message's text and the next generation prompt (ChatML:
 ``<|im_end|>\\n<|im_start|>user\\n{observation}<|im_end|>\\n<|im_start|>assistant\\n``), found once
-by rendering two dummy conversations and taking the difference. When the generation already
-ended with the eos token that closes the assistant turn, that token is not repeated.
+by rendering a probe conversation ``[user, assistant: SENTINEL, user: PROBE]`` with the generation
+prompt and taking the text after the sentinel. When the generation already ended with the eos
+token that closes the assistant turn, that token is not repeated.
+
+Templates that rewrite history (Qwen3 writes an empty ``<think></think>`` into the last assistant
+turn and drops the reasoning of earlier ones) are not prefix-stable: re-rendering the conversation
+would change the ids of earlier turns. The trace never re-renders: it keeps the generated ids and
+appends only the template's ids for the new messages, so what is trained is exactly what the model
+was given and generated (token-in/token-out); :attr:`ChatFormat.prefix_stable` tells which case
+a template is. A template that does not write an earlier assistant message's text as given (so
+no reply can be appended after it) leaves :attr:`ChatFormat.append_error` set: such a template can
+only be used where turns are never concatenated (step mode); the pipeline checks this before a
+run starts.
 
 Only generated ids carry a loss-mask 1 and a behaviour log-prob; everything the env or the
 template wrote is masked.
@@ -32,6 +43,19 @@ from roll_core.envs.base import observation_images
 from roll_core.errors import ModelError
 
 _SENTINEL = "ROLL_SENTINEL_7f3a"
+_PROBE = "ROLL_OBSERVATION_PROBE"
+
+
+def _after_sentinel(text: str, probe: str) -> tuple[str, str] | None:
+    """The template's text between the sentinel assistant message and the probe user message,
+    and after the probe (None: the sentinel or the probe is not written once, in order)."""
+    if text.count(_SENTINEL) != 1 or text.count(probe) != 1:
+        return None
+    after = text.split(_SENTINEL, 1)[1]
+    if probe not in after:
+        return None
+    before, _, suffix = after.partition(probe)
+    return before, suffix
 
 
 class ChatFormat:
@@ -46,20 +70,35 @@ class ChatFormat:
         self.processor = processor
         self._image_replies: dict[int, tuple[str, str]] = {}
         self.eos_id: int | None = tokenizer.eos_token_id
-        base = [
+        self._base = [
             {"role": "user", "content": "hi"},
             {"role": "assistant", "content": _SENTINEL},
         ]
-        text_base = self._text(base, generation_prompt=False)
-        probe = "ROLL_OBSERVATION_PROBE"
-        text_full = self._text([*base, {"role": "user", "content": probe}], True)
-        if not text_full.startswith(text_base) or _SENTINEL not in text_base:
-            raise ValueError("the chat template does not render conversations incrementally")
-        close = text_base.split(_SENTINEL)[-1]  # e.g. "<|im_end|>\n"
-        before, _, after = text_full[len(text_base) :].partition(probe)
-        self._env_prefix = close + before  # e.g. "<|im_end|>\n<|im_start|>user\n"
-        self._env_suffix = after  # e.g. "<|im_end|>\n<|im_start|>assistant\n"
-        self._base, self._text_base, self._close = base, text_base, close
+        self.prefix_stable = False
+        self.renders_history = True  # renders [user, assistant, user] at all
+        self.append_error: str | None = None
+        self._env_prefix = self._env_suffix = ""
+        try:
+            text_base = self._text(self._base, generation_prompt=False)
+            text_full = self._text([*self._base, {"role": "user", "content": _PROBE}], True)
+        except Exception as err:  # noqa: BLE001 - the template's own error, reported as such
+            self.append_error = f"it fails on a [user, assistant, user] conversation: {err}"
+            self.renders_history = False
+            return
+        self.prefix_stable = _SENTINEL in text_base and text_full.startswith(text_base)
+        pieces = _after_sentinel(text_full, _PROBE)
+        if pieces is None:
+            self.append_error = (
+                "it does not write an earlier assistant message's text as given (rendering "
+                f"[user, assistant {_SENTINEL!r}, user {_PROBE!r}] gave {text_full!r})"
+            )
+            return
+        self._env_prefix, self._env_suffix = pieces  # e.g. "<|im_end|>\\n<|im_start|>user\\n"
+
+    @property
+    def can_append(self) -> bool:
+        """Whether env replies can be appended to generated ids (trajectory mode)."""
+        return self.append_error is None
 
     def _text(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return render_chat(
@@ -75,6 +114,7 @@ class ChatFormat:
 
     def env_message(self, observation: str, *, after_eos: bool) -> list[int]:
         """Ids of the env's reply after an assistant turn (closing that turn if needed)."""
+        self._check_append()
         ids = self.encode(self._env_prefix + observation + self._env_suffix)
         if after_eos and ids and ids[0] == self.eos_id:
             ids = ids[1:]
@@ -131,14 +171,29 @@ class ChatFormat:
 
     def _image_reply(self, num_images: int) -> tuple[str, str]:
         """Template text before and after an observation's text in a reply with images."""
+        self._check_append()
         if num_images not in self._image_replies:
-            probe = "ROLL_OBSERVATION_PROBE"
-            full = self._text([*self._base, image_message(probe, num_images)], True)
-            if not full.startswith(self._text_base):
-                raise ValueError("the chat template does not render conversations incrementally")
-            before, _, after = full[len(self._text_base) :].partition(probe)
-            self._image_replies[num_images] = (self._close + before, after)
+            full = self._text([*self._base, image_message(_PROBE, num_images)], True)
+            pieces = _after_sentinel(full, _PROBE)
+            if pieces is None:
+                raise ModelError(
+                    "the chat template does not write an earlier assistant message's text as "
+                    "given before an observation with images, so the env's reply cannot be "
+                    "appended to the generated ids.",
+                    hint="Use rollout.mode: step, or a chat template (rollout.chat_template) "
+                    "that writes earlier assistant turns verbatim.",
+                )
+            self._image_replies[num_images] = pieces
         return self._image_replies[num_images]
+
+    def _check_append(self) -> None:
+        if self.append_error is not None:
+            raise ModelError(
+                f"the chat template cannot continue a conversation turn by turn: "
+                f"{self.append_error}.",
+                hint="Use rollout.mode: step (each turn its own sample), or a chat template "
+                "(rollout.chat_template) that writes earlier assistant turns verbatim.",
+            )
 
     def _vision(self) -> Any:
         if self.processor is None:

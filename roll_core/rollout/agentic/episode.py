@@ -180,6 +180,8 @@ def play_episode(
         ended_with_eos = bool(completion.response_ids) and (
             completion.response_ids[-1] == chat.eos_id
         )
+        if s.mode == "step" and not chat.can_append:
+            continue  # the trace (metrics only in step mode) cannot be continued: see ChatFormat
         reply, reply_vision = chat.observe(observation, after_eos=ended_with_eos)
         if s.mode != "step" and len(traj.trace.ids) + len(reply) + max_new_tokens > s.max_context:
             traj.status = "context"  # the next turn would not fit: end on the last response
