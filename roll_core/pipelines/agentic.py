@@ -543,24 +543,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         start = loop.begin(save_state=save_state, load_state=load_state)
         evaluate = cfg.eval.every_steps and any(e.eval_episodes for e in cfg.envs)
         if start == 0 and cfg.warm_start.steps:
-            if evaluate and cfg.warm_start.eval_before:
-                with loop.phase("evaluating"):
-                    before = validate(cfg, manager, specs)
-                loop.log_extra(
-                    0, {k.replace("eval/", "eval_before_warm_start/"): v for k, v in before.items()}
-                )
-            t = time.perf_counter()
-            what = WARM_START_WHAT[cfg.warm_start.policy]
-            with loop.phase(f"warm start (SFT on {what})", cfg.warm_start.steps) as p:
-                metrics = _logging_faults(
-                    loop, 0, lambda: warm_start(cfg, setup, clusters, specs, advance=p.advance)
-                )
-            metrics["warm_start/seconds"] = time.perf_counter() - t
-            loop.console_note(
-                f"warm start: {cfg.warm_start.steps} SFT steps on {what}, "
-                f"loss {metrics['warm_start/loss_last']:.3f}"
-            )
-            loop.log_extra(0, metrics)
+            _warm_start_phase(cfg, setup, clusters, manager, specs, loop, bool(evaluate))
         _sync(clusters, manager, start)
         record_weight_sync(clusters, loop)
         turns.start()
@@ -584,6 +567,36 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         if manager is not None:
             manager.close()
         executor.shutdown()
+
+
+def _warm_start_phase(
+    cfg: AgenticConfig,
+    setup: AgenticSetup,
+    clusters: dict[str, Any],
+    manager: EnvRolloutManager,
+    specs: list[EnvSpec],
+    loop: DriverLoop,
+    evaluate: bool,
+) -> None:
+    """The warm start before step 1 (validation before it if asked), logged at step 0."""
+    if evaluate and cfg.warm_start.eval_before:
+        with loop.phase("evaluating"):
+            before = validate(cfg, manager, specs)
+        loop.log_extra(
+            0, {k.replace("eval/", "eval_before_warm_start/"): v for k, v in before.items()}
+        )
+    t = time.perf_counter()
+    what = WARM_START_WHAT[cfg.warm_start.policy]
+    with loop.phase(f"warm start (SFT on {what})", cfg.warm_start.steps) as p:
+        metrics = _logging_faults(
+            loop, 0, lambda: warm_start(cfg, setup, clusters, specs, advance=p.advance)
+        )
+    metrics["warm_start/seconds"] = time.perf_counter() - t
+    loop.console_note(
+        f"warm start: {cfg.warm_start.steps} SFT steps on {what}, "
+        f"loss {metrics['warm_start/loss_last']:.3f}"
+    )
+    loop.log_extra(0, metrics)
 
 
 def _logging_faults(loop: DriverLoop, step: int, fn: Any) -> dict[str, float]:

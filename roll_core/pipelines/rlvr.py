@@ -390,23 +390,24 @@ def validate(
     return rewards.eval_metrics(scored, prefix="eval")
 
 
-def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]:
-    loop.console_note(
-        f"data: {setup.stats['rows']} rows, {len(setup.train)} prompts used "
-        f"({setup.stats['dropped_too_long']} too long, {setup.stats['dropped_empty']} empty"
-        + (
-            f", {setup.stats['dropped_bad_image']} with an unreadable image"
-            if setup.stats.get("dropped_bad_image")
-            else ""
-        )
-        + "); "
-        f"eval {len(setup.eval)} prompts"
+def _data_note(setup: RLVRSetup) -> str:
+    """The console line on the data a run trains on (rows used, dropped and why)."""
+    stats = setup.stats
+    bad_image = stats.get("dropped_bad_image")
+    return (
+        f"data: {stats['rows']} rows, {len(setup.train)} prompts used "
+        f"({stats['dropped_too_long']} too long, {stats['dropped_empty']} empty"
+        + (f", {bad_image} with an unreadable image" if bad_image else "")
+        + f"); eval {len(setup.eval)} prompts"
     )
+
+
+def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]:
+    loop.console_note(_data_note(setup))
     rewards = RewardStage(
         cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.train + setup.eval)
     )
-    # validation has a stage of its own (eval.reward, else the training reward): its samples
-    # never count in the training steps' reward/<domain>/... metrics or the checkpointed totals
+    # validation scores apart (eval.reward, else reward): never in the training reward metrics
     eval_rewards = RewardStage(
         cfg.eval.reward or cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.eval)
     )
