@@ -118,6 +118,11 @@ class Cluster:
             raise AttributeError(
                 f"{worker_cls.__name__}.{method} is not a cluster method (no @dispatch)"
             )
+        if mode == "one":
+            raise AttributeError(
+                f"{worker_cls.__name__}.{method} runs on the rank the caller picks: call "
+                f"cluster.at(rank).{method}(...)"
+            )
         calls: dict[str, Callable[..., Any]] = {
             "all": self.run,
             "dp": self.run_dp,
@@ -125,6 +130,14 @@ class Cluster:
             "scatter": self.run_scatter,
         }
         return functools.partial(calls[mode], method)
+
+    def at(self, rank: int) -> RankCalls:
+        """The non-blocking form on one rank: ``cluster.at(r).method(...)`` starts the worker
+        method on rank r and returns a concurrent.futures.Future (errors surface from
+        ``future.result()``, a worker's RollError as itself, a dead rank named)."""
+        if not 0 <= rank < self.world_size:
+            raise IndexError(f"{self.name} has ranks 0..{self.world_size - 1}, not {rank}")
+        return RankCalls(self, rank)
 
     def run_scatter(self, method: str, items: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` on rank r with `items[r]` (one item per rank); results in rank order."""
@@ -173,6 +186,22 @@ class Cluster:
             h.submit(method, shard, **kwargs) for h, shard in zip(self.handles, shards, strict=True)
         ]
         return self._gather(futures)
+
+
+class RankCalls:
+    """`cluster.at(rank)`: every @dispatch method of the worker, on that rank, non-blocking."""
+
+    def __init__(self, cluster: Cluster, rank: int) -> None:
+        self._cluster = cluster
+        self._rank = rank
+
+    def __getattr__(self, method: str) -> Callable[..., Future]:
+        cluster = self._cluster
+        if method.startswith("_") or dispatch_mode(cluster.worker_cls, method) is None:
+            raise AttributeError(
+                f"{cluster.worker_cls.__name__}.{method} is not a cluster method (no @dispatch)"
+            )
+        return functools.partial(cluster.submit, self._rank, method)
 
 
 def _rank_resources(

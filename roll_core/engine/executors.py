@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from roll_core.engine.process import ProcessHandle, chain_future
-from roll_core.engine.worker import Worker
+from roll_core.engine.worker import CONCURRENT_CALLS, Worker, has_concurrent_methods, is_concurrent
 from roll_core.errors import ConfigError, RollError, WorkerDiedError
 
 _DEATH_GRACE_S = 10.0
@@ -20,12 +20,20 @@ class _LocalHandle:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self._pool: ThreadPoolExecutor | None = None
+        self._concurrent: ThreadPoolExecutor | None = None
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.worker.call(method, *args, **kwargs)
 
     def submit_async(self, method: str, *args: Any, **kwargs: Any) -> Future:
-        """Run the call on this rank's own thread (calls to one rank stay in order)."""
+        """Run the call on this rank's own thread (calls to one rank stay in order), or, for a
+        method declared concurrent, on a pool of threads beside it."""
+        if is_concurrent(type(self.worker), method):
+            if self._concurrent is None:
+                self._concurrent = ThreadPoolExecutor(
+                    max_workers=CONCURRENT_CALLS, thread_name_prefix="roll-worker-concurrent"
+                )
+            return self._concurrent.submit(self.worker.call, method, *args, **kwargs)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="roll-worker")
         return self._pool.submit(self.worker.call, method, *args, **kwargs)
@@ -84,11 +92,15 @@ class LocalExecutor:
 
 
 class _RayHandle:
-    def __init__(self, actor: Any, rank: int) -> None:
+    def __init__(self, actor: Any, rank: int, worker_cls: type[Worker] = Worker) -> None:
         self.actor = actor
         self.rank = rank
+        self.worker_cls = worker_cls
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if is_concurrent(self.worker_cls, method):  # its own threads (concurrency group)
+            call = self.actor.call.options(concurrency_group=_CONCURRENT_GROUP)
+            return call.remote(method, *args, **kwargs)
         return self.actor.call.remote(method, *args, **kwargs)
 
     def submit_async(self, method: str, *args: Any, **kwargs: Any) -> Future:
@@ -99,7 +111,12 @@ class _RayHandle:
                 return WorkerDiedError("", self.rank, f"Ray actor {type(err).__name__}")
             return err
 
-        return chain_future(self.actor.call.remote(method, *args, **kwargs).future(), died)
+        return chain_future(self.submit(method, *args, **kwargs).future(), died)
+
+
+_CONCURRENT_GROUP = "concurrent"
+"""The Ray concurrency group of the methods declared ``@dispatch(..., concurrent=True)``;
+every other call runs in the actor's default group, one at a time, in order."""
 
 
 class RayExecutor:
@@ -166,10 +183,16 @@ class RayExecutor:
         if isolated or "gpu_ids" in resources:
             options["runtime_env"] = {"env_vars": env_vars}
         self._check_cpus(float(options["num_cpus"]))
-        actor_cls = self._ray.remote(worker_cls)
+        # concurrency groups cannot be given in `.options()`: only to `ray.remote`
+        groups = {_CONCURRENT_GROUP: CONCURRENT_CALLS} if has_concurrent_methods(worker_cls) else {}
+        actor_cls = (
+            self._ray.remote(concurrency_groups=groups)(worker_cls)
+            if groups
+            else self._ray.remote(worker_cls)
+        )
         actor: Any = actor_cls.options(**options).remote(rank=rank, world_size=world_size, **kwargs)
         self._ranks[actor._actor_id.hex()] = rank
-        return _RayHandle(actor, rank)
+        return _RayHandle(actor, rank, worker_cls)
 
     def _check_cpus(self, cpus: float) -> None:
         """Refuse an actor the cluster can never hold (its CPUs all taken by our own actors)

@@ -9,14 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-DispatchMode = Literal["all", "dp", "rank0", "scatter"]
+DispatchMode = Literal["all", "dp", "rank0", "scatter", "one"]
 """How `Cluster` calls a worker method (see :func:`dispatch`)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 _DISPATCH_ATTR = "__roll_dispatch__"
+_CONCURRENT_ATTR = "__roll_concurrent__"
 
 
-def dispatch(mode: DispatchMode) -> Callable[[F], F]:
+def dispatch(mode: DispatchMode, *, concurrent: bool = False) -> Callable[[F], F]:
     """Declare, once on the worker method, how ``cluster.method(...)`` calls it:
 
     * ``all``: every rank with the same arguments; the results in rank order (setup, save);
@@ -24,11 +25,20 @@ def dispatch(mode: DispatchMode) -> Callable[[F], F]:
       results in rank order, so concatenating them gives the batch's order (train_step);
     * ``rank0``: rank 0's result; in a process group every rank is called, as the method may
       be a collective (export, gathering sharded weights);
-    * ``scatter``: the first argument is a list with one item per rank, rank r gets item r.
+    * ``scatter``: the first argument is a list with one item per rank, rank r gets item r;
+    * ``one``: the caller picks the rank, ``cluster.at(rank).method(...)``, and gets a
+      ``concurrent.futures.Future`` (the router sending one request to one inference rank).
+
+    Every method also has the non-blocking form ``cluster.at(rank).method(...)``.
+    ``concurrent=True``: calls may run while other calls to the same rank are in flight (a
+    request-level engine serves many blocked ``generate_request`` calls at once; ``abort``
+    must get through while they wait). Such calls run on their own threads (a Ray concurrency
+    group, a thread pool under the local executor); every other call to a rank runs in order.
     """
 
     def mark(fn: F) -> F:
         vars(fn)[_DISPATCH_ATTR] = mode
+        vars(fn)[_CONCURRENT_ATTR] = concurrent
         return fn
 
     return mark
@@ -37,6 +47,21 @@ def dispatch(mode: DispatchMode) -> Callable[[F], F]:
 def dispatch_mode(worker_cls: type, method: str) -> DispatchMode | None:
     """The mode `method` of `worker_cls` was declared with (None: not a cluster method)."""
     return vars(getattr(worker_cls, method, dispatch_mode)).get(_DISPATCH_ATTR)
+
+
+def is_concurrent(worker_cls: type, method: str) -> bool:
+    """Whether `method` was declared ``@dispatch(..., concurrent=True)``."""
+    return bool(vars(getattr(worker_cls, method, dispatch_mode)).get(_CONCURRENT_ATTR, False))
+
+
+def has_concurrent_methods(worker_cls: type) -> bool:
+    """Whether any public method of `worker_cls` is declared concurrent (the executor then
+    gives its ranks a pool of threads for them)."""
+    return any(is_concurrent(worker_cls, name) for name in dir(worker_cls) if name[0] != "_")
+
+
+CONCURRENT_CALLS = 512
+"""How many concurrent calls one rank serves at once (threads of its concurrency group)."""
 
 
 class Worker:

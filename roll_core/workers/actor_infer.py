@@ -36,8 +36,33 @@ class ActorInfer(Worker):
             raise RuntimeError("ActorInfer.setup() was not called")
         return self.backend
 
+    @dispatch("one")
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
+        """A whole list at once, answered when all are done (the deterministic, fixed-batch
+        path: ``rollout.deterministic``; evaluation)."""
         return self._b().generate(requests, params)
+
+    # ---- request-level serving (backends/infer/base.py RequestEngine) -------------------------
+    @dispatch("one", concurrent=True)
+    def generate_request(self, request: Request, params: SamplingParams) -> Completion:
+        """One request, answered the moment it finishes (the engine batches continuously
+        across the concurrent calls)."""
+        return self._b().generate_request(request, params)  # type: ignore[attr-defined]
+
+    @dispatch("all", concurrent=True)
+    def abort_requests(self, request_ids: list[int]) -> None:
+        """Finish these requests now (their calls return partial responses); unknown or
+        finished ids are ignored."""
+        self._b().abort(list(request_ids))  # type: ignore[attr-defined]
+
+    @dispatch("all", concurrent=True)
+    def pause_generation(self) -> None:
+        """No decoding step until `resume_generation` (around a weight sync)."""
+        self._b().pause()  # type: ignore[attr-defined]
+
+    @dispatch("all", concurrent=True)
+    def resume_generation(self) -> None:
+        self._b().resume()  # type: ignore[attr-defined]
 
     @dispatch("all")
     def update_weights(self, named_tensors: dict[str, Any], *, version: int) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from roll_core.data import Batch
 from roll_core.engine import Cluster, LocalExecutor, Worker
+from roll_core.engine.executors import make_executor
 from roll_core.engine.worker import dispatch
 from roll_core.errors import DataError
 
@@ -87,3 +90,42 @@ def test_methods_dispatch_as_they_declare() -> None:
         cluster.undeclared()
     with pytest.raises(AttributeError):
         cluster._private()
+
+
+class _Gate(Worker):
+    """A worker whose `wait` calls block until `open` (a concurrent call) lets them go."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        import threading
+
+        self.event = threading.Event()
+
+    @dispatch("one", concurrent=True)
+    def wait(self, tag: int) -> int:
+        assert self.event.wait(60), "open() never got through while wait() calls were blocked"
+        return tag * 10 + self.rank
+
+    @dispatch("all", concurrent=True)
+    def open(self) -> None:
+        self.event.set()
+
+
+@pytest.mark.parametrize("kind", ["local", "ray"])
+def test_concurrent_methods_run_beside_blocked_calls(kind: str) -> None:
+    """Three `wait` calls block on rank 1; `open` (also concurrent) gets through and frees
+    them; `cluster.at(rank)` is the non-blocking form; a "one" method is refused as
+    `cluster.method`."""
+    executor = make_executor(kind, num_cpus=2)
+    try:
+        cluster = Cluster("gate", _Gate, executor, world_size=2)
+        futures = [cluster.at(1).wait(k) for k in range(3)]
+        assert not any(f.done() for f in futures)
+        cluster.open()
+        assert [f.result(timeout=60) for f in futures] == [1, 11, 21]
+        with pytest.raises(AttributeError, match=r"cluster.at\(rank\).wait"):
+            cluster.wait(0)
+        with pytest.raises(IndexError):
+            cluster.at(2)
+    finally:
+        executor.shutdown()

@@ -48,7 +48,7 @@ class Completion:
     request_id: int
     response_ids: list[int]
     log_probs: list[float]
-    finish_reason: str  # "stop" (eos or a stop string) or "length"
+    finish_reason: str  # "stop" (eos or a stop string), "length", or "abort" (partial)
     policy_version: int
     timing: dict[str, float] = field(default_factory=dict)
 
@@ -77,4 +77,34 @@ class InferBackend(Protocol):
 
     def restore(self, parts: list[str]) -> int:
         """Undo `release` for `parts` (weights before a sync, the KV cache after); bytes."""
+        ...
+
+
+class RequestEngine(Protocol):
+    """Request-level serving on one inference rank (ARCHITECTURE.md "Rollout is a
+    request-level service"; docs/rollout.md).
+
+    Many threads call :meth:`generate_request` at once, one request each; the engine batches
+    whatever is in flight continuously (a request joins at the next decoding step and leaves
+    the moment it finishes), so a short response never waits for a long one. Thread-safe.
+    """
+
+    def generate_request(self, request: Request, params: SamplingParams) -> Completion:
+        """Block until `request` finishes (``stop`` / ``length``) or is aborted; returns its
+        response ids and behaviour log-probs (an aborted one: the tokens so far, with
+        ``finish_reason="abort"``). The request's own seed decides its sampling."""
+        ...
+
+    def abort(self, request_ids: list[int]) -> None:
+        """Finish these requests now: their waiting :meth:`generate_request` calls return the
+        partial response. Ids not in flight (unknown, already finished): ignored."""
+        ...
+
+    def pause(self) -> None:
+        """Run no decoding step until :meth:`resume`; returns once none is running (weights may
+        then be replaced). Requests in flight stay where they are; new ones queue."""
+        ...
+
+    def resume(self) -> None:
+        """Undo :meth:`pause`."""
         ...
