@@ -92,6 +92,129 @@ def test_request_mode_checks_the_head_size_the_engine_derived(tmp_path, monkeypa
     assert closed == [True]
 
 
+# ---- the event-loop bridge on a stand-in engine (milliseconds, no vLLM process) -------------
+class FakeAsyncLLM:
+    """The part of AsyncLLM's API that vllm_async.AsyncEngine uses: `generate` streams what
+    the test `emit`s (delta outputs), `abort` ends a request with finish reason abort."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.model_config = None
+        self.errored = False
+        self.streams: dict[str, asyncio.Queue] = {}
+        self.aborted: list[str] = []
+        self.loop = asyncio.get_running_loop()
+
+    @staticmethod
+    def output(tokens: list[int], finish: str | None) -> object:
+        import types
+
+        logps = [{t: types.SimpleNamespace(logprob=-0.5 * t)} for t in tokens]
+        done = types.SimpleNamespace(token_ids=tokens, logprobs=logps, finish_reason=finish)
+        return types.SimpleNamespace(outputs=[done])
+
+    async def generate(self, prompt, sampling, request_id: str):
+        import asyncio
+
+        queue = self.streams.setdefault(request_id, asyncio.Queue())
+        while True:
+            out = await queue.get()
+            yield out
+            if out.outputs[0].finish_reason is not None:
+                return
+
+    def emit(self, request_id: str, tokens: list[int], finish: str | None = None) -> None:
+        import asyncio
+
+        def put() -> None:
+            self.streams.setdefault(request_id, asyncio.Queue()).put_nowait(
+                self.output(tokens, finish)
+            )
+
+        self.loop.call_soon_threadsafe(put)
+
+    async def abort(self, request_ids) -> None:
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            self.aborted.append(rid)
+            self.streams[rid].put_nowait(self.output([], "abort"))
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.fixture
+def bridge(monkeypatch):
+    from roll_core.backends.infer import vllm_async
+
+    async def start(self, engine_args):
+        return FakeAsyncLLM()
+
+    monkeypatch.setattr(vllm_async.AsyncEngine, "_start", start)
+    monkeypatch.setattr(vllm_async, "_POLL_S", 0.05)
+    engine = vllm_async.AsyncEngine(None, name="the test engine")
+    yield engine
+    engine.close()
+
+
+def _sampling():
+    from vllm import SamplingParams as VSamplingParams
+
+    return VSamplingParams(max_tokens=8)
+
+
+def _wait_for_stream(engine, vllm_id: str) -> None:
+    deadline = time.time() + 5
+    while vllm_id not in engine.engine.streams:
+        assert time.time() < deadline
+        time.sleep(0.01)
+
+
+@needs_vllm
+def test_the_bridge_accumulates_deltas_and_aborts_with_the_tokens_so_far(bridge) -> None:
+    first = bridge.submit(7, None, _sampling())
+    second = bridge.submit(7, None, _sampling())  # the same roll id again: its own vLLM id
+    _wait_for_stream(bridge, "roll-7-0")
+    _wait_for_stream(bridge, "roll-7-1")
+    bridge.engine.emit("roll-7-0", [3, 4])
+    bridge.engine.emit("roll-7-0", [5], "length")
+    done = bridge.wait(first)
+    assert (done.token_ids, done.log_probs, done.finish_reason) == (
+        [3, 4, 5],
+        [-1.5, -2.0, -2.5],
+        "length",
+    )
+    bridge.engine.emit("roll-7-1", [9])
+    time.sleep(0.05)
+    bridge.abort([7, 12345])  # 12345: not in flight, ignored
+    part = bridge.wait(second)
+    assert (part.token_ids, part.log_probs, part.finish_reason) == ([9], [-4.5], "abort")
+    assert bridge.engine.aborted == ["roll-7-1"]  # the finished request was not aborted
+    bridge.abort([7])  # nothing in flight any more: a no-op
+    assert bridge.engine.aborted == ["roll-7-1"]
+
+
+@needs_vllm
+def test_the_bridge_fails_waiting_calls_when_the_engine_dies_or_closes(bridge) -> None:
+    from roll_core.backends.infer.vllm_async import EngineDiedError
+
+    waiting = bridge.submit(1, None, _sampling())
+    _wait_for_stream(bridge, "roll-1-0")
+    bridge.engine.errored = True  # what AsyncLLM reports once its engine process is gone
+    with pytest.raises(EngineDiedError, match="the test engine died: its engine-core process"):
+        bridge.wait(waiting)
+    bridge.engine.errored = False
+    other = bridge.submit(2, None, _sampling())
+    _wait_for_stream(bridge, "roll-2-1")
+    closer = threading.Timer(0.1, bridge.close)
+    closer.start()
+    with pytest.raises(RuntimeError, match="the test engine was closed while this call waited"):
+        bridge.wait(other)
+    closer.join()
+    with pytest.raises(RuntimeError, match="the test engine is closed"):
+        bridge.submit(3, None, _sampling())
+
+
 # ---- one batch engine for the reference, one request engine for the rest --------------------
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -273,6 +396,25 @@ def test_pause_then_resume_keeps_progress(infer, reference) -> None:
     # the in-flight request went on from where it was: the full response, once
     assert done.finish_reason == "length" and done.response_ids == reference["long"].response_ids
     assert gap(done.log_probs, reference["long"].log_probs) < 1e-5
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_an_abort_while_paused_returns_at_once(infer, reference) -> None:
+    """Partial rollout's order at a sync: pause, abort what is in flight (it returns its
+    tokens so far without an engine step), sync, resume."""
+    full = reference["long"]
+    doomed = infer.at(0).generate_request(long_request(55), long_params())
+    infer.at(0).generate_request(sampled_requests()[2], SAMPLED).result(timeout=120)
+    infer.pause_generation()
+    try:
+        infer.abort_requests([55])
+        part = doomed.result(timeout=30)
+    finally:
+        infer.resume_generation()
+    n = len(part.response_ids)
+    assert part.finish_reason == "abort" and 12 <= n < LONG
+    assert part.response_ids == full.response_ids[:n]
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -124,6 +124,10 @@ class AsyncEngine:
                 if reason is not None and not future.done():
                     future.cancel()
                     raise self._died(reason) from None
+            except CancelledError:
+                if self._closed:
+                    raise RuntimeError(f"{self.name} was closed while this call waited") from None
+                raise
             except Exception as err:
                 if _is_engine_dead(err):
                     raise self._died(f"{type(err).__name__}: {err}") from err
