@@ -169,10 +169,12 @@ class AsyncEngine:
         self, request_id: int, part: Partial, prompt: Any, sampling: Any
     ) -> Partial:
         try:
-            if part.aborted:  # aborted before it reached the engine
-                part.finish_reason = "abort"
-                return part
-            part.started = True
+            with self._lock:  # against abort(): either it sees the request started or we see it
+                if part.aborted:  # aborted before it reached the engine
+                    part.finish_reason = "abort"
+                    return part
+                part.started = True
+            abort_sent = False
             async for out in self.engine.generate(prompt, sampling, part.vllm_id):
                 done = out.outputs[0]
                 tokens = list(done.token_ids)
@@ -184,8 +186,9 @@ class AsyncEngine:
                     )
                 if done.finish_reason is not None:
                     part.finish_reason = str(done.finish_reason)
-                if part.aborted and part.finish_reason is None:
-                    # the abort came between add_request and the engine knowing the id
+                if part.aborted and part.finish_reason is None and not abort_sent:
+                    # the abort came before the engine knew the id: send it again
+                    abort_sent = True
                     await self.engine.abort(part.vllm_id)
             if part.finish_reason is None:
                 part.finish_reason = "abort"
@@ -200,7 +203,7 @@ class AsyncEngine:
             parts = [p for rid in request_ids for p in self._inflight.get(rid, [])]
             for p in parts:
                 p.aborted = True
-        started = [p.vllm_id for p in parts if p.started]
+            started = [p.vllm_id for p in parts if p.started]
         if started and self._dead() is None:
             self.call(self.engine.abort, started)
 

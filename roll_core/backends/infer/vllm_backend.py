@@ -360,9 +360,11 @@ class VLLMInferBackend:
     # ---- request-level serving (base.py RequestEngine; serving="request" only) -----------------
     def _request_engine(self, method: str) -> AsyncEngine:
         if self.serving != "request":
-            raise RuntimeError(
-                f"VLLMInferBackend.{method} needs serving='request'; this backend was built "
-                "with serving='batch' (vllm.LLM answers whole lists only: use generate)."
+            raise ConfigError(
+                f"vllm backend: {method} serves one request at a time, but this backend was "
+                "built with serving='batch' (vllm.LLM answers whole lists only).",
+                hint="Build it with serving='request' (the default) for request-level rollout, "
+                "or call generate(list) in the fixed-batch mode.",
             )
         return self.llm  # type: ignore[no-any-return]
 
@@ -446,7 +448,8 @@ class VLLMInferBackend:
 
     # ---- taking turns with a colocated trainer (CUDA build only; not run in CPU tests) --------
     def release(self, parts: list[str], *, level: int = 1) -> int:
-        """`LLM.sleep(level)`: level 1 moves the weights to CPU memory and frees the KV
+        """vLLM's `sleep(level)` (request mode: in-flight requests are kept, ``mode="keep"``,
+        and recompute their KV cache after the wake-up): level 1 moves the weights to CPU memory and frees the KV
         cache, level 2 frees both (the next weight sync rewrites the weights). vLLM frees both
         at once, whatever `parts` names. Returns the device bytes freed (free memory before
         and after: the engine may run in another process)."""
@@ -458,7 +461,7 @@ class VLLMInferBackend:
         return max(0, torch.cuda.mem_get_info()[0] - before)
 
     def restore(self, parts: list[str]) -> int:
-        """`LLM.wake_up(tags=parts)`: weights before the weight sync, the KV cache after it."""
+        """vLLM's `wake_up(tags=parts)`: weights before the weight sync, the KV cache after it."""
         tags = [p for p in ("weights", "kv_cache") if p in parts and p in self.asleep]
         if not tags:
             return 0
