@@ -186,7 +186,9 @@ class HFInferBackend:
             n = len(tokens)
             while n > 0 and tokens[n - 1] == pad and pad != eos:
                 n -= 1  # stop string hit: generate pads the rest of the row
-            reason = "stop" if n < len(tokens) else "length"
+            # a stop string: the row stopped before max_new_tokens (if every row stopped,
+            # the batch ended early and there are no pads to trim)
+            reason = "stop" if n < max(len(tokens), params.max_new_tokens) else "length"
         return Completion(
             request_id=request.request_id,
             response_ids=tokens[:n],
