@@ -357,13 +357,11 @@ class HFEngine:
         if self.backend.suppress:
             processed[:, list(self.backend.suppress)] = -float("inf")
         processed = warp(processed / temps, params)
-        tokens = torch.empty(len(params), dtype=torch.long, device=scores.device)
+        tokens = processed.argmax(dim=-1)  # greedy rows; sampled rows are overwritten
         for i, (p, seq) in enumerate(zip(params, self._live, strict=True)):
-            if p.temperature > 0:
+            if p.temperature > 0:  # each request draws from its own generator
                 probs = torch.softmax(processed[i], dim=-1)
                 tokens[i] = torch.multinomial(probs, 1, generator=seq.generator)[0]
-            else:
-                tokens[i] = processed[i].argmax()
         logps = logps_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         return tokens, logps
 
