@@ -407,8 +407,13 @@ def test_through_actor_infer_on_a_local_cluster(model_path: str) -> None:
         assert results[w.request_id].response_ids == w.response_ids
     infer.pause_generation()
     held = infer.at(0).generate_request(Request(9, _prompt(9, 4), 9), GREEDY)
+    kept = infer.at(0).generate_request(reqs[0], GREEDY)
     time.sleep(0.2)
-    assert not held.done()
+    assert not held.done() and not kept.done()
     infer.abort_requests([9])
     assert held.result(timeout=30).finish_reason == "abort"
+    # a (non-concurrent) weight load gets through while requests wait, as at a sync
+    infer.update_weights(_scrambled(model_path), version=2)
     infer.resume_generation()
+    again = kept.result(timeout=120)
+    assert again.policy_version == 2 and again.response_ids == results[0].response_ids
