@@ -6,7 +6,8 @@ The same engine, model and requests in both arms (one inference rank, in this pr
   response is done;
 * streaming: every request through `generate_request` from its own thread; the engine
   batches continuously (at most `--chunk-size` live rows, so both arms decode as many rows at
-  once) and answers each request the moment it finishes.
+  once; vllm: its own scheduler's max_num_seqs) and answers each request the moment it
+  finishes.
 
 Response lengths are heavy-tailed and fixed per request before the run: max_new_tokens of
 request i is a lognormal draw (median `--median-len`, sigma `--sigma`, clipped to
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -92,11 +94,13 @@ def chunked(backend: Any, reqs: list[Any], lengths: list[int], args: argparse.Na
     start = time.perf_counter()
     ends: list[float] = []
     tokens: list[int] = []
+    rank = threading.Lock()
 
     def run(lo: int) -> None:
         chunk, lens = reqs[lo : lo + args.chunk_size], lengths[lo : lo + args.chunk_size]
         params = SamplingParams(max_new_tokens=max(lens), temperature=args.temperature)
-        outs = backend.generate(chunk, params)
+        with rank:  # a worker runs one (non-concurrent) generate call at a time
+            outs = backend.generate(chunk, params)
         done = time.perf_counter()
         for c, n in zip(outs, lens, strict=True):
             tokens.append(len(c.response_ids[:n]))
@@ -185,8 +189,10 @@ def main() -> None:
     streaming(backend, *warm, args)
     rows: dict[str, list[dict]] = {"chunked": [], "streaming": []}
     for _ in range(args.rounds):
-        rows["chunked"].append(chunked(backend, reqs, lengths, args))
-        rows["streaming"].append(streaming(backend, reqs, lengths, args))
+        for name, arm in (("chunked", chunked), ("streaming", streaming)):
+            rows[name].append(arm(backend, reqs, lengths, args))
+            r = rows[name][-1]
+            print(f"  {name}: {r['tok_s']:,.0f} tokens/s, {r['wall']:.1f} s", flush=True)
     if hasattr(backend, "close"):
         backend.close()
     print(
