@@ -224,8 +224,10 @@ class HFInferBackend:
     # ---- taking turns with a colocated trainer ------------------------------------------------
     def release(self, parts: list[str], *, level: int = 1) -> int:
         """Free `parts`: `weights` (parameters and buffers to CPU memory, storage freed:
-        roll_core/backends/offload.py); `kv_cache` (hf keeps none between calls: on CUDA the
-        allocator's cached blocks are released). Returns the bytes moved."""
+        roll_core/backends/offload.py); `kv_cache` (the fixed-batch path keeps none between
+        calls: on CUDA the allocator's cached blocks are released; the engine's batch of
+        requests still in flight, paused, stays: abort them first to free it). Returns the
+        bytes moved."""
         from roll_core.backends.offload import StorageStash
 
         moved = 0
