@@ -29,6 +29,7 @@ there). Nothing waits forever.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -428,10 +429,9 @@ class Router:
         for rank, ids in per_rank.items():
             if rank in self.dead or not ids:
                 continue
-            try:
+            # best effort: the rank may be going away (its requests then fail by themselves)
+            with contextlib.suppress(Exception):
                 self.infer.at(rank).abort_requests(ids)
-            except Exception:  # noqa: BLE001, S110 - best effort: the rank may be going away
-                pass
 
     # ---- timeouts ---------------------------------------------------------------------------------
     def _ensure_watchdog(self) -> None:
