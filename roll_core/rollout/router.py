@@ -507,6 +507,13 @@ class Router:
             out += item.tickets if isinstance(item, _Chunk) else [item]
         return out
 
+    def active_seconds(self) -> float:
+        """Seconds with at least one call in flight so far (the running interval included)."""
+        with self._cond:
+            busy = bool(self._flight or self._chunks)
+            now = time.perf_counter()
+            return self.stats["active_s"] + (now - self._active_since if busy else 0.0)
+
     def in_flight(self) -> int:
         """Requests sent and not yet answered."""
         with self._cond:
