@@ -60,6 +60,16 @@ def aborted(request: Request) -> Completion:
     return Completion(request.request_id, [], [], "abort", policy_version=-1)
 
 
+def rollout_mode(rollout: Any) -> str:
+    """A recipe's rollout mode in words (the dry-run plan): streaming or fixed chunks."""
+    if rollout.deterministic:
+        return (
+            f"deterministic: fixed chunks of <= {rollout.chunk_size} requests, "
+            f"<= {rollout.max_chunks_in_flight} per rank"
+        )
+    return "streaming: each request on its own, least-loaded rank"
+
+
 def _unwrap(err: BaseException) -> BaseException:
     """A worker's RollError as itself (Ray wraps it in ``.cause``)."""
     cause = getattr(err, "cause", None)
