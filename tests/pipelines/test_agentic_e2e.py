@@ -33,7 +33,7 @@ def recipe(tmp_path: Path, **sections: object) -> Path:
                 "eval_episodes": 1,
             },
         ],
-        "rollout": {"group_size": 2, "max_new_tokens": 6, "chunk_size": 8},
+        "rollout": {"group_size": 2, "max_new_tokens": 6},
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
         "warm_start": {"steps": 1, "episodes_per_step": 2, "lr": 5.0e-3},
         "trainer": {"max_steps": 2, "micro_batch_size": 8},
