@@ -420,7 +420,9 @@ class Router:
         self.dead[rank] = err
         for session in [s for s, r in self.sessions.items() if r == rank]:
             del self.sessions[session]
-        out = [(t, err) for t in self._flight.values() if t.rank == rank]
+        out: list[tuple[_Ticket, BaseException]] = [
+            (t, err) for t in self._flight.values() if t.rank == rank
+        ]
         for t, _ in out:
             del self._flight[t.request.request_id]
             self._count_out(rank, t.cost, requests=1)
