@@ -519,6 +519,11 @@ class Router:
             out += item.tickets if isinstance(item, _Chunk) else [item]
         return out
 
+    def live_ranks(self) -> list[int]:
+        """The ranks not known to have died."""
+        with self._cond:
+            return [r for r in range(self.world_size) if r not in self.dead]
+
     def active_seconds(self) -> float:
         """Seconds with at least one call in flight so far (the running interval included)."""
         with self._cond:

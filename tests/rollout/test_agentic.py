@@ -18,7 +18,7 @@ import pytest
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.envs import FrozenLakeEnv, TextEnv, Transition, parse_choice
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout
-from roll_core.errors import RollError
+from roll_core.errors import RollError, WorkerDiedError
 from roll_core.models import load_tokenizer, materialize_builtin
 from roll_core.rollout.agentic import (
     EnvRolloutManager,
@@ -364,6 +364,42 @@ def test_validation_episodes_are_not_counted_as_training(tokenizer: Any) -> None
         assert "rollout/corridor/episodes_completed" not in mgr._counters_metrics()
     finally:
         mgr.close()
+
+
+def test_an_episode_on_a_dead_rank_is_replaced_on_a_live_one(tokenizer: Any) -> None:
+    class TwoRanks(ScriptedInfer):
+        """Rank 1 dies at its first request; rank 0 serves everything."""
+
+        def __init__(self, tok: Any) -> None:
+            super().__init__(tok)
+            self.world_size = 2
+
+        def at(self, rank: int) -> Any:
+            infer = self
+
+            class Rank:
+                def generate_request(self, request: Request, params: Any) -> Future:
+                    if rank == 0:
+                        return infer.generate_request(request, params)
+                    dead: Future = Future()
+                    dead.set_exception(WorkerDiedError("actor_infer", 1, "killed by the test"))
+                    return dead
+
+                def abort_requests(self, ids: list[int]) -> Future:
+                    return infer.abort_requests(ids)
+
+            return Rank()
+
+    mgr = manager(tokenizer, TwoRanks(tokenizer), [corridor_spec({}, groups=2)])
+    try:
+        result = mgr.next_batch(1)
+    finally:
+        mgr.close()
+    assert len(result.groups) == 2
+    assert all(t.status == "done" for g in result.groups for t in g)
+    assert result.metrics["rollout/corridor/rank_lost"] == 1  # the one request rank 1 got
+    assert result.metrics["rollout/corridor/env_replaced"] == 1
+    assert mgr.router.live_ranks() == [0]
 
 
 def test_generation_failure_is_fatal(tokenizer: Any) -> None:

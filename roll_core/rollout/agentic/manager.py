@@ -26,7 +26,9 @@ Every episode runs its own loop on its own thread, with no barrier across episod
   ``episode_timeout_s``), ends that episode: it is counted (``env_errors`` / ``env_timeouts``)
   and a fresh env instance replays the group's seed in its place (at most
   ``max_replacements`` times per group; a group that cannot be completed is dropped and
-  another group takes its place).
+  another group takes its place). An episode whose inference rank died is replaced the same
+  way (``rank_lost``; the router sends its replay to a live rank); with no rank left the run
+  fails, naming the rank.
 * Every turn records the policy version of the weights that generated it.
 * Async across training steps (``async_generation_ratio`` k > 0): groups keep running while
   the trainer trains; a group is handed to the trainer only if its oldest turn is at most k
@@ -53,6 +55,7 @@ from typing import Any
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.data.vision import VisionInputs
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
+from roll_core.errors import WorkerDiedError
 from roll_core.rollout.agentic.chat import ChatFormat
 from roll_core.rollout.agentic.episode import (
     EnvSpec,
@@ -352,6 +355,8 @@ class EnvRolloutManager:
             ep.traj.status = "cancelled"
         except EnvTimeout as err:
             ep.traj.status, ep.traj.error = "timeout", describe_fault(err)
+        except _RankLost as err:  # replaced like a failed env episode (the fault budget)
+            ep.traj.status, ep.traj.error = "rank_lost", str(err.cause)
         except _GenerationFailed as err:
             ep.traj.status, ep.traj.error = "gen_error", str(err.cause)
             with self.cond:
@@ -431,6 +436,10 @@ class EnvRolloutManager:
                 continue
             except (EpisodeCancelled, RouterClosed):
                 raise EpisodeCancelled() from None
+            except WorkerDiedError as err:
+                if not self.router.live_ranks():  # no rank left to replay the episode on
+                    raise _GenerationFailed(err) from err
+                raise _RankLost(err) from err
             except BaseException as err:  # noqa: BLE001 - generation failure: fatal for the run
                 raise _GenerationFailed(err) from err
 
@@ -444,7 +453,7 @@ class EnvRolloutManager:
             group.ended.append(traj)
             if group.counted:
                 self._count(traj)
-                if traj.status in ("error", "timeout"):
+                if traj.status in _REPLACEABLE:
                     self.first_fault.setdefault(traj.tag, traj.error)
             if group.finished:
                 pass
@@ -454,7 +463,7 @@ class EnvRolloutManager:
                     group.finished = True
                     for other in group.running:
                         self._cancel(other)
-            elif traj.status in ("error", "timeout") and group.replacements < 0:
+            elif traj.status in _REPLACEABLE and group.replacements < 0:
                 group.replacements += 1
                 self._count_key(f"rollout/{traj.tag}/env_replaced")
                 self._launch_episode(group)
@@ -496,6 +505,8 @@ class EnvRolloutManager:
             self._count_key(f"rollout/{tag}/env_errors")
         elif traj.status == "timeout":
             self._count_key(f"rollout/{tag}/env_timeouts")
+        elif traj.status == "rank_lost":
+            self._count_key(f"rollout/{tag}/rank_lost")
         elif traj.status == "cancelled":
             self._count_key(f"rollout/{tag}/episodes_cancelled")
         elif traj.ok:
@@ -510,6 +521,18 @@ class EnvRolloutManager:
         out["rollout/env_errors"] = errors
         out["rollout/env_timeouts"] = timeouts
         return out
+
+
+_REPLACEABLE = ("error", "timeout", "rank_lost")
+"""Episode endings replaced by a fresh episode on the same seed (``max_replacements``)."""
+
+
+class _RankLost(Exception):
+    """The inference rank serving the episode died (other ranks live): replace the episode."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _GenerationFailed(Exception):
