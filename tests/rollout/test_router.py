@@ -28,8 +28,8 @@ P = SamplingParams(max_new_tokens=8)
 
 
 def test_least_loaded_by_estimated_tokens() -> None:
-    # long requests so nothing finishes while the routing is checked
-    infer = engines(2, token_s=0.05)
+    # long requests (0.8 s) so nothing finishes while the routing is checked
+    infer = engines(2, token_s=0.1)
     router = Router(infer)
     # estimates: 10 + 8 = 18, 2 + 8 = 10, 3 + 8 = 11
     assert estimate_tokens(req(1, 10), P) == 18
@@ -48,7 +48,7 @@ def test_least_loaded_by_estimated_tokens() -> None:
 
 
 def test_session_affinity_and_when_it_yields() -> None:
-    infer = engines(2, token_s=0.05)
+    infer = engines(2, token_s=0.1)
     router = Router(infer, affinity_slack=1.0)
     a = router.submit(req(1, 2, seed=7), P, session="ep")  # rank 0, load [10, 0]
     # same session: rank 0 holds 10 more than rank 1, within 1.0 x its own estimate (10)
@@ -68,15 +68,15 @@ def test_session_affinity_and_when_it_yields() -> None:
 
 
 def test_abort_returns_partials_and_ignores_finished() -> None:
-    infer = engines(1, token_s=0.01, lengths={1: 8, 2: 1})
+    infer = engines(1, token_s=0.01, lengths={1: 500, 2: 1})
     router = Router(infer)
     done = router.submit(req(2, seed=3), P)
     assert done.result(timeout=10).response_ids == [token(3, 0)]
     slow = router.submit(req(1, seed=3), SamplingParams(max_new_tokens=1000))
-    time.sleep(0.035)
+    time.sleep(0.1)
     router.abort([1, 2, 99])  # 2 finished, 99 unknown: ignored
     c = slow.result(timeout=10)
-    assert c.finish_reason == "abort" and 1 <= len(c.response_ids) < 8
+    assert c.finish_reason == "abort" and 1 <= len(c.response_ids) < 500
     assert c.response_ids == [token(3, i) for i in range(len(c.response_ids))]
     assert c.log_probs == [-(i + 1) / 100 for i in range(len(c.response_ids))]
     router.close()

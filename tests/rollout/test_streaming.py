@@ -83,7 +83,7 @@ def test_deterministic_mode_sends_fixed_chunks_in_pull_order() -> None:
 
 
 def test_partial_rollout_aborts_at_the_sync_and_continues_under_the_new_weights() -> None:
-    length = 40
+    length = 150
     infer = engines(1, token_s=0.01, lengths={uid: length for uid in range(1, 50)})
     sched = AsyncRolloutScheduler(
         infer=infer,
@@ -97,9 +97,9 @@ def test_partial_rollout_aborts_at_the_sync_and_continues_under_the_new_weights(
         seed=3,
     )
     sched.start()
-    time.sleep(0.12)  # ~10 tokens of each response under version 0
+    time.sleep(0.2)  # ~20 tokens of each response under version 0
     metrics = sched.sync(lambda: infer.set_version(1) or {"sync/s": 0.0}, version=1)
-    assert metrics["async/suspend_s"] < 1.0  # aborted, not waited for (40 tokens = 0.4 s)
+    assert metrics["async/suspend_s"] < 1.0  # aborted, not waited for (150 tokens = 1.5 s)
     out = sched.next_batch(step=1)
     sched.close()
     for s in (s for g in out.groups for s in g):
