@@ -8,9 +8,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from roll_core.backends.infer import SamplingParams
 from roll_core.engine import Cluster, LocalExecutor
+from roll_core.errors import WorkerDiedError
 from roll_core.rollout.async_scheduler import AsyncRolloutScheduler
+from roll_core.rollout.router import GenerationTimeout
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 from tests.rollout.fake_engine import FakeEngine, token
 
@@ -114,3 +118,18 @@ def test_partial_rollout_aborts_at_the_sync_and_continues_under_the_new_weights(
     assert out.metrics["async/aborted_requests"] >= 2
     assert out.metrics["async/partial_continued"] >= 2
     assert out.metrics["async/partial_samples"] >= 2
+
+
+def test_a_dead_rank_or_a_stuck_request_fails_the_step_naming_the_rank() -> None:
+    # rank 0 dies at request 1: the step fails with the named death instead of waiting
+    sched = make(engines(2, token_s=0.002, die=(1,)))
+    with pytest.raises(WorkerDiedError, match="actor_infer rank 0 died"):
+        sched.next_batch(step=1)
+    sched.close()
+    # request 2 never finishes on rank 1: the step fails after request_timeout_s
+    sched = make(engines(2, token_s=0.002, hang=(2,)), request_timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(GenerationTimeout, match="rank 1 did not answer"):
+        sched.next_batch(step=1)
+    assert time.monotonic() - start < 5
+    sched.close()
