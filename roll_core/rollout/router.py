@@ -41,6 +41,9 @@ from typing import Any
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.errors import RollError, WorkerDiedError
 
+_ABORT_RESEND_S = 0.5
+"""An aborted request still in flight after this long gets its abort sent again."""
+
 
 class GenerationTimeout(RollError):
     """A generation request was not answered within ``rollout.request_timeout_s``."""
@@ -88,6 +91,7 @@ class _Ticket:
     rank: int = -1
     deadline: float = 0.0
     aborted: bool = False
+    aborted_at: float = 0.0
 
 
 @dataclass(eq=False)
@@ -197,7 +201,7 @@ class Router:
             for rid in ids:
                 ticket = self._flight.get(rid)
                 if ticket is not None and not ticket.aborted:
-                    ticket.aborted = True
+                    ticket.aborted, ticket.aborted_at = True, time.monotonic()
                     per_rank.setdefault(ticket.rank, []).append(rid)
             self.stats["aborted"] += len(held) + sum(len(v) for v in per_rank.values())
         for t in held:
@@ -464,6 +468,13 @@ class Router:
                     return
                 now = time.monotonic()
                 late = [t for t in self._flight.values() if t.deadline <= now]
+                # an abort that reached the engine before the request did is lost there:
+                # send it again while the request is still in flight
+                again: dict[int, list[int]] = {}
+                for t in self._flight.values():
+                    if t.aborted and now - t.aborted_at > _ABORT_RESEND_S:
+                        t.aborted_at = now
+                        again.setdefault(t.rank, []).append(t.request.request_id)
                 late_chunks = [c for c in self._chunks if c.deadline <= now]
                 failed: list[tuple[_Ticket, BaseException]] = []
                 per_rank: dict[int, list[int]] = {}
@@ -480,6 +491,7 @@ class Router:
                 sends = self._pump() if late_chunks else []
             self._fail_all(failed)
             self._abort_on_ranks(per_rank)
+            self._abort_on_ranks(again)
             self._start(sends)
             time.sleep(tick)
 

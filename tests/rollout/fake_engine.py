@@ -4,7 +4,9 @@ seed: ``length = 1 + seed % max_new_tokens`` tokens (unless the test sets ``leng
 request id), token i is ``100 + (seed + i) % 50`` (continuing a prefix, i counts from the
 prefix's end), its log-prob ``-(i + 1) / 100``; each token takes ``token_s`` seconds, so
 requests finish after a per-request delay. ``die`` names request ids whose call kills the rank
-(the call raises WorkerDiedError, and so does every later call to that rank)."""
+(the call raises WorkerDiedError, and so does every later call to that rank); ``hang`` names
+request ids that never finish unless aborted; ``start_delay`` is how long a request takes to
+reach the engine (an abort that arrives before it is ignored, as engines do)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class FakeEngine(Worker):
         lengths: dict[int, int] | None = None,
         die: tuple[int, ...] = (),
         hang: tuple[int, ...] = (),
+        start_delay: float = 0.0,
         **rank_info: Any,
     ) -> None:
         super().__init__(**rank_info)
@@ -37,6 +40,7 @@ class FakeEngine(Worker):
         self.lengths = dict(lengths or {})
         self.die = set(die)
         self.hang = set(hang)
+        self.start_delay = start_delay  # before a request is registered (aborts miss it)
         self.version = 0
         self.dead = False
         self.lock = threading.Lock()
@@ -58,6 +62,7 @@ class FakeEngine(Worker):
 
     @dispatch("one", concurrent=True)
     def generate_request(self, request: Request, params: SamplingParams) -> Completion:
+        time.sleep(self.start_delay)
         with self.lock:
             self.served.append(request.request_id)
             event = self.aborts.setdefault(request.request_id, threading.Event())

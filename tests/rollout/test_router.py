@@ -82,6 +82,18 @@ def test_abort_returns_partials_and_ignores_finished() -> None:
     router.close()
 
 
+def test_an_abort_that_reached_the_engine_before_the_request_is_sent_again() -> None:
+    infer = engines(1, token_s=0.01, lengths={1: 500}, start_delay=0.2)
+    router = Router(infer)
+    start = time.monotonic()
+    f = router.submit(req(1, seed=3), SamplingParams(max_new_tokens=1000))
+    router.abort([1])  # the engine does not know request 1 yet: ignored there
+    c = f.result(timeout=10)
+    assert c.finish_reason == "abort"  # the re-sent abort (after 0.5 s) ended it
+    assert time.monotonic() - start < 2.5  # not the 5 s the whole response takes
+    router.close()
+
+
 def test_pause_with_abort_holds_new_requests_until_resume() -> None:
     infer = engines(2, token_s=0.01)
     router = Router(infer)
