@@ -62,6 +62,12 @@ class GemOptions(EnvOptions):
     success_reward: float = Field(
         1.0, description="A terminating step with at least this reward is a success."
     )
+    instructions: bool = Field(
+        True,
+        description="Show GEM's reset text (the game's instructions); false: only its suffix "
+        "(e.g. 'Enter your next guess.'), for tiny models whose context cannot hold the "
+        "instructions (give a short version as the recipe's system_prompt).",
+    )
 
 
 class GemTextEnv(TextEnv):
@@ -103,7 +109,7 @@ class GemTextEnv(TextEnv):
         if self._gem is None:
             self._gem = self._call(_make, self.gem_id, self.options)
         obs, info = self._call(self._gem.reset, seed=seed)
-        self._last = _text(obs, info)
+        self._last = _text(obs if self.options.instructions else "", info)
         return self._last, {"gem_id": self.gem_id}
 
     def parse_action(self, text: str) -> str:

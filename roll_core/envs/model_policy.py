@@ -66,6 +66,18 @@ class ModelPolicy:
             [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
         )
         self.tools = env.tools or None  # native tool calling: the template renders them
+        if self.tools:
+            from roll_core.data.chat import tool_support_problem  # data/: loaded lazily
+
+            problem = tool_support_problem(self.tokenizer, self.tools)
+            if problem:
+                names = ", ".join(str(t["function"]["name"]) for t in self.tools)
+                raise ModelError(
+                    f"env {type(env).name or 'env'} declares tools ({names}), but the chat "
+                    f"template of {self.model_path} has no tool support: {problem}.",
+                    hint="Use a model whose chat template renders tools (Qwen2.5-Instruct, "
+                    "Qwen3, Hermes-style templates).",
+                )
         self._seed = seed
 
     def act(self, observation: str) -> str | None:
