@@ -121,7 +121,7 @@ class GemTextEnv(TextEnv):
         self._last = text
         reward = float(reward)
         success = bool(terminated) and reward >= self.options.success_reward
-        out_info = {"success": success, "gem_reward": reward}
+        out_info: dict[str, Any] = {"success": success, "gem_reward": reward}
         if "tool_type" in info:  # a GEM tool wrapper ran a tool: its output is a tool message
             name = str(info["tool_type"])
             out_info["tool"] = name

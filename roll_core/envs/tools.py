@@ -45,7 +45,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -235,7 +235,7 @@ class ToolCallingOptions(EnvOptions):
 class ToolCallingEnv(TextEnv):
     """Base of an env whose model calls tools natively; see the module docstring."""
 
-    Options = ToolCallingOptions
+    Options: ClassVar[type[EnvOptions]] = ToolCallingOptions
     options: ToolCallingOptions
 
     def __init__(self, **options: Any) -> None:

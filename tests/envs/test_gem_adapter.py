@@ -92,3 +92,49 @@ def test_debug_env_plays_a_gem_env_in_a_subprocess(tmp_path) -> None:
     assert "episode 1/2 · gem:game:GuessTheNumber-v0-easy · seed 1 · random" in out.stdout
     assert "2 episodes: success rate" in out.stdout
     assert "\\boxed{" in out.stdout  # GEM's own random actions
+
+
+@pytest.mark.slow
+def test_train_agentic_on_a_gem_env(roll, tmp_path) -> None:
+    """One step of `roll train agentic` with a GEM game: multi-turn episodes, GEM's rewards."""
+    import json
+
+    import yaml
+
+    data = {
+        "pipeline": "agentic",
+        "name": "tiny-gem-test",
+        "runs_dir": str(tmp_path / "runs"),
+        "model": {"path": "builtin:tiny-qwen3"},
+        "envs": [
+            {
+                "env": GUESS,
+                "options": {"instructions": False, "max_steps": 3},
+                "system_prompt": "Guess 1-10 as \\boxed{N}.",
+                "groups_per_step": 2,
+                "eval_episodes": 2,
+            }
+        ],
+        "rollout": {"group_size": 2, "max_new_tokens": 12, "chunk_size": 8},
+        "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
+        "warm_start": {"steps": 2, "episodes_per_step": 8, "lr": 5.0e-3},
+        "trainer": {"max_steps": 1, "micro_batch_size": 8},
+        "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},
+        "actor_infer": {"num_threads": 1},
+        "eval": {"every_steps": None},
+        "checkpoint": {"every_steps": None},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    path = tmp_path / "gem.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    res = roll("train", "agentic", str(path), "--run-id", "gem", timeout=240)
+    assert res.returncode == 0, res.stderr + res.stdout
+    rows = [
+        json.loads(x)
+        for x in (tmp_path / "runs" / "gem" / "metrics.jsonl").read_text().splitlines()
+    ]
+    step = next(r for r in rows if r["step"] == 1)
+    assert step["perf/samples"] == 2 * 2  # trajectory mode: one row per episode
+    assert step["rollout/env_errors"] == 0 and step["rollout/invalid_action_rate"] == 0
+    assert 1 <= step["rollout/episode_length"] <= 3
+    assert abs(step["train_infer/logprob_diff"]) < 1e-3
