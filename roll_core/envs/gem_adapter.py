@@ -203,9 +203,9 @@ def gem_env_class(name: str) -> type[GemTextEnv]:
     gem_id = name[len(SCHEME) :].strip()
     if gem_id in _CLASSES:
         return _CLASSES[gem_id]
+    _gem()  # a clear error when gem-llm is not installed
     from gem.envs.registration import ENV_REGISTRY
 
-    _gem()
     if gem_id not in ENV_REGISTRY:
         close = difflib.get_close_matches(gem_id, list(ENV_REGISTRY), n=3)
         games = sorted({k.rsplit("-", 1)[0] for k in ENV_REGISTRY if k.startswith("game:")})

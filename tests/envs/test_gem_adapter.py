@@ -138,3 +138,13 @@ def test_train_agentic_on_a_gem_env(roll, tmp_path) -> None:
     assert step["rollout/env_errors"] == 0 and step["rollout/invalid_action_rate"] == 0
     assert 1 <= step["rollout/episode_length"] <= 3
     assert abs(step["train_infer/logprob_diff"]) < 1e-3
+
+
+def test_without_gem_installed_the_error_says_what_to_install(monkeypatch) -> None:
+    from roll_core.envs import gem_adapter
+
+    monkeypatch.setitem(sys.modules, "gem", None)  # `import gem` raises ImportError
+    monkeypatch.setattr(gem_adapter, "_CLASSES", {})
+    with pytest.raises(ConfigError, match="need the gem-llm package") as err:
+        make_env(GUESS)
+    assert "pip install 'roll[gem]'" in (err.value.hint or "")
