@@ -188,3 +188,34 @@ def test_step_mode_prompts_render_tool_messages(qwen_real) -> None:
         "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
     )
+
+
+def test_every_turn_is_trained_in_the_context_it_was_generated_in(qwen_real, fp32_trainer) -> None:
+    """A random-init Qwen3 with the real vocabulary: the log-probs of each turn's generated ids
+    in the trajectory row (tool messages between turns) equal those under that turn's own
+    prompt, turn by turn."""
+    import torch
+
+    from roll_core.rollout.agentic import step_batch, trajectory_batch
+
+    trainer = fp32_trainer(str(qwen_real("qwen3")))
+    tok = trainer.tokenizer
+    obs, _ = env().reset(SEED)
+    expression = re.fullmatch(r"Problem: Compute (.+)\.", obs).group(1)  # type: ignore[union-attr]
+    traj = play(tok, script(expression, calculate(expression), reasoning=True))
+    assert len(traj.turns) == 4
+    rows, whole = (
+        step_batch([[traj]], pad_id=tok.pad_token_id),
+        trajectory_batch([[traj]], pad_id=tok.pad_token_id),
+    )
+    per_turn, in_trace = trainer.log_probs(rows), trainer.log_probs(whole)
+    turn_mask, trace_mask = (
+        rows.tensors["response_mask"].bool(),
+        whole.tensors["response_mask"].bool(),
+    )
+    for k, turn in enumerate(traj.turns):
+        assert int(turn_mask[k].sum()) == len(turn.response_ids)
+    expected = torch.cat([per_turn[k][turn_mask[k]] for k in range(len(traj.turns))])
+    got = in_trace[0][trace_mask[0]]
+    assert got.shape == expected.shape
+    assert float((got - expected).abs().max()) < 2e-4
