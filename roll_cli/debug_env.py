@@ -39,7 +39,8 @@ def debug_env(
     env: Annotated[
         str,
         typer.Argument(
-            help="Env name (sokoban, frozen_lake, tool_use) or a user env package.module:Class.",
+            help="Env name (sokoban, frozen_lake, tool_use), a GEM env gem:ID "
+            "(gem:game:GuessTheNumber-v0-easy) or a user env package.module:Class.",
             show_default=False,
         ),
     ],
@@ -576,10 +577,13 @@ class _Printer:
             )
 
     def prompt(self, number: int, observation: str) -> None:
+        from roll_core.envs.base import observation_tool_results  # lazy: fast --help
+
+        results = observation_tool_results(observation)  # tool messages, one per call
         out.print(
             Panel(
                 _shown(observation),
-                title=f"turn {number} · prompt",
+                title=f"turn {number} · " + ("tool results" if results else "prompt"),
                 title_align="left",
                 border_style="cyan",
                 expand=False,
@@ -615,7 +619,14 @@ class _Printer:
         status = Text()
         if valid:
             action, tool = turn.info.get("action"), turn.info.get("tool")
-            what = f"action {action}" if action else f"{tool} call" if tool else "action ok"
+            tools = turn.info.get("tools") or ([tool] if tool else [])
+            what = (
+                f"action {action}"
+                if action
+                else f"{', '.join(tools)} call"
+                if tools
+                else "action ok"
+            )
             status.append(what, style="green")
         else:
             status.append(f"invalid action: {turn.info.get('invalid_reason', '?')}", style="red")

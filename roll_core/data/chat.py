@@ -15,6 +15,10 @@ that refuse a system role (e.g. Gemma's). Errors other callers should see are re
 ``{"role": ..., "content": ...}`` turns: verl's parquet files, many published RL datasets) and
 refuses any other list with a DataError naming the row and column.
 
+Tools (native tool calling): ``tools=`` passes JSON schemas in the OpenAI function format to
+the template, which writes them into the system turn; :func:`tool_support_problem` says when a
+template ignores them (it has no tool support), naming what is missing.
+
 Reasoning templates (Qwen3: ``<think>...</think>``): :func:`reasoning_format` gives the markers
 and the empty block the template writes itself before an answer, so an evaluation can strip the
 reasoning block before comparing and count the block in its token budget.
@@ -22,6 +26,7 @@ reasoning block before comparing and count the block in its token budget.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,9 +46,13 @@ def render_chat(
     *,
     add_generation_prompt: bool,
     fold_system: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """The chat-template text of ``messages`` (with the assistant generation header if asked)."""
-    out = _apply(tokenizer, messages, add_generation_prompt, fold_system, tokenize=False)
+    """The chat-template text of ``messages`` (with the assistant generation header if asked;
+    ``tools``: the tool schemas the template renders)."""
+    out = _apply(
+        tokenizer, messages, add_generation_prompt, fold_system, tokenize=False, tools=tools
+    )
     return str(out)
 
 
@@ -53,12 +62,15 @@ def encode_chat(
     *,
     add_generation_prompt: bool,
     fold_system: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of ``messages`` as the template tokenises them (no extra special tokens).
 
     transformers 5 returns a ``BatchEncoding`` from ``apply_chat_template(tokenize=True)``,
     transformers 4 a plain list; both give the same ids here."""
-    out = _apply(tokenizer, messages, add_generation_prompt, fold_system, tokenize=True)
+    out = _apply(
+        tokenizer, messages, add_generation_prompt, fold_system, tokenize=True, tools=tools
+    )
     return [int(i) for i in (out["input_ids"] if hasattr(out, "keys") else out)]
 
 
@@ -69,11 +81,13 @@ def _apply(
     fold_system: bool,
     *,
     tokenize: bool,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> Any:
     conversation = [dict(m) for m in messages]
+    extra: dict[str, Any] = {"tools": [dict(t) for t in tools]} if tools else {}
     try:
         return tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=add_generation_prompt, tokenize=tokenize
+            conversation, add_generation_prompt=add_generation_prompt, tokenize=tokenize, **extra
         )
     except Exception:  # templates that refuse a system message: fold it into the first turn
         if not fold_system or len(conversation) < 2 or conversation[0]["role"] != "system":
@@ -86,7 +100,33 @@ def _apply(
             [first, *conversation[2:]],
             add_generation_prompt=add_generation_prompt,
             tokenize=tokenize,
+            **extra,
         )
+
+
+def tool_support_problem(tokenizer: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why ``tokenizer``'s chat template cannot show the model ``tools`` (None: it can).
+
+    Renders ``[system, user]`` with the tools and checks that each tool's name, description
+    and argument names appear in the text (Qwen writes each schema as JSON into the system
+    turn; a template without tool support ignores ``tools`` and writes none of it)."""
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    try:
+        text = render_chat(tokenizer, messages, add_generation_prompt=True, tools=tools)
+    except Exception as err:  # noqa: BLE001 - the template's own error, reported as such
+        return f"rendering a conversation with tools= fails: {type(err).__name__}: {err}"
+    missing = []
+    for tool in tools:
+        fn = tool.get("function", {})
+        params = fn.get("parameters", {}).get("properties", {})
+        for piece in [fn.get("name", ""), fn.get("description", ""), *params]:
+            escaped = json.dumps(piece, ensure_ascii=False)[1:-1]  # as JSON writes it
+            if piece and piece not in text and escaped not in text and piece not in missing:
+                missing.append(piece)
+    if missing:
+        shown = ", ".join(repr(m if len(m) < 40 else m[:37] + "...") for m in missing[:4])
+        return f"it does not write the tool schemas into the prompt ({shown} missing)"
+    return None
 
 
 def image_message(text: str, num_images: int) -> dict[str, Any]:

@@ -40,6 +40,12 @@ text part: feedback, the legal actions) that also carries ``.images``. Text-only
 working on it as a string; image-aware code (the agentic rollout, ``roll debug-env``) reads
 :func:`observation_images`.
 
+Tool calling: an env that declares :attr:`TextEnv.tools` (JSON schemas in the OpenAI function
+format) has them rendered into the system turn by the model's chat template (``tools=``); the
+results of the model's calls come back as an :class:`Observation` carrying ``.tool_results``
+(:class:`ToolResult`), which the chat template renders as ``tool`` messages instead of a user
+turn. :class:`~roll_core.envs.tools.ToolCallingEnv` does the parsing and checking.
+
 See docs/envs.md for the authoring guide.
 """
 
@@ -79,8 +85,28 @@ class EnvOptions(BaseModel):
     )
 
 
+@dataclass(frozen=True)
+class ToolResult:
+    """The result of one tool call: the tool's ``name``, its output as text (``content``) and
+    the id of the call it answers (``call_id``, when the model's format gives one)."""
+
+    name: str
+    content: str
+    call_id: str | None = None
+
+    def message(self) -> dict[str, Any]:
+        """The ``tool`` chat message of this result (OpenAI's shape; templates read
+        ``content``, some also ``name`` / ``tool_call_id``)."""
+        msg: dict[str, Any] = {"role": "tool", "name": self.name, "content": self.content}
+        if self.call_id is not None:
+            msg["tool_call_id"] = self.call_id
+        return msg
+
+
 class Observation(str):
-    """An observation with pictures: its text (this string) plus ``images`` (PIL RGB images).
+    """An observation with more than text: its text (this string) plus ``images`` (PIL RGB
+    images) or ``tool_results`` (:class:`ToolResult`: the answers to the model's tool calls,
+    rendered as ``tool`` messages rather than one user message).
 
     It *is* the text, so code written for text envs (printing, string checks, recordings)
     works unchanged and sees the text part only; string operations (``obs + "..."``) give a
@@ -89,10 +115,14 @@ class Observation(str):
     """
 
     images: tuple[Image, ...]
+    tool_results: tuple[ToolResult, ...]
 
-    def __new__(cls, text: str, images: Sequence[Image] = ()) -> Observation:
+    def __new__(
+        cls, text: str, images: Sequence[Image] = (), tool_results: Sequence[ToolResult] = ()
+    ) -> Observation:
         obj = super().__new__(cls, text)
         obj.images = tuple(images)
+        obj.tool_results = tuple(tool_results)
         return obj
 
     @property
@@ -101,15 +131,21 @@ class Observation(str):
         return str.__str__(self)
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickles (Ray, threads) with its images
-        return (Observation, (self.text, self.images))
+        return (Observation, (self.text, self.images, self.tool_results))
 
     def __repr__(self) -> str:
-        return f"Observation({self.text!r}, images={len(self.images)})"
+        extra = f", tool_results={len(self.tool_results)}" if self.tool_results else ""
+        return f"Observation({self.text!r}, images={len(self.images)}{extra})"
 
 
 def observation_images(observation: str) -> tuple[Image, ...]:
     """The images of an observation (``()`` for a plain text observation)."""
     return tuple(getattr(observation, "images", ()))
+
+
+def observation_tool_results(observation: str) -> tuple[ToolResult, ...]:
+    """The tool results an observation carries (``()``: it is a user turn)."""
+    return tuple(getattr(observation, "tool_results", ()))
 
 
 class StepResult(NamedTuple):
@@ -156,6 +192,8 @@ class TextEnv(ABC):
     key_actions: ClassVar[Mapping[str, str]] = {}
     #: Instructions for the model (see :attr:`system_prompt`).
     instructions: ClassVar[str] = ""
+    #: True for classes made from a name scheme (``gem:ID``): they are named by ``name``.
+    scheme_named: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         self.options: EnvOptions = validate_options(type(self), options)
@@ -174,6 +212,13 @@ class TextEnv(ABC):
         Defaults to :attr:`instructions`; override the property when it depends on options.
         """
         return self.instructions
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools the model may call, as JSON schemas in the OpenAI function format
+        (``{"type": "function", "function": {"name", "description", "parameters"}}``); the
+        chat template renders them (``tools=``). ``[]``: no native tools (the default)."""
+        return []
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         """Start a new episode determined by ``seed``; returns ``(observation, info)``."""
@@ -408,7 +453,7 @@ _REGISTRY: dict[str, type[TextEnv]] = {}
 
 def env_id(cls: type[TextEnv]) -> str:
     """How ``cls`` is named on the command line and in recordings."""
-    if cls.name and _REGISTRY.get(cls.name) is cls:
+    if cls.name and (_REGISTRY.get(cls.name) is cls or cls.scheme_named):
         return cls.name
     return f"{cls.__module__}:{cls.__qualname__}"
 

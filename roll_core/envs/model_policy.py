@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from roll_core.envs.base import observation_tool_results
 from roll_core.errors import ModelError
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class ModelPolicy:
         self.device = device
         self.context = _context_length(self.model, self.tokenizer)
         self.messages: list[dict[str, str]] = []
+        self.tools: list[dict[str, Any]] | None = None
         self._seed = 0
         self._info: dict[str, Any] = {}
 
@@ -63,10 +65,27 @@ class ModelPolicy:
         self.messages = (
             [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
         )
+        self.tools = env.tools or None  # native tool calling: the template renders them
+        if self.tools:
+            from roll_core.data.chat import tool_support_problem  # data/: loaded lazily
+
+            problem = tool_support_problem(self.tokenizer, self.tools)
+            if problem:
+                names = ", ".join(str(t["function"]["name"]) for t in self.tools)
+                raise ModelError(
+                    f"env {type(env).name or 'env'} declares tools ({names}), but the chat "
+                    f"template of {self.model_path} has no tool support: {problem}.",
+                    hint="Use a model whose chat template renders tools (Qwen2.5-Instruct, "
+                    "Qwen3, Hermes-style templates).",
+                )
         self._seed = seed
 
     def act(self, observation: str) -> str | None:
-        self.messages.append({"role": "user", "content": observation})
+        results = observation_tool_results(observation)
+        if results:  # the answers to the model's tool calls: tool messages
+            self.messages += [r.message() for r in results]
+        else:
+            self.messages.append({"role": "user", "content": str(observation)})
         prompt_ids, dropped = self._fit_prompt()
         turn = sum(m["role"] == "assistant" for m in self.messages)
         ids = torch.tensor([prompt_ids], device=self.device)
@@ -119,13 +138,18 @@ class ModelPolicy:
                     hint="Lower --max-new-tokens, use a model with a longer context, or make "
                     "the env's observations shorter (e.g. a smaller room).",
                 )
-            turns = turns[2:]  # the oldest observation and its response
+            first_reply = next(
+                (i for i, m in enumerate(turns) if m["role"] == "assistant"), len(turns) - 1
+            )
+            turns = turns[first_reply + 1 :]  # the oldest observation (or tool results), its reply
             dropped += 1
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
         from roll_core.data.chat import encode_chat  # data/ pulls in `datasets`: load lazily
 
-        return encode_chat(self.tokenizer, messages, add_generation_prompt=True, fold_system=True)
+        return encode_chat(
+            self.tokenizer, messages, add_generation_prompt=True, fold_system=True, tools=self.tools
+        )
 
 
 def _context_length(model: Any, tokenizer: Any) -> int:

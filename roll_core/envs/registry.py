@@ -2,7 +2,8 @@
 
 ``get_env_class("sokoban")`` looks a name up; ``get_env_class("my_pkg.envs:Maze")`` imports
 ``my_pkg.envs`` (from the installed packages or the current directory) and takes its ``Maze``,
-which must subclass :class:`~roll_core.envs.base.TextEnv`. Options are keyword arguments
+which must subclass :class:`~roll_core.envs.base.TextEnv`; ``gem:ID`` is the env ``ID`` of the
+GEM package (:mod:`roll_core.envs.gem_adapter`). Options are keyword arguments
 validated by the env's pydantic ``Options`` model, so a typo or a wrong type is a
 :class:`~roll_core.errors.ConfigError` that names the option and lists the valid ones.
 """
@@ -45,7 +46,12 @@ def registered_envs() -> dict[str, type[TextEnv]]:
 
 
 def get_env_class(name: str) -> type[TextEnv]:
-    """The env class for a registered ``name`` or a ``package.module:Class`` path."""
+    """The env class for a registered ``name``, a ``gem:ID`` GEM env or a
+    ``package.module:Class`` path."""
+    if name.strip().startswith("gem:"):
+        from roll_core.envs.gem_adapter import gem_env_class
+
+        return gem_env_class(name.strip())
     if ":" in name:
         return _import_env(name)
     key = name.strip().lower().replace("-", "_")
@@ -56,7 +62,8 @@ def get_env_class(name: str) -> type[TextEnv]:
     suggestion = f" Did you mean '{close[0]}'?" if close else ""
     raise ConfigError(
         f"unknown env '{name}'.{suggestion} Registered envs: {', '.join(valid)}.",
-        hint="Use a registered name, or a user env as a dotted path package.module:Class "
+        hint="Use a registered name, a GEM env as gem:ID (e.g. gem:game:GuessTheNumber-v0-easy), "
+        "or a user env as a dotted path package.module:Class "
         "(a TextEnv subclass, importable from the installed packages or the current directory).",
     )
 

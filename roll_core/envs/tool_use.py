@@ -1,18 +1,22 @@
 """Tool use: answer an arithmetic or word problem, calling a calculator or Python on the way.
 
-Each turn the model either calls a tool or answers:
+The tools are native (see :mod:`roll_core.envs.tools`): declared as JSON schemas that the
+model's chat template renders (``tools=``), called in the model's own format (``tool_parser``,
+default ``hermes``, Qwen's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``), their
+results sent back as ``tool`` messages. Each turn the model either calls tools or answers:
 
-* ``<calculator>347 * 28 - 1592</calculator>``: arithmetic (see :func:`~roll_core.envs.sandbox.calculate`);
-* ``<python>print(sum(range(1, 101)))</python>``: a program run in a separate, time- and
-  resource-limited Python process (see :func:`~roll_core.envs.sandbox.run_python`), never in
-  the env's process;
-* ``<answer>8124</answer>``: the final answer, which ends the episode.
+* ``calculator(expression)``: arithmetic (see :func:`~roll_core.envs.sandbox.calculate`);
+* ``python(code)``: a program run in a separate, time- and resource-limited Python process (see
+  :func:`~roll_core.envs.sandbox.run_python`), never in the env's process; the result is what
+  it prints;
+* ``<answer>8124</answer>`` (or a bare number), no tool call: the final answer, which ends the
+  episode.
 
-A tool's output comes back as the next observation, ``<result>...</result>``. The reward is on
-the final answer only: ``correct_reward`` when its number equals the solution (relative
-tolerance 1e-6), ``wrong_reward`` otherwise; a tool call earns ``tool_reward`` (0 by default).
-A response with no tag is read as an answer when it is a bare number, else it is an invalid
-action. Problems are generated from the seed, or drawn from a JSONL file (``problems``, rows
+The reward is on the final answer only: ``correct_reward`` when its number equals the solution
+(relative tolerance 1e-6), ``wrong_reward`` otherwise; a turn with tool calls earns
+``tool_reward`` (0 by default). A malformed call (not JSON, an unknown tool, arguments that do
+not match the schema) or a response with neither a call nor a number is an invalid action.
+Problems are generated from the seed, or drawn from a JSONL file (``problems``, rows
 ``{"question": ..., "answer": <number>}``).
 """
 
@@ -26,13 +30,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from roll_core.envs.base import EnvOptions, InvalidAction, TextEnv, Transition
+from roll_core.envs.base import InvalidAction, Transition, extract_answer
 from roll_core.envs.registry import register_env
 from roll_core.envs.sandbox import calculate, format_number, run_python
+from roll_core.envs.tool_parsers import ToolCall
+from roll_core.envs.tools import Tool, ToolCallingEnv, ToolCallingOptions, ToolSet, tool_call_text
 
-Tool = Literal["calculator", "python"]
-TOOLS: tuple[Tool, ...] = ("calculator", "python")
-_TAG_RE = re.compile(r"<(calculator|python|answer)>(.*?)(?:</\1>|$)", re.IGNORECASE | re.DOTALL)
+ToolName = Literal["calculator", "python"]
+TOOLS: tuple[ToolName, ...] = ("calculator", "python")
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 _FENCE_RE = re.compile(r"^```(?:python|py)?\s*\n?(.*?)\n?```$", re.DOTALL)
 _NAMES = ("Ada", "Ben", "Chen", "Dana", "Eli", "Fatima", "Goro", "Hana", "Ivan", "Julia")
@@ -105,7 +110,7 @@ def load_problems(path: str) -> list[tuple[str, float]]:
     return rows
 
 
-class ToolUseOptions(EnvOptions):
+class ToolUseOptions(ToolCallingOptions):
     """Options of the tool-use env."""
 
     max_steps: int = Field(5, ge=1, description="Turns (tool calls and the answer) per episode.")
@@ -115,18 +120,16 @@ class ToolUseOptions(EnvOptions):
     problems: str | None = Field(
         None, description="A JSONL file of {question, answer} rows to draw from instead."
     )
-    tools: list[Tool] = Field(
+    tools: list[ToolName] = Field(
         default_factory=lambda: list(TOOLS),
         description="The tools the model may call.",
     )
     correct_reward: float = Field(1.0, description="Reward for a correct final answer.")
     wrong_reward: float = Field(0.0, description="Reward for a wrong final answer.")
-    tool_reward: float = Field(0.0, description="Reward of each tool call (e.g. a small cost).")
     python_timeout: float = Field(
         5.0, gt=0.0, le=120.0, description="Wall-clock seconds a Python tool call may run."
     )
     python_memory_mb: int = Field(512, ge=64, description="Address-space limit of a Python call.")
-    max_output_chars: int = Field(800, ge=50, description="Characters of tool output shown.")
 
     @field_validator("problems")
     @classmethod
@@ -136,8 +139,33 @@ class ToolUseOptions(EnvOptions):
         return value
 
 
+CALCULATOR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "expression": {
+            "type": "string",
+            "description": "Arithmetic: numbers, + - * / // % ** ^, parentheses, abs round "
+            "min max sqrt. Example: 12 * (3 + 4)",
+        }
+    },
+    "required": ["expression"],
+    "additionalProperties": False,
+}
+PYTHON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "code": {
+            "type": "string",
+            "description": "A Python program; its printed output is the result.",
+        }
+    },
+    "required": ["code"],
+    "additionalProperties": False,
+}
+
+
 @register_env
-class ToolUseEnv(TextEnv):
+class ToolUseEnv(ToolCallingEnv):
     """Problems answered with the help of a calculator and a sandboxed Python tool."""
 
     name = "tool_use"
@@ -148,16 +176,45 @@ class ToolUseEnv(TextEnv):
     answer: float
     history: list[str]
 
+    def tool_set(self) -> ToolSet:
+        o = self.options
+        tools = []
+        if "calculator" in o.tools:
+            tools.append(
+                Tool(
+                    "calculator", "Evaluate an arithmetic expression.", CALCULATOR_SCHEMA, calculate
+                )
+            )
+        if "python" in o.tools:
+            tools.append(
+                Tool(
+                    "python",
+                    "Run a Python program and show what it prints.",
+                    PYTHON_SCHEMA,
+                    self._python,
+                )
+            )
+        return ToolSet(tools)
+
+    def _python(self, code: str) -> str:
+        fenced = _FENCE_RE.match(code.strip())
+        o = self.options
+        result = run_python(
+            fenced.group(1) if fenced else code,
+            timeout=o.python_timeout,
+            memory_mb=o.python_memory_mb,
+            max_output=o.max_output_chars,
+        )
+        if not result.ok:
+            raise ValueError(result.describe())
+        return result.describe()
+
     @property
     def system_prompt(self) -> str:
-        tools = self.options.tools
-        lines = ["Solve the problem. You may use tools before answering; each turn do one thing:"]
-        if "calculator" in tools:
-            lines.append("<calculator>12 * (3 + 4)</calculator> evaluates arithmetic.")
-        if "python" in tools:
-            lines.append("<python>print(2 ** 10)</python> runs Python and shows what it prints.")
-        lines.append("<answer>84</answer> gives your final answer (a number) and ends the task.")
-        return "\n".join(lines)
+        return (
+            "Solve the problem. You may call the tools before answering. When you know the "
+            "result, reply with <answer>NUMBER</answer> and no tool call; that ends the task."
+        )
 
     def on_reset(self, rng: np.random.Generator) -> tuple[str, dict[str, Any]]:
         o = self.options
@@ -170,62 +227,34 @@ class ToolUseEnv(TextEnv):
         self.history = []
         return f"Problem: {self.question}", {"tools": list(o.tools)}
 
-    def parse_action(self, text: str) -> tuple[str, str]:
-        match = _TAG_RE.search(text)
-        if match is None:
-            bare = text.strip().rstrip(".")
-            if _NUMBER_RE.fullmatch(bare.replace(",", "")):
-                return "answer", bare.replace(",", "")
-            raise InvalidAction("no <calculator>, <python> or <answer> tag")
-        kind, body = match.group(1).lower(), match.group(2).strip()
-        if kind != "answer" and kind not in self.options.tools:
-            raise InvalidAction(f"the {kind} tool is not available here")
-        if not body:
-            raise InvalidAction(f"empty <{kind}>")
-        if kind == "python":
-            fenced = _FENCE_RE.match(body)
-            body = fenced.group(1) if fenced else body
-        if kind == "answer":
-            numbers = _NUMBER_RE.findall(body.replace(",", ""))
-            if not numbers:
-                raise InvalidAction(f"the answer {body[:40]!r} holds no number")
-            body = numbers[-1]
-        return kind, body
+    def parse_answer(self, text: str) -> str:
+        body = extract_answer(text).replace(",", "")
+        if "<answer>" not in text.lower():
+            bare = body.strip().rstrip(".")
+            if not _NUMBER_RE.fullmatch(bare):
+                raise InvalidAction("no tool call and no final answer <answer>NUMBER</answer>")
+            return bare
+        numbers = _NUMBER_RE.findall(body)
+        if not numbers:
+            raise InvalidAction(f"the answer {body[:40]!r} holds no number")
+        return str(numbers[-1])
 
-    def on_step(self, action: tuple[str, str]) -> Transition:
-        kind, body = action
-        o = self.options
-        if kind == "answer":
-            given = float(body)
-            correct = abs(given - self.answer) <= 1e-6 * max(1.0, abs(self.answer))
-            verdict = "correct" if correct else f"wrong; the answer is {format_number(self.answer)}"
-            self.history.append(f"answer {body}")
-            reward = o.correct_reward if correct else o.wrong_reward
-            info: dict[str, Any] = {"tool": None, "answer": given, "success": correct}
-            return Transition(f"Your answer {body} is {verdict}.", reward, True, info)
-        if kind == "calculator":
-            try:
-                output, ok = calculate(body), True
-            except ValueError as err:
-                output, ok = f"error: {err}", False
-        else:
-            result = run_python(
-                body,
-                timeout=o.python_timeout,
-                memory_mb=o.python_memory_mb,
-                max_output=o.max_output_chars,
-            )
-            output, ok = result.describe(), result.ok
-        output = output[: o.max_output_chars]
-        self.history.append(f"{kind}: {body[:60]} -> {output[:60]}")
-        info = {"tool": kind, "tool_ok": ok, "success": False}
-        return Transition(f"<result>\n{output}\n</result>", o.tool_reward, False, info)
+    def on_answer(self, answer: str) -> Transition:
+        given = float(answer)
+        correct = abs(given - self.answer) <= 1e-6 * max(1.0, abs(self.answer))
+        verdict = "correct" if correct else f"wrong; the answer is {format_number(self.answer)}"
+        self.history.append(f"answer {answer}")
+        reward = self.options.correct_reward if correct else self.options.wrong_reward
+        info: dict[str, Any] = {"tool": None, "answer": given, "success": correct}
+        return Transition(f"Your answer {answer} is {verdict}.", reward, True, info)
+
+    def on_tool_result(self, call: ToolCall, output: str, ok: bool) -> None:
+        shown = next(iter(call.arguments.values()), "") if call.arguments else ""
+        self.history.append(f"{call.name}: {str(shown)[:60]} -> {output[:60]}")
 
     def action_hint(self) -> str:
         return (
-            "Call a tool ("
-            + ", ".join(f"<{t}>...</{t}>" for t in self.options.tools)
-            + ") or answer with <answer>NUMBER</answer>."
+            super().action_hint().replace("final answer.", "final answer <answer>NUMBER</answer>.")
         )
 
     def render(self) -> str:
@@ -239,7 +268,7 @@ class ToolUseEnv(TextEnv):
         op = "+-*"[int(rng.integers(3))]
         choice = int(rng.integers(3))
         if choice == 0 and "calculator" in self.options.tools:
-            return f"<calculator>{a} {op} {b}</calculator>"
+            return tool_call_text("calculator", {"expression": f"{a} {op} {b}"})
         if choice == 1 and "python" in self.options.tools:
-            return f"<python>print({a} {op} {b})</python>"
+            return tool_call_text("python", {"code": f"print({a} {op} {b})"})
         return f"<answer>{int(rng.integers(0, 1000))}</answer>"

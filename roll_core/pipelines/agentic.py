@@ -246,19 +246,22 @@ def prepare(cfg: AgenticConfig) -> AgenticSetup:
 
 def check_chat_format(cfg: AgenticConfig, tokenizer: Any = None) -> ChatFormat | None:
     """Whether the chat template (the tokenizer's, or ``rollout.chat_template``) can be trained
-    exactly in ``rollout.mode``, before a run directory exists: a ConfigError if not. Without
-    ``tokenizer`` (``roll validate``, dry run) the tokenizer is loaded when its files are on
-    this machine (a built-in model's ChatML template is known to be fine; a hub id not in
-    the cache is checked when the run loads it). Returns the ChatFormat it checked (None:
-    not checked)."""
+    exactly in ``rollout.mode`` for the envs' conversations, before a run directory exists: a
+    ConfigError if not. Envs with native tools (``TextEnv.tools``) get their schemas checked,
+    and the template must render them and tool results. Without ``tokenizer`` (``roll
+    validate``, dry run) the tokenizer is loaded when its files are on this machine (a built-in
+    model's ChatML template is known to be fine without tools; a hub id not in the cache is
+    checked when the run loads it). Returns the ChatFormat it checked, with its
+    ``shape_checks`` (None: not checked)."""
     r = cfg.rollout
     name = cfg.model.tokenizer or cfg.model.path
     check_chat_template_choice(r.chat_template, key="rollout.chat_template", tokenizer_name=name)
+    tools = env_tools(cfg)
     if tokenizer is None:
-        if name.startswith(BUILTIN_PREFIX) and r.chat_template == "model":
+        if name.startswith(BUILTIN_PREFIX) and r.chat_template == "model" and not tools:
             return None
         try:
-            if chat_template_status(name) is None:
+            if not name.startswith(BUILTIN_PREFIX) and chat_template_status(name) is None:
                 return None
         except RollError:
             return None  # a missing model is reported by its own check
@@ -285,19 +288,83 @@ def check_chat_format(cfg: AgenticConfig, tokenizer: Any = None) -> ChatFormat |
             hint="Set rollout.history_window: 0, or rollout.chat_template to a template "
             "file that renders multi-turn conversations.",
         )
+    _check_tool_template(chat, tools, source, r.mode)
+    if chat.renders_history:
+        chat.check_shapes(next((schemas for _, _, schemas in tools), None))
     return chat
 
 
+def env_tools(cfg: AgenticConfig) -> list[tuple[int, EnvEntry, list[dict[str, Any]]]]:
+    """``(index, entry, tool schemas)`` of every env that declares native tools, each schema
+    checked (OpenAI function format, valid JSON Schema): a ConfigError naming the env and the
+    tool otherwise. Builds each env once (no reset)."""
+    from roll_core.envs.tools import SCHEMA_VALIDATOR, schema_problems
+
+    found = []
+    for i, entry in enumerate(cfg.envs):
+        schemas = list(make_env(entry.env, **entry.options).tools)
+        for schema in schemas:
+            problems = schema_problems(schema)
+            if problems:
+                raise ConfigError(
+                    f"envs[{i}] ({entry.name}, env {entry.env}) declares a tool whose schema is "
+                    f"not valid: {'; '.join(problems)} (checked with {SCHEMA_VALIDATOR}).",
+                    hint="A tool is {'type': 'function', 'function': {'name', 'description', "
+                    "'parameters': a JSON Schema object}} (the OpenAI function format); fix the "
+                    "env's `tools`.",
+                )
+        if schemas:
+            found.append((i, entry, schemas))
+    return found
+
+
+def _check_tool_template(
+    chat: ChatFormat,
+    tools: list[tuple[int, EnvEntry, list[dict[str, Any]]]],
+    source: str,
+    mode: str,
+) -> None:
+    """The template must show the model the envs' tools, and (trajectory mode) write tool
+    results after the generated ids."""
+    from roll_core.data.chat import tool_support_problem
+    from roll_core.envs.base import ToolResult
+
+    for i, entry, schemas in tools:
+        names = ", ".join(str(t["function"]["name"]) for t in schemas)
+        problem = tool_support_problem(chat.tokenizer, schemas)
+        if problem:
+            raise ConfigError(
+                f"envs[{i}] ({entry.name}) declares tools ({names}), but {source} has no tool "
+                f"support: {problem}, so the model would never see them.",
+                hint="Set rollout.chat_template to a template file that renders `tools` (e.g. "
+                "the chat_template of Qwen2.5-Instruct or Qwen3), or use a model whose "
+                "template does.",
+            )
+        if mode == "trajectory":
+            try:
+                chat.tool_reply_text([ToolResult(names.split(",")[0], "ROLL_TOOL_PROBE")])
+            except RollError as err:
+                raise ConfigError(
+                    f"envs[{i}] ({entry.name}) sends tool results, but {source} cannot append "
+                    f"them to the generated ids: {err.message}",
+                    hint=err.hint or "Use rollout.mode: step.",
+                ) from None
+
+
 def template_policy(chat: ChatFormat, mode: str) -> str | None:
-    """One line for the run's log on how the chat template is used (None: nothing to say)."""
+    """One line for the run's log on how the chat template is used (None: nothing to say):
+    which conversation shapes it rewrites (:meth:`ChatFormat.check_shapes`) and the policy,
+    which is the same for all of them: the trace is never re-rendered."""
     if mode == "step":
         return None
-    if chat.prefix_stable:
+    rewritten = [c.shape for c in chat.shape_checks if not c.stable]
+    if chat.prefix_stable and not rewritten:
         return None
+    which = f" ({'; '.join(rewritten)})" if rewritten else " (e.g. Qwen3 drops their reasoning)"
     return (
-        "chat template: it rewrites earlier turns (e.g. Qwen3 drops their reasoning), so "
-        "trajectories are never re-rendered: each turn's prompt is the ids the model was given "
-        "before plus what it generated plus the template's ids for the env's reply "
+        f"chat template: it rewrites earlier turns{which}, so trajectories are never "
+        "re-rendered: each turn's prompt is the ids the model was given before plus what it "
+        "generated plus the template's ids for the env's reply or tool results "
         "(token-in/token-out), and exactly those ids are trained."
     )
 

@@ -84,3 +84,28 @@ def test_sampling_is_seeded_by_episode(policy: ModelPolicy) -> None:
     ]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
+
+
+def test_tools_need_a_template_with_tool_support(policy: ModelPolicy) -> None:
+    from roll_core.envs import make_env
+    from tests.qwen_real import TEMPLATES
+
+    env = make_env("tool_use", task="arithmetic")
+    with pytest.raises(ModelError, match=r"declares tools \(calculator, python\).*no tool support"):
+        policy.start(env, 0)  # the built-in ChatML template ignores tools=
+    saved = policy.tokenizer.chat_template
+    policy.tokenizer.chat_template = TEMPLATES["qwen2.5"].read_text()
+    policy.context = 2048  # the schemas take ~1,000 ids of the byte-level tiny vocabulary
+    try:
+        policy.start(env, 0)
+        obs, _ = env.reset(0)
+        policy.act(obs)
+        text = policy.tokenizer.decode(policy._encode(policy.messages[:2]))
+        assert '"name": "calculator"' in text and "<tools>" in text  # the schemas are rendered
+        step = env.step(
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+        )
+        policy.act(step.observation)
+        assert policy.messages[-2] == {"role": "tool", "name": "calculator", "content": "2"}
+    finally:
+        policy.tokenizer.chat_template = saved

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from roll_core.envs import make_env
+from roll_core.envs.base import ToolResult, observation_tool_results
 from roll_core.envs.sandbox import calculate, run_python
 from roll_core.errors import ConfigError
 
@@ -95,46 +96,120 @@ def _arith_env(**options: object):
     return env, match.group(1)
 
 
+def call(name: str, **arguments: object) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
 def test_tool_calls_then_a_correct_answer() -> None:
     env, expression = _arith_env()
     value = calculate(expression)  # the problem's own expression, evaluated independently
     obs, reward, terminated, _, info = env.step(
-        f"Let me compute. <calculator>{expression}</calculator>"
+        "Let me compute. " + call("calculator", expression=expression)
     )
-    assert obs == f"<result>\n{value}\n</result>"
-    assert (reward, terminated, info["tool"], info["tool_ok"]) == (0.0, False, "calculator", True)
+    assert observation_tool_results(obs) == (ToolResult("calculator", value),)
+    assert obs == f"[calculator] {value}"
+    assert (reward, terminated, info["tools"], info["tool_ok"]) == (
+        0.0,
+        False,
+        ["calculator"],
+        True,
+    )
 
-    obs, _, _, _, info = env.step(f"<python>\nprint({expression})\n</python>")
-    assert obs == f"<result>\n{value}\n</result>" and info["tool"] == "python"
+    obs, _, _, _, info = env.step(call("python", code=f"print({expression})"))
+    assert observation_tool_results(obs) == (ToolResult("python", value),)
+    assert info["tools"] == ["python"]
 
     obs, reward, terminated, truncated, info = env.step(f"The answer is <answer>{value}</answer>")
     assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
-    assert obs == f"Your answer {value} is correct."
+    assert obs == f"Your answer {value} is correct." and not observation_tool_results(obs)
     assert info["step"] == 3
+
+
+def test_two_calls_in_one_turn_give_two_tool_messages() -> None:
+    env, _ = _arith_env()
+    obs = env.step(
+        call("calculator", expression="6 * 7") + "\n" + call("python", code="print(1/0)")
+    ).observation
+    first, second = observation_tool_results(obs)
+    assert first == ToolResult("calculator", "42")
+    assert second.name == "python" and second.content.startswith("error: Traceback")
+    assert "ZeroDivisionError: division by zero" in second.content
 
 
 def test_wrong_answer_invalid_actions_and_disabled_tools() -> None:
     env, expression = _arith_env(tools=["calculator"], tool_reward=-0.05)
     value = int(calculate(expression))
-    _, reward, terminated, _, info = env.step("<python>print(1)</python>")
-    assert not info["action_is_valid"] and "python tool is not available" in info["invalid_reason"]
+    _, reward, terminated, _, info = env.step(call("python", code="print(1)"))
+    assert not info["action_is_valid"]
+    assert info["invalid_reason"] == (
+        "the tool call names the tool 'python', which does not exist (tools: calculator)"
+    )
     assert (reward, terminated) == (-0.1, False)
     _, reward, _, _, info = env.step("I am not sure")
     assert not info["action_is_valid"] and reward == -0.1
-    _, reward, _, _, info = env.step("<calculator>2 +</calculator>")
+    assert info["invalid_reason"] == "no tool call and no final answer <answer>NUMBER</answer>"
+    _, reward, _, _, info = env.step(call("calculator", expression="2 +"))
     assert info["action_is_valid"] and not info["tool_ok"] and reward == -0.05
     obs, reward, terminated, _, info = env.step(f"<answer>{value + 1}</answer>")
     assert (reward, terminated, info["success"]) == (0.0, True, False)
     assert obs == f"Your answer {value + 1} is wrong; the answer is {value}."
 
 
+@pytest.mark.parametrize(
+    ("response", "reason"),
+    [
+        (
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}</tool_call>',
+            "the tool call is not valid JSON (Expecting ',' delimiter at character 57)",
+        ),
+        (
+            '<tool_call>{"name": "calc", "arguments": {"expression": "1+1"}}</tool_call>',
+            "the tool call names the tool 'calc', which does not exist (tools: calculator, python)",
+        ),
+        (
+            '<tool_call>{"name": "calculator", "arguments": {"expression": 12}}</tool_call>',
+            "the tool call (calculator): the arguments do not match its schema: "
+            "expression: 12 is not of type 'string'",
+        ),
+        (
+            '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>',
+            "the tool call (calculator): the arguments do not match its schema: "
+            "'expression' is a required property",
+        ),
+    ],
+)
+def test_malformed_calls_are_invalid_actions_that_say_what_is_wrong(
+    response: str, reason: str
+) -> None:
+    env, _ = _arith_env()
+    result = env.step(response)
+    assert not result.info["action_is_valid"]
+    assert result.info["invalid_reason"].startswith(reason)
+    assert result.observation.startswith(f"Invalid action: {reason}")
+    assert not observation_tool_results(result.observation)
+
+
 def test_bare_number_is_an_answer_and_max_steps_truncates() -> None:
     env, expression = _arith_env(max_steps=2)
-    env.step("<calculator>1 + 1</calculator>")
-    _, _, terminated, truncated, _ = env.step("<calculator>2 + 2</calculator>")
+    env.step(call("calculator", expression="1 + 1"))
+    _, _, terminated, truncated, _ = env.step(call("calculator", expression="2 + 2"))
     assert truncated and not terminated
     env, expression = _arith_env()
     assert env.step(f"{calculate(expression)}.").info["success"]
+
+
+def test_the_xml_tag_format_is_gone_with_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="XML-tag format .* was removed"):
+        make_env("tool_use", tool_parser="xml")
+    env, _ = _arith_env()
+    assert not env.step("<calculator>1 + 1</calculator>").info["action_is_valid"]
+
+
+def test_the_tools_are_openai_function_schemas() -> None:
+    tools = make_env("tool_use", tools=["calculator"]).tools
+    assert [t["function"]["name"] for t in tools] == ["calculator"]
+    assert tools[0]["type"] == "function"
+    assert tools[0]["function"]["parameters"]["required"] == ["expression"]
 
 
 def test_word_problems_state_their_answers() -> None:

@@ -29,6 +29,21 @@ each picture goes through the model's image processor once, when the observation
 its placeholder becomes one ``<|image_pad|>`` per merged patch. The trace keeps every message's
 :class:`~roll_core.data.vision.VisionInputs` in order, so the images a turn was generated with
 are exactly the images the trained sequence carries.
+
+Tool calling (an env with :attr:`~roll_core.envs.base.TextEnv.tools`): the first prompt renders
+the tool schemas (``tools=``) into the system turn; an observation carrying tool results
+(:func:`~roll_core.envs.base.observation_tool_results`) is one ``tool`` message per result, and its
+ids are the template's text after an earlier assistant message up to the next generation prompt
+for exactly those messages (``[user, assistant: SENTINEL, tool, tool, ...]`` rendered with the real
+contents; Qwen: ``<|im_end|>\n<|im_start|>user\n<tool_response>\n...\n</tool_response><|im_end|>
+\n<|im_start|>assistant\n``). The model's calls stay in the trace as the ids it generated.
+
+:meth:`ChatFormat.check_shapes` renders the conversation shapes an env produces (user turns,
+assistant turns with and without reasoning, assistant tool calls, tool results) both ways, as the
+trace builds them and as the template renders the whole conversation, and says for each shape
+whether they are the same ids. Where they differ the template rewrites history; the trace is
+still exact (it never re-renders), and the run's log names the shapes (see
+``roll_core.pipelines.agentic.template_policy`` and docs/agentic.md).
 """
 
 from __future__ import annotations
@@ -39,8 +54,10 @@ from typing import Any
 
 from roll_core.data.chat import encode_chat_images, image_message, render_chat
 from roll_core.data.vision import VisionInputs, concat_vision
-from roll_core.envs.base import observation_images
+from roll_core.envs.base import ToolResult, observation_images, observation_tool_results
 from roll_core.errors import ModelError
+
+Tools = Sequence[dict[str, Any]] | None
 
 _SENTINEL = "ROLL_SENTINEL_7f3a"
 _PROBE = "ROLL_OBSERVATION_PROBE"
@@ -77,6 +94,7 @@ class ChatFormat:
         self.prefix_stable = False
         self.renders_history = True  # renders [user, assistant, user] at all
         self.append_error: str | None = None
+        self.shape_checks: list[ShapeCheck] = []  # filled by check_shapes()
         self._env_prefix = self._env_suffix = ""
         try:
             text_base = self._text(self._base, generation_prompt=False)
@@ -100,17 +118,23 @@ class ChatFormat:
         """Whether env replies can be appended to generated ids (trajectory mode)."""
         return self.append_error is None
 
-    def _text(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    def _text(
+        self, messages: list[dict[str, Any]], generation_prompt: bool, tools: Tools = None
+    ) -> str:
         return render_chat(
-            self.tokenizer, messages, add_generation_prompt=generation_prompt, fold_system=True
+            self.tokenizer,
+            messages,
+            add_generation_prompt=generation_prompt,
+            fold_system=True,
+            tools=tools,
         )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        """Ids of ``messages`` rendered with the generation prompt."""
-        return self.encode(self._text(messages, True))
+    def prompt(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]:
+        """Ids of ``messages`` rendered with the generation prompt (and ``tools``)."""
+        return self.encode(self._text(messages, True, tools))
 
     def env_message(self, observation: str, *, after_eos: bool) -> list[int]:
         """Ids of the env's reply after an assistant turn (closing that turn if needed)."""
@@ -120,33 +144,129 @@ class ChatFormat:
             ids = ids[1:]
         return ids
 
+    # ---- tool results ----------------------------------------------------------------------------
+    def tool_reply_text(self, results: Sequence[ToolResult]) -> str:
+        """The template's text after an assistant turn for ``results`` as ``tool`` messages, up
+        to the next generation prompt (a ModelError when the template cannot write it there)."""
+        self._check_append()
+        messages = [*self._base, *(r.message() for r in results)]
+        try:
+            text = self._text(messages, True)
+        except Exception as err:  # noqa: BLE001 - the template's own error, reported as such
+            raise ModelError(
+                f"the chat template fails on tool messages after an assistant turn: {err}.",
+                hint="Use a chat template with tool support (rollout.chat_template), e.g. "
+                "Qwen2.5's or Qwen3's.",
+            ) from None
+        after = text.split(_SENTINEL, 1)[1] if text.count(_SENTINEL) == 1 else None
+        pos = 0
+        for r in results if after is not None else ():
+            found = after.find(r.content, pos)  # type: ignore[union-attr]
+            if found < 0:
+                after = None
+                break
+            pos = found + len(r.content)
+        if after is None:
+            raise ModelError(
+                "the chat template does not write tool results after an earlier assistant "
+                f"message's text as given (rendering [user, assistant {_SENTINEL!r}, tool ...] "
+                f"gave {text!r}), so they cannot be appended to the generated ids.",
+                hint="Use rollout.mode: step, or a chat template with tool support that writes "
+                "earlier assistant turns verbatim (rollout.chat_template).",
+            )
+        return after
+
+    def tool_message(self, results: Sequence[ToolResult], *, after_eos: bool) -> list[int]:
+        """Ids of the ``tool`` messages of ``results`` after an assistant turn."""
+        ids = self.encode(self.tool_reply_text(results))
+        if after_eos and ids and ids[0] == self.eos_id:
+            ids = ids[1:]
+        return ids
+
+    def observation_messages(self, observation: str) -> list[dict[str, Any]]:
+        """The chat messages of an observation: one ``tool`` message per tool result, else the
+        user message (images first, then the text)."""
+        results = observation_tool_results(observation)
+        if results:
+            return [r.message() for r in results]
+        return [self.user_message(observation)]
+
+    # ---- does the template rewrite history? ------------------------------------------------------
+    def check_shapes(self, tools: Tools = None) -> list[ShapeCheck]:
+        """For each conversation shape an env produces (:func:`conversation_shapes`: user turns,
+        reasoning, tool calls, tool results), whether the template renders the whole
+        conversation as exactly the ids the trace builds turn by turn (first prompt, generated
+        ids, the template's ids for the other messages). Kept in :attr:`shape_checks`."""
+        reasoning = "</think>" in str(getattr(self.tokenizer, "chat_template", "") or "")
+        checks = []
+        for shape, items in conversation_shapes(tools, reasoning=reasoning):
+            try:
+                checks.append(self._check_shape(shape, items, tools))
+            except Exception as err:  # noqa: BLE001 - the template's own error, reported as such
+                checks.append(ShapeCheck(shape, False, f"cannot be rendered: {err}"))
+        self.shape_checks = checks
+        return checks
+
+    def _check_shape(
+        self, shape: str, items: list[dict[str, Any] | _Gen], tools: Tools
+    ) -> ShapeCheck:
+        first = next(i for i, m in enumerate(items) if isinstance(m, _Gen))
+        ids = self.prompt([m for m in items[:first] if isinstance(m, dict)], tools)
+        k = first
+        while k < len(items):
+            item = items[k]
+            if isinstance(item, _Gen):
+                ids += self.encode(item.text) + ([self.eos_id] if self.eos_id is not None else [])
+                k += 1
+                continue
+            run = []
+            while k < len(items) and not isinstance(items[k], _Gen):
+                run.append(items[k])
+                k += 1
+            if run[0]["role"] == "tool":  # type: ignore[index]
+                results = [ToolResult(m["name"], m["content"]) for m in run]  # type: ignore[index]
+                ids += self.tool_message(results, after_eos=True)
+            else:
+                ids += self.env_message(run[0]["content"], after_eos=True)  # type: ignore[index]
+        messages = [m.message if isinstance(m, _Gen) else m for m in items]
+        full = self.prompt(messages, tools)
+        if full == ids:
+            return ShapeCheck(shape, True)
+        return ShapeCheck(shape, False, _first_difference(self.tokenizer, ids, full))
+
     # ---- observations with images --------------------------------------------------------------
     def user_message(self, observation: str) -> dict[str, Any]:
         """The user message of an observation: its images (as image parts), then its text."""
         return image_message(str(observation), len(observation_images(observation)))
 
     def prompt_with_images(
-        self, messages: list[dict[str, Any]], images: Sequence[Any]
+        self, messages: list[dict[str, Any]], images: Sequence[Any], tools: Tools = None
     ) -> tuple[list[int], VisionInputs | None]:
         """Ids (placeholders expanded) and vision inputs of ``messages`` with the generation
         prompt; ``images`` fill the messages' image parts in order."""
         if not images:
-            return self.prompt(messages), None
+            return self.prompt(messages, tools), None
         ids, vision = encode_chat_images(
             self._vision(), messages, images, add_generation_prompt=True, fold_system=True
         )
         return ids, vision
 
-    def first_prompt(self, system: str, observation: str) -> tuple[list[int], VisionInputs | None]:
-        """Ids and vision inputs of the episode's first prompt (system + first observation)."""
+    def first_prompt(
+        self, system: str, observation: str, tools: Tools = None
+    ) -> tuple[list[int], VisionInputs | None]:
+        """Ids and vision inputs of the episode's first prompt (system + first observation;
+        ``tools``: the env's tool schemas, rendered by the template)."""
         messages = first_messages(system, "")[:-1] + [self.user_message(observation)]
-        return self.prompt_with_images(messages, observation_images(observation))
+        return self.prompt_with_images(messages, observation_images(observation), tools)
 
     def observe(
         self, observation: str, *, after_eos: bool
     ) -> tuple[list[int], VisionInputs | None]:
-        """:meth:`env_message` for an observation that may carry images: its ids (image
-        placeholders expanded) and the vision inputs of its images (None: none)."""
+        """:meth:`env_message` for an observation that may carry images or tool results: its
+        ids (image placeholders expanded) and the vision inputs of its images (None: none)."""
+        results = observation_tool_results(observation)
+        if results:
+            return self.tool_message(results, after_eos=after_eos), None
         images = observation_images(observation)
         if not images:
             return self.env_message(observation, after_eos=after_eos), None
@@ -205,9 +325,95 @@ class ChatFormat:
         return self.processor
 
 
+@dataclass(frozen=True)
+class ShapeCheck:
+    """One conversation shape: whether the template's rendering of the whole conversation is
+    the trace's ids (``stable``), and where it differs (``detail``)."""
+
+    shape: str
+    stable: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class _Gen:
+    """An assistant turn in a probe shape: the text the model generated, and the message a
+    chat history would store for it (tool calls structured, as OpenAI-style clients keep them)."""
+
+    text: str
+    message: dict[str, Any]
+
+
+_REASONING = "<think>\nThe user wants a number.\n</think>\n\n"
+
+
+def conversation_shapes(
+    tools: Tools, *, reasoning: bool
+) -> list[tuple[str, list[dict[str, Any] | _Gen]]]:
+    """The probe conversations of :meth:`ChatFormat.check_shapes` (each ends with the message
+    the next generation follows)."""
+    from roll_core.envs.tools import tool_call_text  # envs: a lower layer, loaded when used
+
+    system = {"role": "system", "content": "Play the game."}
+    user = {"role": "user", "content": "What is 6 times 7?"}
+    later = {"role": "user", "content": "And 8 times 9?"}
+    answer = _Gen("42", {"role": "assistant", "content": "42"})
+    shapes: list[tuple[str, list[dict[str, Any] | _Gen]]] = [
+        ("user and assistant turns", [system, user, answer, later])
+    ]
+    if reasoning:
+        thought = _Gen(_REASONING + "42", {"role": "assistant", "content": _REASONING + "42"})
+        shapes.append(
+            ("assistant with reasoning, then a user turn", [system, user, thought, later])
+        )
+    if not tools:
+        return shapes
+    fn = tools[0].get("function", {})
+    name = str(fn.get("name", "tool"))
+    arg = next(iter(fn.get("parameters", {}).get("properties", {})), "input")
+
+    def calls(n: int, prefix: str = "") -> _Gen:
+        args = [{arg: f"6 * {7 + k}"} for k in range(n)]
+        text = prefix + "\n".join(tool_call_text(name, a) for a in args)
+        structured = [
+            {"type": "function", "function": {"name": name, "arguments": a}} for a in args
+        ]
+        return _Gen(text, {"role": "assistant", "content": prefix, "tool_calls": structured})
+
+    results = [ToolResult(name, "42").message(), ToolResult(name, "48").message()]
+    shapes += [
+        ("assistant tool call, then its tool result", [system, user, calls(1), results[0]]),
+        ("two tool calls, then two tool results", [system, user, calls(2), *results]),
+        (
+            "tool result, an answer, then a user turn",
+            [system, user, calls(1), results[0], answer, later],
+        ),
+    ]
+    if reasoning:
+        shapes.append(
+            (
+                "assistant with reasoning and a tool call, then its tool result",
+                [system, user, calls(1, _REASONING), results[0]],
+            )
+        )
+    return shapes
+
+
 def first_messages(system: str, observation: str) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": system}] if system else []
     return [*messages, {"role": "user", "content": observation}]
+
+
+def _first_difference(tokenizer: Any, trace: list[int], full: list[int]) -> str:
+    """Where the template's rendering of the whole conversation leaves the trace, as text."""
+    a, b = tokenizer.decode(trace), tokenizer.decode(full)
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    if a == b:
+        return "the same text, tokenised differently at a message boundary"
+    return (
+        f"the template writes {b[max(0, n - 30) : n + 30]!r} where the trace has "
+        f"{a[max(0, n - 30) : n + 30]!r}"
+    )
 
 
 @dataclass

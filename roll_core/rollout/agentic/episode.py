@@ -101,18 +101,23 @@ class RolloutSettings:
 
 
 def window_prompt(
-    chat: ChatFormat, system: str, history: list[tuple[str, str]], observation: str, window: int
+    chat: ChatFormat,
+    system: str,
+    history: list[tuple[str, str]],
+    observation: str,
+    window: int,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], VisionInputs | None]:
     """Step mode: system, the last `window` (observation, action) turns, the observation; the
     ids and the vision inputs of the observations' images (None: no image)."""
     messages: list[dict[str, Any]] = first_messages(system, "")[:-1]
     images: list[Any] = []
     for obs, act in history[-window:] if window else []:
-        messages += [chat.user_message(obs), {"role": "assistant", "content": act}]
+        messages += [*chat.observation_messages(obs), {"role": "assistant", "content": act}]
         images += observation_images(obs)
-    messages.append(chat.user_message(observation))
+    messages += chat.observation_messages(observation)
     images += observation_images(observation)
-    return chat.prompt_with_images(messages, images)
+    return chat.prompt_with_images(messages, images, tools)
 
 
 def play_episode(
@@ -138,10 +143,13 @@ def play_episode(
     observation, _ = env_call(env.reset, traj.seed)
     system = spec.system_prompt if spec.system_prompt is not None else env.system_prompt
     history: list[tuple[str, str]] = []  # step mode: (observation, action) turns
-    traj.trace.add_context(*chat.first_prompt(system, observation))
+    tools = env.tools or None  # native tool calling: the template renders the schemas
+    traj.trace.add_context(*chat.first_prompt(system, observation, tools))
     while True:
         if s.mode == "step":
-            prompt, vision = window_prompt(chat, system, history, observation, s.history_window)
+            prompt, vision = window_prompt(
+                chat, system, history, observation, s.history_window, tools
+            )
         else:
             prompt, vision = list(traj.trace.ids), traj.trace.vision()
         if len(prompt) + max_new_tokens > s.max_context:
