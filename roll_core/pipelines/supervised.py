@@ -65,12 +65,12 @@ def sum_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
     return total
 
 
-def router_aux_metric(outs: list[dict[str, float]]) -> dict[str, float]:
+def router_aux_metric(out: dict[str, float]) -> dict[str, float]:
     """`actor/router_aux_loss` of a mixture-of-experts model that returns one (the ranks'
-    weighted shares add up to the step's mean), else nothing."""
-    if ROUTER_AUX_METRIC not in outs[0]:
+    weighted shares, summed by the cluster call, add up to the step's mean), else nothing."""
+    if ROUTER_AUX_METRIC not in out:
         return {}
-    return {ROUTER_AUX_METRIC: sum(o[ROUTER_AUX_METRIC] for o in outs)}
+    return {ROUTER_AUX_METRIC: out[ROUTER_AUX_METRIC]}
 
 
 def train_rows(cfg: Any) -> Any:
@@ -120,7 +120,7 @@ class Session:
 
     batch: Callable[[list[int]], Batch]
     """The training batch of the loader's row indices."""
-    summarise: Callable[[list[dict[str, float]], Batch], dict[str, float]]
+    summarise: Callable[[dict[str, float], Batch], dict[str, float]]
     """`train/...` metrics from the ranks' train_step results on that batch."""
     objective: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of `ActorTrain.train_step` (the objective and its parameters)."""
@@ -189,11 +189,11 @@ def run_supervised(
             wall = time.perf_counter() - t0
             metrics = {
                 **session.summarise(out, batch),
-                "train/grad_norm": out[0]["train/grad_norm"],
-                "train/lr": out[0]["train/lr"],
+                "train/grad_norm": out["train/grad_norm"],
+                "train/lr": out["train/lr"],
                 **router_aux_metric(out),
                 "train/epoch": float(loader.epoch),
-                "perf/tokens_per_s": sum(o["perf/tokens"] for o in out) / wall,
+                "perf/tokens_per_s": out["perf/tokens"] / wall,
                 "perf/step_s": wall,
             }
             loop.end_step(step, metrics, evaluate=session.evaluate)
