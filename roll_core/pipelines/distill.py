@@ -27,8 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-import torch
-
 from roll_core.config.preference import DistillConfig
 from roll_core.data import Batch, collate_sft
 from roll_core.engine import Cluster
