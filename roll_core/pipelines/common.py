@@ -54,26 +54,6 @@ class RolePlan:
     detail: str = ""
 
 
-class DataSize:
-    """The size of the training data a run started with, as a checkpoint part (registered
-    as ``train_size``): resuming against data of another size is a CheckpointError, since
-    the loader's position would point elsewhere."""
-
-    def __init__(self, size: int, unit: str = "examples") -> None:
-        self.size, self.unit = size, unit
-
-    def state_dict(self) -> int:
-        return self.size
-
-    def load_state_dict(self, saved: int) -> None:
-        if saved != self.size:
-            raise CheckpointError(
-                f"the training data changed since the run's last checkpoint: it had {saved} "
-                f"{self.unit}, now {self.size}.",
-                hint="Resume with the data the run started with, or start a new run.",
-            )
-
-
 def check_same_data(
     ckpt: Path, state: dict[str, Any], *, size: int, unit: str = "examples"
 ) -> None:
@@ -106,8 +86,8 @@ class DriverLoop:
         self.console = console or make_console(stderr=True)
         self.ckpts = CheckpointManager(run.checkpoints_dir, keep_last=cfg.checkpoint.keep_last)
         self.tracking: Any = None
-        self._save_state: Callable[[Path], dict[str, Any]] | None = None
         self._parts: dict[str, tuple[Any, bool]] = {}
+        self._data: tuple[int, str] | None = None
         self._stop_requested = False
         self._last_saved = -1
         self._last_evaluated = -1
@@ -142,8 +122,14 @@ class DriverLoop:
             raise ValueError(f"a checkpoint part named {name!r} is registered already")
         self._parts[name] = (part, required)
 
+    def expect_data(self, size: int, unit: str = "examples") -> None:
+        """Record the training data's size in every checkpoint (``train_size``); resuming
+        against data of another size is a CheckpointError (the loader's position would
+        point elsewhere)."""
+        self._data = (size, unit)
+
     def _save_parts(self, ckpt: Path) -> dict[str, Any]:
-        state: dict[str, Any] = {}
+        state: dict[str, Any] = {} if self._data is None else {"train_size": self._data[0]}
         for name, (part, _) in self._parts.items():
             if hasattr(part, "save_checkpoint"):
                 part.save_checkpoint(ckpt)
@@ -152,6 +138,8 @@ class DriverLoop:
         return state
 
     def _load_parts(self, ckpt: Path, state: dict[str, Any]) -> None:
+        if self._data is not None:
+            check_same_data(ckpt, state, size=self._data[0], unit=self._data[1])
         for name, (part, required) in self._parts.items():
             if hasattr(part, "load_checkpoint"):
                 part.load_checkpoint(ckpt)
@@ -166,22 +154,9 @@ class DriverLoop:
                 )
 
     # ---- start / resume ----------------------------------------------------------------------
-    def begin(
-        self,
-        *,
-        save_state: Callable[[Path], dict[str, Any]] | None = None,
-        load_state: Callable[[Path, dict[str, Any]], None] | None = None,
-    ) -> int:
-        """Restore the newest intact checkpoint when resuming (the registered parts, then
-        `load_state`); return the last completed step. `save_state` / `load_state`: what
-        the registered parts do not cover."""
-        parts, extra = self._save_parts, save_state
-
-        def save_all(ckpt: Path) -> dict[str, Any]:
-            state = parts(ckpt)
-            return state | (extra(ckpt) if extra is not None else {})
-
-        self._save_state = save_all
+    def begin(self) -> int:
+        """Restore the newest intact checkpoint when resuming (every registered part);
+        return the last completed step."""
         start = 0
         if self.resume:
             found = self.ckpts.find_resumable()
@@ -195,8 +170,6 @@ class DriverLoop:
                     self.console.print(f"[yellow]{found.note}[/yellow]")
                 state = json.loads((found.path / TRAINER_STATE).read_text())
                 self._load_parts(found.path, state)
-                if load_state is not None:
-                    load_state(found.path, state)
                 start = found.step
                 self._last_saved = start
                 if start >= self.cfg.trainer.max_steps:
@@ -320,11 +293,8 @@ class DriverLoop:
         self.tracking.log(step, metrics)
 
     def save(self, step: int) -> Path:
-        save_state = self._save_state
-        assert save_state is not None
-
         def write(tmp: Path) -> None:
-            state = save_state(tmp)
+            state = self._save_parts(tmp)
             state["step"] = step
             atomic_write_text(tmp / TRAINER_STATE, json.dumps(state, indent=1))
 

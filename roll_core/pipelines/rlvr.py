@@ -52,7 +52,7 @@ from roll_core.models import (
 from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
-from roll_core.pipelines.common import DataSize, DriverLoop, RolePlan
+from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.rl_iteration import sampling_params
 from roll_core.pipelines.rl_loop import RLHooks, run_rl
 from roll_core.rewards.router import check_dataset_domains
@@ -391,7 +391,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
     with closing(train_stage) as rewards, closing(eval_stage) as eval_rewards:
         stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)
         loop.register("prompts", stream.loader)
-        loop.register("train_size", DataSize(len(setup.train), "prompts"), required=False)
+        loop.expect_data(len(setup.train), "prompts")
         loop.register("rewards", rewards)
         paths = dict(model_path=setup.model_path, tokenizer_path=setup.tokenizer_path)
         with (

@@ -237,6 +237,20 @@ def uses_critic(cfg: Any) -> bool:
     return bool(cfg.algorithm.uses_critic and getattr(cfg, "critic", None) is not None)
 
 
+class SavedRole:
+    """A role whose ranks write their state into `<checkpoint>/<name>/` (a DriverLoop part,
+    pipelines/common.py)."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.cluster, self.name = cluster, name
+
+    def save_checkpoint(self, ckpt: Path) -> None:
+        self.cluster.save(str(ckpt / self.name))
+
+    def load_checkpoint(self, ckpt: Path) -> None:
+        self.cluster.load(str(ckpt / self.name))
+
+
 @dataclass
 class RLRoles:
     """The roles of rlvr and agentic, typed: the policy being trained, the inference engine

@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from roll_core.backends.train.torch_backend import ROUTER_AUX_METRIC, resolve_device
@@ -31,7 +30,7 @@ from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokeniz
 from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
-from roll_core.pipelines.common import DriverLoop, check_same_data
+from roll_core.pipelines.common import DriverLoop
 
 
 @dataclass
@@ -169,16 +168,10 @@ def run_supervised(
             info = actor.setup()[0]
         session = start(executor, actor, info)
 
-        def save_state(ckpt: Path) -> dict[str, Any]:
-            actor.save(str(ckpt / "actor_train"))
-            return {"loader": loader.state_dict(), "train_size": train_size}
-
-        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-            check_same_data(ckpt, state, size=train_size, unit=unit)
-            actor.load(str(ckpt / "actor_train"))
-            loader.load_state_dict(state["loader"])
-
-        first = loop.begin(save_state=save_state, load_state=load_state)
+        loop.expect_data(train_size, unit)
+        loop.register("actor_train", roles.SavedRole(actor, "actor_train"))
+        loop.register("loader", loader)
+        first = loop.begin()
         evaluate = session.evaluate
         if evaluate is not None and session.eval_at_start and not loop.resume:
             loop.log_eval(0, lambda: evaluate(0))
