@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass
@@ -101,22 +100,10 @@ def group_backend(path: str, members: Sequence[dict[str, Any]]) -> str:
     return "gloo"
 
 
-_ATTACHED: weakref.WeakKeyDictionary[Cluster, WeightSync] = weakref.WeakKeyDictionary()
-
-
 def attach_weight_sync(train: Cluster, infer: Cluster, settings: SyncSettings) -> WeightSync:
-    """Configure the sync from `train` into `infer` (the pipelines' role builder calls it)."""
-    ws = WeightSync(train, infer, settings)
-    _ATTACHED[infer] = ws
-    return ws
-
-
-def weight_sync_for(train: Cluster, infer: Cluster) -> WeightSync:
-    """The sync attached to `infer` (default settings when none was attached)."""
-    ws = _ATTACHED.get(infer)
-    if ws is None or ws.train is not train:
-        ws = attach_weight_sync(train, infer, SyncSettings())
-    return ws
+    """The sync from `train` into `infer` (the pipelines' role builder keeps it in
+    `RLRoles.weight_sync`); it plans its path at the first sync."""
+    return WeightSync(train, infer, settings)
 
 
 class WeightSync:
