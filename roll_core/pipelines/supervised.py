@@ -120,7 +120,7 @@ class Session:
     batch: Callable[[list[int]], Batch]
     """The training batch of the loader's row indices."""
     summarise: Callable[[dict[str, float], Batch], dict[str, float]]
-    """`train/...` metrics from the ranks' train_step results on that batch."""
+    """`train/...` metrics from train_step's metrics on that batch (the ranks', reduced)."""
     objective: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of `ActorTrain.train_step` (the objective and its parameters)."""
     evaluate: Callable[[int], dict[str, float]] | None = None
