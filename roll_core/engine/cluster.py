@@ -2,7 +2,10 @@
 
 `cluster.method(...)` calls a worker method the way the method declares with
 `@dispatch(...)` (roll_core/engine/worker.py): on every rank with the same arguments, split
-data-parallel over the ranks, on rank 0, or scattered one item per rank. The explicit forms
+data-parallel over the ranks, on rank 0, or scattered one item per rank; and returns what the
+declaration's `collect=` says (the per-rank list, one concatenated value, reduced metrics,
+rank 0's result), so no caller joins per-rank results itself. `cluster.at(rank).method(...)`
+is the non-blocking form on one rank (a Future). The explicit forms
 underneath are `cluster.run(method, ...)` (every rank), `cluster.run_dp(method, batch)` (a
 Batch split across ranks, the per-rank results returned) and `cluster.run_rank0`.
 The calls read the same with the `local` executor (instances in this process, no Ray) and the
@@ -23,9 +26,9 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from roll_core.data import Batch
-from roll_core.engine.dispatch import split_by_tokens
+from roll_core.engine.dispatch import collect_results, split_by_tokens
 from roll_core.engine.process import chain_future
-from roll_core.engine.worker import Worker, dispatch_mode
+from roll_core.engine.worker import Worker, collect_mode, dispatch_mode
 from roll_core.errors import WorkerDiedError
 
 
@@ -129,7 +132,15 @@ class Cluster:
             "rank0": self.run_rank0,
             "scatter": self.run_scatter,
         }
-        return functools.partial(calls[mode], method)
+        call = functools.partial(calls[mode], method)
+        how = collect_mode(worker_cls, method)
+        if how == "list" or mode == "rank0":
+            return call
+
+        def collected(*args: Any, **kwargs: Any) -> Any:
+            return collect_results(call(*args, **kwargs), how)
+
+        return collected
 
     def at(self, rank: int) -> RankCalls:
         """The non-blocking form on one rank: ``cluster.at(r).method(...)`` starts the worker

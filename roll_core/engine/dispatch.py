@@ -1,4 +1,4 @@
-"""How a cluster splits a Batch over its data-parallel ranks and merges what comes back.
+"""How a cluster splits a Batch over its data-parallel ranks and collects what comes back.
 
 Pure functions (no processes, no Ray): unit-tested in tests/engine/test_dispatch.py.
 """
@@ -6,6 +6,7 @@ Pure functions (no processes, no Ray): unit-tested in tests/engine/test_dispatch
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -69,3 +70,33 @@ def reduce_rank_metrics(per_rank: Sequence[dict[str, float]]) -> dict[str, float
         else:
             out[key] = sum(values)
     return out
+
+
+def concat_results(per_rank: Sequence[Any]) -> Any:
+    """The per-rank results of a ``dp`` call as one value in batch order: tensors and
+    Batches joined along the first dimension, dicts of tensors key by key."""
+    first = per_rank[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(per_rank))
+    if isinstance(first, Batch):
+        return Batch.concat(list(per_rank))
+    if isinstance(first, dict):
+        return {key: concat_results([r[key] for r in per_rank]) for key in first}
+    raise TypeError(
+        f"collect='concat' joins tensors, Batches or dicts of tensors, not {type(first).__name__}"
+    )
+
+
+def collect_results(per_rank: list[Any], how: str) -> Any:
+    """What a cluster call returns for the per-rank results under ``@dispatch(collect=how)``
+    (roll_core/engine/worker.py): the list itself, one concatenated value, reduced metrics or
+    rank 0's result."""
+    if how == "list":
+        return per_rank
+    if how == "concat":
+        return concat_results(per_rank)
+    if how == "metrics":
+        return reduce_rank_metrics(per_rank)
+    if how == "rank0":
+        return per_rank[0]
+    raise ValueError(f"unknown collect mode {how!r} (list, concat, metrics, rank0)")

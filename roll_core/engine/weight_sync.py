@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass
@@ -101,22 +100,10 @@ def group_backend(path: str, members: Sequence[dict[str, Any]]) -> str:
     return "gloo"
 
 
-_ATTACHED: weakref.WeakKeyDictionary[Cluster, WeightSync] = weakref.WeakKeyDictionary()
-
-
 def attach_weight_sync(train: Cluster, infer: Cluster, settings: SyncSettings) -> WeightSync:
-    """Configure the sync from `train` into `infer` (the pipelines' role builder calls it)."""
-    ws = WeightSync(train, infer, settings)
-    _ATTACHED[infer] = ws
-    return ws
-
-
-def weight_sync_for(train: Cluster, infer: Cluster) -> WeightSync:
-    """The sync attached to `infer` (default settings when none was attached)."""
-    ws = _ATTACHED.get(infer)
-    if ws is None or ws.train is not train:
-        ws = attach_weight_sync(train, infer, SyncSettings())
-    return ws
+    """The sync from `train` into `infer` (the pipelines' role builder keeps it in
+    `RLRoles.weight_sync`); it plans its path at the first sync."""
+    return WeightSync(train, infer, settings)
 
 
 class WeightSync:
@@ -139,8 +126,8 @@ class WeightSync:
         if s.path == "driver":
             self.path, self.ranks = "driver", 1 + self.infer.world_size
             return self.path
-        sender = self.train.run_one(0, "sync_endpoint")
-        per_rank: list[list[dict[str, Any]]] = self.infer.run("sync_endpoints")
+        sender = self.train.at(0).sync_endpoint().result()
+        per_rank: list[list[dict[str, Any]]] = self.infer.sync_endpoints()
         receivers = [ep for eps in per_rank for ep in eps]
         self.ranks = 1 + len(receivers)
         path = choose_path(
@@ -161,10 +148,10 @@ class WeightSync:
             timeout_s=s.timeout_s,
             mode=path,
         )
-        futures = [self.train.submit(0, "sync_join", group_rank=0, **common)]
+        futures = [self.train.at(0).sync_join(group_rank=0, **common)]
         first = 1
         for r, eps in enumerate(per_rank):
-            futures.append(self.infer.submit(r, "sync_join", group_rank=first, **common))
+            futures.append(self.infer.at(r).sync_join(group_rank=first, **common))
             first += len(eps)
         labels = ["actor_train rank 0"] + [f"actor_infer rank {r}" for r in range(len(per_rank))]
         self._wait(futures, labels, "joining the weight-sync group")
@@ -223,10 +210,9 @@ class WeightSync:
 
     def _group(self, version: int) -> dict[str, int]:
         bucket = self.settings.bucket_bytes
-        futures = [self.train.submit(r, "sync_send", bucket) for r in range(self.train.world_size)]
+        futures = [self.train.at(r).sync_send(bucket) for r in range(self.train.world_size)]
         futures += [
-            self.infer.submit(r, "sync_receive", version=version)
-            for r in range(self.infer.world_size)
+            self.infer.at(r).sync_receive(version=version) for r in range(self.infer.world_size)
         ]
         try:
             labels = [f"actor_train rank {r}" for r in range(self.train.world_size)]

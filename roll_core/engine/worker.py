@@ -12,12 +12,19 @@ from typing import Any, Literal, TypeVar
 DispatchMode = Literal["all", "dp", "rank0", "scatter", "one"]
 """How `Cluster` calls a worker method (see :func:`dispatch`)."""
 
+Collect = Literal["list", "concat", "metrics", "rank0"]
+"""How `Cluster` returns the per-rank results of a method called on several ranks (see
+:func:`dispatch` and roll_core/engine/dispatch.py `collect_results`)."""
+
 F = TypeVar("F", bound=Callable[..., Any])
 _DISPATCH_ATTR = "__roll_dispatch__"
 _CONCURRENT_ATTR = "__roll_concurrent__"
+_COLLECT_ATTR = "__roll_collect__"
 
 
-def dispatch(mode: DispatchMode, *, concurrent: bool = False) -> Callable[[F], F]:
+def dispatch(
+    mode: DispatchMode, *, collect: Collect = "list", concurrent: bool = False
+) -> Callable[[F], F]:
     """Declare, once on the worker method, how ``cluster.method(...)`` calls it:
 
     * ``all``: every rank with the same arguments; the results in rank order (setup, save);
@@ -29,15 +36,30 @@ def dispatch(mode: DispatchMode, *, concurrent: bool = False) -> Callable[[F], F
     * ``one``: the caller picks the rank, ``cluster.at(rank).method(...)``, and gets a
       ``concurrent.futures.Future`` (the router sending one request to one inference rank).
 
-    Every method also has the non-blocking form ``cluster.at(rank).method(...)``.
+    ``collect`` declares what ``cluster.method(...)`` returns for the modes that call several
+    ranks (``all``, ``dp``, ``scatter``):
+
+    * ``list`` (the default): the per-rank results in rank order;
+    * ``concat``: one value in batch order, the per-rank tensors (or Batches, or dicts of
+      tensors) concatenated along the first dimension (``dp`` log-probs, values);
+    * ``metrics``: one metrics dict, ``reduce_rank_metrics`` of the per-rank dicts (sums,
+      except global values from rank 0, timings and maxima: the largest);
+    * ``rank0``: rank 0's result (every rank still runs: setup, a collective).
+
+    Every method also has the non-blocking form ``cluster.at(rank).method(...)`` (one rank's
+    own result, never collected).
     ``concurrent=True``: calls may run while other calls to the same rank are in flight (a
     request-level engine serves many blocked ``generate_request`` calls at once; ``abort``
     must get through while they wait). Such calls run on their own threads (a Ray concurrency
     group, a thread pool under the local executor); every other call to a rank runs in order.
     """
 
+    if collect != "list" and mode in ("rank0", "one"):
+        raise TypeError(f"@dispatch({mode!r}, collect={collect!r}): a {mode} method has one result")
+
     def mark(fn: F) -> F:
         vars(fn)[_DISPATCH_ATTR] = mode
+        vars(fn)[_COLLECT_ATTR] = collect
         vars(fn)[_CONCURRENT_ATTR] = concurrent
         return fn
 
@@ -47,6 +69,13 @@ def dispatch(mode: DispatchMode, *, concurrent: bool = False) -> Callable[[F], F
 def dispatch_mode(worker_cls: type, method: str) -> DispatchMode | None:
     """The mode `method` of `worker_cls` was declared with (None: not a cluster method)."""
     return vars(getattr(worker_cls, method, dispatch_mode)).get(_DISPATCH_ATTR)
+
+
+def collect_mode(worker_cls: type, method: str) -> Collect:
+    """How the per-rank results of `method` are returned (``list`` unless declared)."""
+    return vars(getattr(worker_cls, method, dispatch_mode)).get(  # type: ignore[no-any-return]
+        _COLLECT_ATTR, "list"
+    )
 
 
 def is_concurrent(worker_cls: type, method: str) -> bool:

@@ -1,22 +1,22 @@
 """`roll train agentic`: multi-turn RL in text environments.
 
-The driver loop::
+What is agentic's own: the envs and their checks, the rollout source (the env rollout
+manager, rollout/agentic/: env-level async episodes, G per group), the batch layout
+(StarPO: one row per episode; GiGPO, `rollout.mode: step`: one row per turn, with GiGPO's
+advantages), the optional warm start (SFT on scripted episodes) and validation on held-out
+env seeds. The loop itself is pipelines/rl_loop.py, shared with `roll train rlvr`::
 
     warm_start()                                   # optional: SFT on scripted episodes
     for step in run.steps(max_steps):
         groups  = rollout.next_batch(step)         # env-level async episodes, G per group
         batch   = trajectory_batch(groups)         # StarPO: one row per episode
                   or step_batch(groups)            # GiGPO: one row per turn
-        batch  += reference.log_probs(batch)       # only if KL is used
-        batch  += actor_train.log_probs(batch)     # old log-probs (and train/infer diff)
+        batch  += reference / old log-probs        # only what the algorithm needs
         batch  += advantages                       # GRPO-family on episode returns, or GiGPO
         metrics = actor_train.train_step(batch, "rl")
         suspend rollout -> sync_weights -> resume  # policy version = step
                                                    # colocated: turn moves, pipelines/turns.py
         if validation due: metrics |= validate()   # held-out env seeds, greedy
-
-Roles, weight sync, the update and the RL maths are those of `roll train rlvr`
-(pipelines/roles.py, pipelines/rl_iteration.py); only the rollout and the batch layout differ.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,6 @@ from roll_core.config.agentic import AgenticConfig, EnvEntry
 from roll_core.data import Batch
 from roll_core.data.vision import VISION_FIELDS
 from roll_core.engine import Cluster
-from roll_core.engine.colocation import resolve_offload
 from roll_core.envs import get_env_class, make_env
 from roll_core.envs.base import observation_images
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
@@ -57,22 +56,8 @@ from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
-from roll_core.pipelines.rl_iteration import (
-    RLState,
-    add_policy_log_probs,
-    advantages_and_kl,
-    correct_rollout,
-    load_roles,
-    record_weight_sync,
-    reuses_update_log_probs,
-    rl_batch_metrics,
-    sampling_params,
-    save_roles,
-    sync_weights,
-    update_policy,
-    warn_logprob_gap,
-)
-from roll_core.pipelines.turns import Turns
+from roll_core.pipelines.rl_iteration import RLState, sampling_params
+from roll_core.pipelines.rl_loop import RLHooks, logging_faults, run_rl
 from roll_core.rollout.agentic import (
     ChatFormat,
     EnvRolloutManager,
@@ -85,6 +70,7 @@ from roll_core.rollout.agentic import (
     trajectory_batch,
 )
 from roll_core.rollout.router import rollout_mode
+from roll_core.rollout.source import AgenticSource
 
 DEMO_SEED_START = 2_000_000_000  # warm-start demonstrations: neither training nor eval seeds
 WARM_START_WHAT = {"random": "random valid actions", "expert": "the env's expert actions"}
@@ -525,7 +511,7 @@ class _ScriptedActor:
 def warm_start(
     cfg: AgenticConfig,
     setup: AgenticSetup,
-    clusters: dict[str, Cluster],
+    actor: Cluster,
     specs: list[EnvSpec],
     advance: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
@@ -533,7 +519,6 @@ def warm_start(
     expert: a demonstration warm start); returns its metrics.
     ``advance`` is called after each step (progress)."""
     w = cfg.warm_start
-    actor = clusters["actor_train"]
     losses = []
     faults: dict[str, float] = {"warm_start/env_errors": 0.0, "warm_start/env_timeouts": 0.0}
     per_env = max(1, w.episodes_per_step // len(specs))
@@ -552,12 +537,12 @@ def warm_start(
             meta={"loss_tokens": int(resp.sum())},
         )
         out = actor.train_step(batch, lr=w.lr or cfg.actor_train.optim.lr)  # outside the schedule
-        losses.append(sum(o["train/loss_sum"] for o in out) / max(1, int(resp.sum())))
+        losses.append(out["train/loss_sum"] / max(1, int(resp.sum())))
         advance()
     return {
         "warm_start/steps": float(w.steps),
         "warm_start/loss_last": losses[-1],
-        "warm_start/lr": out[0]["train/lr"],
+        "warm_start/lr": out["train/lr"],
         **faults,
     }
 
@@ -573,74 +558,46 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
     policy = template_policy(setup.chat, cfg.rollout.mode) if setup.chat else None
     if policy:
         loop.console_note(policy)
-    executor = roles.executor_for(cfg)
-    manager: EnvRolloutManager | None = None
-    choice = resolve_offload(cfg)
-    try:
-        with loop.phase("loading models"):
-            clusters = roles.build_rl_roles(
-                cfg,
-                executor,
-                model_path=setup.model_path,
-                tokenizer_path=setup.tokenizer_path,
-                sleep_mode=choice.infer_weights and cfg.actor_infer.backend == "vllm",
-                run_dir=loop.run.dir,
-            )
-        turns = Turns(choice, clusters)  # colocated roles take turns (engine/colocation.py)
-        manager = EnvRolloutManager(
-            infer=clusters["actor_infer"],
-            tokenizer=setup.tokenizer,
-            specs=specs,
-            settings=settings(cfg, setup),
-            processor=setup.processor,
+    paths = dict(model_path=setup.model_path, tokenizer_path=setup.tokenizer_path)
+    with (
+        roles.rl_roles(cfg, loop, **paths) as rl,
+        closing(_source(cfg, setup, rl, specs)) as source,
+    ):
+        evaluate = bool(cfg.eval.every_steps and any(e.eval_episodes for e in cfg.envs))
+        validation = functools.partial(validate, cfg, source.manager, specs)
+
+        def warm(start: int) -> None:
+            if start == 0 and cfg.warm_start.steps:
+                _warm_start_phase(cfg, setup, rl, source.manager, specs, loop, evaluate)
+
+        hooks = RLHooks(
+            evaluate=validation if evaluate else None,
+            eval_at_start=evaluate,
+            advantages=functools.partial(_gigpo, cfg) if cfg.rollout.mode == "step" else None,
+            before_first_sync=warm,
         )
-        rl_state = RLState(cfg.algorithm)
-        reuse = reuses_update_log_probs(cfg) and not any(clusters["actor_train"].has_dropout())
-        mgr = manager
+        return run_rl(cfg, rl, source, loop, hooks)
 
-        def save_state(ckpt: Path) -> dict[str, Any]:
-            with turns.train_turn():
-                save_roles(clusters, ckpt)
-            return {"rollout": mgr.state_dict(), "rl": rl_state.state_dict()}
 
-        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-            load_roles(clusters, ckpt)
-            mgr.load_state_dict(state["rollout"])
-            rl_state.load_state_dict(state["rl"])
-
-        start = loop.begin(save_state=save_state, load_state=load_state)
-        evaluate = cfg.eval.every_steps and any(e.eval_episodes for e in cfg.envs)
-        if start == 0 and cfg.warm_start.steps:
-            _warm_start_phase(cfg, setup, clusters, manager, specs, loop, bool(evaluate))
-        _sync(clusters, manager, start)
-        record_weight_sync(clusters, loop)
-        turns.start()
-        if evaluate and start == 0:
-            loop.log_eval(0, lambda: validate(cfg, mgr, specs))
-        for step in loop.steps(start, cfg.trainer.max_steps):
-            metrics = _logging_faults(
-                loop,
-                step,
-                lambda: _train_step(cfg, setup, clusters, manager, rl_state, reuse, turns),
-            )
-            warn_logprob_gap(loop, rl_state, metrics, cfg.trainer.warn_logprob_diff)
-            metrics |= _sync(clusters, manager, step, turns)
-            loop.end_step(
-                step,
-                metrics,
-                evaluate=(lambda s: validate(cfg, mgr, specs)) if evaluate else None,
-            )
-        return loop.finish(export=lambda p: _export(clusters, turns, p))
-    finally:
-        if manager is not None:
-            manager.close()
-        executor.shutdown()
+def _source(
+    cfg: AgenticConfig, setup: AgenticSetup, rl: roles.RLRoles, specs: list[EnvSpec]
+) -> AgenticSource:
+    """The env rollout manager on actor_infer, as the loop's rollout source."""
+    manager = EnvRolloutManager(
+        infer=rl.actor_infer,
+        tokenizer=setup.tokenizer,
+        specs=specs,
+        settings=settings(cfg, setup),
+        processor=setup.processor,
+    )
+    pad = setup.tokenizer.pad_token_id
+    return AgenticSource(manager, pad_id=pad, mode=cfg.rollout.mode, gamma=cfg.gigpo.gamma)
 
 
 def _warm_start_phase(
     cfg: AgenticConfig,
     setup: AgenticSetup,
-    clusters: dict[str, Any],
+    rl: roles.RLRoles,
     manager: EnvRolloutManager,
     specs: list[EnvSpec],
     loop: DriverLoop,
@@ -656,8 +613,8 @@ def _warm_start_phase(
     t = time.perf_counter()
     what = WARM_START_WHAT[cfg.warm_start.policy]
     with loop.phase(f"warm start (SFT on {what})", cfg.warm_start.steps) as p:
-        metrics = _logging_faults(
-            loop, 0, lambda: warm_start(cfg, setup, clusters, specs, advance=p.advance)
+        metrics = logging_faults(
+            loop, 0, lambda: warm_start(cfg, setup, rl.actor_train, specs, advance=p.advance)
         )
     metrics["warm_start/seconds"] = time.perf_counter() - t
     loop.console_note(
@@ -667,84 +624,8 @@ def _warm_start_phase(
     loop.log_extra(0, metrics)
 
 
-def _logging_faults(loop: DriverLoop, step: int, fn: Any) -> dict[str, float]:
-    """``fn()``; when env faults stop the run, their counters are logged first."""
-    try:
-        result: dict[str, float] = fn()
-        return result
-    except EnvFault as err:
-        loop.log_extra(step, err.metrics)
-        raise
-
-
-def _export(clusters: dict[str, Cluster], turns: Turns, path: Path) -> None:
-    with turns.train_turn():
-        clusters["actor_train"].export(str(path))
-
-
-def _sync(
-    clusters: dict[str, Cluster],
-    manager: EnvRolloutManager,
-    version: int,
-    turns: Turns | None = None,
-) -> dict[str, float]:
-    """Suspend generation, actor_train -> actor_infer, resume with the new policy version
-    (colocated: inside the turn moves, pipelines/turns.py)."""
-    t = time.perf_counter()
-    manager.suspend()
-    update = functools.partial(sync_weights, clusters, version=version)
-    metrics = turns.sync(update)() if turns is not None else update()
-    manager.resume(version)
-    metrics["sync/suspended_s"] = time.perf_counter() - t
-    return metrics
-
-
-def _train_step(
-    cfg: AgenticConfig,
-    setup: AgenticSetup,
-    clusters: dict[str, Cluster],
-    manager: EnvRolloutManager,
-    rl_state: RLState,
-    reuse_log_probs: bool = False,
-    turns: Turns | None = None,
-) -> dict[str, float]:
-    timers: dict[str, float] = {}
-    t = step_start = time.perf_counter()
-    rollout = manager.next_batch(0)
-    timers["time/rollout"] = time.perf_counter() - t
-    if turns is not None and turns.active:
-        manager.suspend()  # no episode generates while the engine is offloaded
-        turns.to_train()
-    trajs = [tr for g in rollout.groups for tr in g]
-    pad = setup.tokenizer.pad_token_id
-    if cfg.rollout.mode == "step":
-        batch = step_batch(rollout.groups, pad_id=pad, gamma=cfg.gigpo.gamma)
-    else:
-        batch = trajectory_batch(rollout.groups, pad_id=pad)
-    temp = cfg.rollout.temperature or 1.0
-    timers |= add_policy_log_probs(clusters, batch, temp, old=not reuse_log_probs)
-    per_turn = cfg.rollout.max_new_tokens
-    if cfg.rollout.mode == "step":
-        metrics = _gigpo(cfg, batch)
-    else:
-        metrics = advantages_and_kl(batch, cfg.algorithm, rl_state, max_new_tokens=per_turn)
-    metrics |= correct_rollout(batch, cfg.algorithm)
-    t = time.perf_counter()
-    metrics |= update_policy(cfg, clusters, batch, temp)
-    timers["time/train"] = time.perf_counter() - t
-    wall = time.perf_counter() - step_start
-    timers["perf/step_s"] = wall
-    timers["perf/samples"] = float(len(batch))
-    return {
-        **rollout.metrics,
-        **episode_metrics(trajs, prefix="rollout"),
-        **rl_batch_metrics(batch, per_turn),
-        **metrics,
-        **timers,
-    }
-
-
-def _gigpo(cfg: AgenticConfig, batch: Batch) -> dict[str, float]:
+def _gigpo(cfg: AgenticConfig, batch: Batch, state: RLState | None = None) -> dict[str, float]:
+    """GiGPO advantages (algorithms/gigpo.py) of a step-wise batch (rollout.mode: step)."""
     t = batch.tensors
     mask = t["response_mask"]
     adv, metrics = gigpo_advantages(

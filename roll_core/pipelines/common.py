@@ -1,10 +1,15 @@
 """What every pipeline's driver loop shares: the step counter that resumes, the eval and
 checkpoint schedule, tracking, run status, and a clean stop on Ctrl-C.
 
-A pipeline calls ``start = loop.begin(save_state=..., load_state=...)``, iterates
-``loop.steps(start, max_steps)``, calls ``loop.end_step(step, metrics)`` once per step and
-``loop.finish(export=...)`` at the end. Step numbers are 1-based: step N is the state after N
-optimizer updates, and checkpoint step-N resumes at step N + 1.
+A pipeline registers each stateful part once (``loop.register("prompts", loader)``: the
+prompt stream, the RL state, the reward stage, the rollout source, the roles), calls
+``start = loop.begin()``, iterates ``loop.steps(start, max_steps)``, calls
+``loop.end_step(step, metrics)`` once per step and ``loop.finish(export=...)`` at the end.
+A checkpoint holds every part by name: a part with ``state_dict()`` / ``load_state_dict()``
+under its name in trainer_state.json, a part with ``save_checkpoint(dir)`` /
+``load_checkpoint(dir)`` (model weights, optimizer state) as files in the checkpoint
+directory. Step numbers are 1-based: step N is the state after N optimizer updates, and
+checkpoint step-N resumes at step N + 1.
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ class DriverLoop:
         self.console = console or make_console(stderr=True)
         self.ckpts = CheckpointManager(run.checkpoints_dir, keep_last=cfg.checkpoint.keep_last)
         self.tracking: Any = None
-        self._save_state: Callable[[Path], dict[str, Any]] | None = None
+        self._parts: dict[str, tuple[Any, bool]] = {}
+        self._data: tuple[int, str] | None = None
         self._stop_requested = False
         self._last_saved = -1
         self._last_evaluated = -1
@@ -106,15 +112,51 @@ class DriverLoop:
             metrics = evaluate()
         self.log_extra(step, metrics)
 
+    # ---- checkpointed parts --------------------------------------------------------------------
+    def register(self, name: str, part: Any, *, required: bool = True) -> None:
+        """Save `part` in every checkpoint and restore it on resume, by `name` (module doc).
+        `required=False`: a checkpoint without it (written before the part existed) loads."""
+        if self.started:
+            raise RuntimeError(f"DriverLoop.register({name!r}) after begin()")
+        if name in self._parts:
+            raise ValueError(f"a checkpoint part named {name!r} is registered already")
+        self._parts[name] = (part, required)
+
+    def expect_data(self, size: int, unit: str = "examples") -> None:
+        """Record the training data's size in every checkpoint (``train_size``); resuming
+        against data of another size is a CheckpointError (the loader's position would
+        point elsewhere)."""
+        self._data = (size, unit)
+
+    def _save_parts(self, ckpt: Path) -> dict[str, Any]:
+        state: dict[str, Any] = {} if self._data is None else {"train_size": self._data[0]}
+        for name, (part, _) in self._parts.items():
+            if hasattr(part, "save_checkpoint"):
+                part.save_checkpoint(ckpt)
+            else:
+                state[name] = part.state_dict()
+        return state
+
+    def _load_parts(self, ckpt: Path, state: dict[str, Any]) -> None:
+        if self._data is not None:
+            check_same_data(ckpt, state, size=self._data[0], unit=self._data[1])
+        for name, (part, required) in self._parts.items():
+            if hasattr(part, "load_checkpoint"):
+                part.load_checkpoint(ckpt)
+            elif name in state:
+                part.load_state_dict(state[name])
+            elif required:
+                raise CheckpointError(
+                    f"{ckpt.name} has no saved {name!r} state ({TRAINER_STATE} holds "
+                    f"{sorted(state)}): it was written by another pipeline or an older roll.",
+                    hint="Resume with the roll version and recipe that wrote it, or start a "
+                    "new run.",
+                )
+
     # ---- start / resume ----------------------------------------------------------------------
-    def begin(
-        self,
-        *,
-        save_state: Callable[[Path], dict[str, Any]],
-        load_state: Callable[[Path, dict[str, Any]], None],
-    ) -> int:
-        """Restore the newest intact checkpoint when resuming; return the last completed step."""
-        self._save_state = save_state
+    def begin(self) -> int:
+        """Restore the newest intact checkpoint when resuming (every registered part);
+        return the last completed step."""
         start = 0
         if self.resume:
             found = self.ckpts.find_resumable()
@@ -127,7 +169,7 @@ class DriverLoop:
                 if found.note:
                     self.console.print(f"[yellow]{found.note}[/yellow]")
                 state = json.loads((found.path / TRAINER_STATE).read_text())
-                load_state(found.path, state)
+                self._load_parts(found.path, state)
                 start = found.step
                 self._last_saved = start
                 if start >= self.cfg.trainer.max_steps:
@@ -251,11 +293,8 @@ class DriverLoop:
         self.tracking.log(step, metrics)
 
     def save(self, step: int) -> Path:
-        save_state = self._save_state
-        assert save_state is not None
-
         def write(tmp: Path) -> None:
-            state = save_state(tmp)
+            state = self._save_parts(tmp)
             state["step"] = step
             atomic_write_text(tmp / TRAINER_STATE, json.dumps(state, indent=1))
 

@@ -27,8 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-import torch
-
 from roll_core.config.preference import DistillConfig
 from roll_core.data import Batch, collate_sft
 from roll_core.engine import Cluster
@@ -278,14 +276,14 @@ def run(cfg: DistillConfig, setup: DistillSetup, loop: DriverLoop) -> dict[str, 
         teacher_em: list[float] = []  # the teacher never changes: its exact match is computed once
 
         def with_targets(batch: Batch, temperature: float) -> Batch:
-            parts = teacher.targets(
+            targets = teacher.targets(
                 batch,
                 temperature=temperature,
                 top_k=d.top_k,
                 vocab_size=setup.vocab_size,
             )
-            for key in parts[0]:
-                batch[key] = torch.cat([p[key] for p in parts])
+            for key, value in targets.items():
+                batch[key] = value
             return batch
 
         def batch(indices: list[int]) -> Batch:
@@ -300,7 +298,7 @@ def run(cfg: DistillConfig, setup: DistillSetup, loop: DriverLoop) -> dict[str, 
 
         return Session(
             batch=batch,
-            summarise=lambda out, _: summarise(sum_metrics(out), "train"),
+            summarise=lambda out, _: summarise(out, "train"),
             objective={**objective, "temperature": d.temperature},
             evaluate=evaluate if data.eval else None,
             eval_at_start=True,
@@ -334,7 +332,7 @@ def _evaluate(
         batch = collate_sft(data.eval[i : i + bs], pad_id=tokenizer.pad_token_id)
         batch.meta["loss_tokens"] = 1  # metrics are sums; the loss value itself is unused
         batch = with_targets(batch, 1.0)
-        sums = sum_metrics([sums, *actor.evaluate(batch, temperature=1.0, **objective)])
+        sums = sum_metrics([sums, actor.evaluate(batch, temperature=1.0, **objective)])
     metrics = summarise(sums, "eval")
     if cfg.eval.exact_match and data.eval_prompts:
         metrics["eval/exact_match"] = exact_match(actor, data, tokenizer, cfg.eval)

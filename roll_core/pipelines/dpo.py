@@ -166,8 +166,7 @@ def reference_log_probs(
             micro_batch_size=2 * cfg.trainer.micro_batch_size,
         )
         ref.setup()
-    scorer = ref if ref is not None else actor
-    method = "log_probs" if ref is not None else "reference_log_probs"
+    score = ref.log_probs if ref is not None else actor.reference_log_probs
     (out, scored), seconds = timed(
         lambda: fill_reference(
             cached,
@@ -176,7 +175,7 @@ def reference_log_probs(
             steps=steps,
             batch_size=cfg.eval.batch_size,
             pad_id=setup.tokenizer.pad_token_id,
-            compute=lambda batch: scorer.run_rank0(method, batch),
+            compute=score,
         )
     )
     write_cache(cache, out, fp)
@@ -253,7 +252,7 @@ def run(cfg: DPOConfig, setup: DPOSetup, loop: DriverLoop) -> dict[str, float]:
 
         return Session(
             batch=batch,
-            summarise=lambda out, _: summarise(sum_metrics(out), "train"),
+            summarise=lambda out, _: summarise(out, "train"),
             objective=objective,
             evaluate=evaluate if data.eval else None,
             eval_at_start=True,
@@ -280,7 +279,7 @@ def _evaluate(
     for i in range(0, len(data.eval), bs):
         pairs = data.eval[i : i + bs]
         batch = _pair_batch(pairs, ref[2 * i : 2 * (i + len(pairs))], pad_id)
-        sums = sum_metrics([sums, *actor.evaluate(batch, **objective)])
+        sums = sum_metrics([sums, actor.evaluate(batch, **objective)])
     metrics = summarise(sums, "eval")
     metrics["eval/ref_logp_accuracy"] = float((ref[0::2] > ref[1::2]).float().mean())
     if cfg.eval.exact_match and data.eval_prompts:

@@ -1,8 +1,8 @@
-"""One RL iteration after its rollout, as rlvr and agentic both run it: the reference and
-old log-probs, reward shaping and KL in the reward, advantages, the ppo_epochs x mini_batches
-update, the weight sync to actor_infer, and the batch metrics. Thin glue over the pure
-functions in algorithms/ and the clusters built by roles.py; typed on `RLConfig`, the base of
-both pipelines' configs.
+"""The parts of one RL iteration after its rollout (pipelines/rl_loop.py runs them in
+order): the reference and old log-probs, reward shaping and KL in the reward, advantages,
+rollout correction, the ppo_epochs x mini_batches update, and the batch metrics. Thin glue
+over the pure functions in algorithms/ and the roles built by roles.py (`RLRoles`); typed on
+`RLConfig`, the base of both pipelines' configs.
 
 All per-token tensors are in the batch's target space [B, T-1] (see rollout/batch.py).
 """
@@ -10,7 +10,6 @@ All per-token tensors are in the batch's target space [B, T-1] (see rollout/batc
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,9 +32,7 @@ from roll_core.backends.train.base import is_max_metric
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.config.rlvr import RLConfig, SamplingConfig
 from roll_core.data import Batch
-from roll_core.engine import Cluster
-from roll_core.engine.dispatch import reduce_rank_metrics
-from roll_core.engine.weight_sync import weight_sync_for
+from roll_core.pipelines.roles import RLRoles
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -222,34 +219,11 @@ def sampling_params(rollout: SamplingConfig) -> SamplingParams:
     )
 
 
-def save_roles(clusters: dict[str, Cluster], ckpt: Path) -> None:
-    """actor_train's (and the critic's) state and the inference ranks' RNG, under `ckpt`."""
-    clusters["actor_train"].save(str(ckpt / "actor_train"))
-    if "critic" in clusters:
-        clusters["critic"].save(str(ckpt / "critic"))
-    torch.save(clusters["actor_infer"].get_rng_state(), ckpt / "infer_rng.pt")
-
-
-def load_roles(clusters: dict[str, Cluster], ckpt: Path) -> None:
-    """The inverse of :func:`save_roles`."""
-    clusters["actor_train"].load(str(ckpt / "actor_train"))
-    if "critic" in clusters:
-        clusters["critic"].load(str(ckpt / "critic"))
-    clusters["actor_infer"].set_rng_state(torch.load(ckpt / "infer_rng.pt", weights_only=False))
-
-
-def sync_weights(clusters: dict[str, Cluster], version: int) -> dict[str, float]:
-    """actor_train -> actor_infer, in place, no disk, rank to rank (the path `sync.path`
-    picks; roll_core/engine/weight_sync.py); every inference rank is stamped `version`.
-    Returns `sync/seconds`, `sync/bytes`, `sync/buckets`, `sync/tensors`."""
-    return weight_sync_for(clusters["actor_train"], clusters["actor_infer"]).sync(version)
-
-
-def record_weight_sync(clusters: dict[str, Cluster], loop: Any) -> None:
+def record_weight_sync(roles: RLRoles, loop: Any) -> None:
     """The path the first sync took (decided from where the ranks really run, which the dry
     run can only plan): one console line, and ``weight_sync`` in the run's meta.json
     (path, what sync.path asked for, group backend, ranks, bucket size; docs/scaling.md)."""
-    info = weight_sync_for(clusters["actor_train"], clusters["actor_infer"]).describe()
+    info = roles.weight_sync.describe()
     loop.run.update_meta(weight_sync=info)
     how = {
         "same_process": "in-place copies, trainer and inference in the driver",
@@ -278,26 +252,32 @@ def reuses_update_log_probs(cfg: RLConfig) -> bool:
 
 
 def add_policy_log_probs(
-    clusters: dict[str, Cluster], batch: Batch, temperature: float, *, old: bool = True
+    roles: RLRoles, batch: Batch, temperature: float, *, old: bool = True
 ) -> dict[str, float]:
     """Put the reference model's (when there is one) and, unless `old` is False, the current
     policy's log-probs of the rollout tokens into `batch` (`ref_log_probs`, `old_log_probs`);
     returns their timings."""
     timers: dict[str, float] = {}
-    if "reference" in clusters:
+    if roles.reference is not None:
         t = time.perf_counter()
-        batch.tensors["ref_log_probs"] = torch.cat(
-            clusters["reference"].log_probs(batch, temperature=temperature)
-        )
+        batch.tensors["ref_log_probs"] = roles.reference.log_probs(batch, temperature=temperature)
         timers["time/reference"] = time.perf_counter() - t
     if not old:
         return timers
     t = time.perf_counter()
-    batch.tensors["old_log_probs"] = torch.cat(
-        clusters["actor_train"].log_probs(batch, temperature=temperature)
-    )
+    batch.tensors["old_log_probs"] = roles.actor_train.log_probs(batch, temperature=temperature)
     timers["time/old_log_prob"] = time.perf_counter() - t
     return timers
+
+
+def add_values(roles: RLRoles, batch: Batch) -> dict[str, float]:
+    """The critic's values of the rollout tokens (`values`, masked to the response), when
+    there is a critic; returns their timing."""
+    if roles.critic is None:
+        return {}
+    t = time.perf_counter()
+    batch.tensors["values"] = roles.critic.values(batch) * batch.tensors["response_mask"]
+    return {"time/values": time.perf_counter() - t}
 
 
 def mini_batch_meta(mb: Batch, *, max_response_length: int) -> dict[str, float]:
@@ -314,7 +294,7 @@ def mini_batch_meta(mb: Batch, *, max_response_length: int) -> dict[str, float]:
 
 
 def update_policy(
-    cfg: RLConfig, clusters: dict[str, Cluster], batch: Batch, temperature: float
+    cfg: RLConfig, roles: RLRoles, batch: Batch, temperature: float
 ) -> dict[str, float]:
     """ppo_epochs x mini_batches optimizer steps (of the critic, when there is one, then of
     the actor, on the same mini-batch); metrics averaged over them (`*_max`: the largest)."""
@@ -329,15 +309,11 @@ def update_policy(
         for mb in shuffled.split(cfg.trainer.mini_batches):
             mb.meta = mini_batch_meta(mb, max_response_length=cfg.rollout.max_new_tokens)
             step_metrics: dict[str, float] = {}
-            if "critic" in clusters:
-                step_metrics |= reduce_rank_metrics(clusters["critic"].train_step(mb))
-            out = clusters["actor_train"].train_step(
-                mb,
-                objective="rl",
-                algorithm=algo,
-                temperature=temperature,
+            if roles.critic is not None:
+                step_metrics |= roles.critic.train_step(mb)  # ranks' metrics reduced
+            step_metrics |= roles.actor_train.train_step(
+                mb, objective="rl", algorithm=algo, temperature=temperature
             )
-            step_metrics |= reduce_rank_metrics(out)  # one rank's view of the update
             for k, v in step_metrics.items():
                 if is_max_metric(k):
                     totals[k] = max(totals.get(k, v), v)

@@ -1,34 +1,28 @@
 """`roll train rlvr`: RL with verifiable rewards.
 
-The driver loop::
+What is rlvr's own: the prompts (data/, chat templates, images), the reward stage, the
+rollout source (the RLVR scheduler, rollout/scheduler.py, or with
+`rollout.async_generation_ratio > 0` the async producer, rollout/async_scheduler.py),
+validation on held-out prompts, the recipe checks and the `--dry-run` rows. The loop itself
+is pipelines/rl_loop.py, shared with `roll train agentic`::
 
     for step in run.steps(max_steps):
         groups  = scheduler.next_batch(step)          # generated + rewarded + filtered
         batch   = build_rl_batch(groups)              # exactly the generated token ids
-        batch  += reference.log_probs(batch)          # only if KL is used
-        batch  += actor_train.log_probs(batch)        # old log-probs (and train/infer diff)
-        batch  += critic.values(batch)                # only for gae (PPO)
+        batch  += reference / old log-probs, values   # only what the algorithm needs
         batch  += compute_advantages(batch)           # algorithms/, pure
-        metrics = critic.train_step(batch)            # only for gae: clipped value loss
-        metrics = actor_train.train_step(batch, "rl") # ppo_epochs x mini_batches updates
+        metrics = update (critic first, ppo epochs)   # ppo_epochs x mini_batches updates
         sync_weights(actor_train -> actor_infer)      # policy version = step
-
-Colocated roles take turns around these calls (pipelines/turns.py): after the rollout the
-inference engine frees its memory and the training state comes back; after the update the
-optimizer state leaves, the inference weights come back, the sync runs, then the params leave
-and the KV cache comes back, as the recipe's `offload` switches choose.
         if validation due: metrics |= validate()
 """
 
 from __future__ import annotations
 
 import functools
-import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from roll_core.backends.infer import Request, SamplingParams
 from roll_core.backends.infer.base import PREFIX_CONTINUATION_BACKENDS
@@ -47,7 +41,6 @@ from roll_core.data import (
 from roll_core.data.chat import encode_chat_images, image_message
 from roll_core.data.vision import BadImageError, VisionInputs, image_rows
 from roll_core.engine import Cluster
-from roll_core.engine.colocation import resolve_offload
 from roll_core.errors import ConfigError, DataError
 from roll_core.models import (
     check_chat_template_choice,
@@ -59,33 +52,18 @@ from roll_core.models import (
 from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
-from roll_core.pipelines.common import DriverLoop, RolePlan, check_same_data
-from roll_core.pipelines.rl_iteration import (
-    RLState,
-    add_policy_log_probs,
-    advantages_and_kl,
-    correct_rollout,
-    critic_batch_metrics,
-    load_roles,
-    record_weight_sync,
-    reuses_update_log_probs,
-    rl_batch_metrics,
-    sampling_params,
-    save_roles,
-    sync_weights,
-    update_policy,
-    warn_logprob_gap,
-)
-from roll_core.pipelines.turns import Turns
+from roll_core.pipelines.common import DriverLoop, RolePlan
+from roll_core.pipelines.rl_iteration import sampling_params
+from roll_core.pipelines.rl_loop import RLHooks, run_rl
 from roll_core.rewards.router import check_dataset_domains
 from roll_core.rollout.async_scheduler import (
     AsyncRolloutScheduler,
     check_prefix_support,
 )
-from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.rewards import RewardStage
 from roll_core.rollout.router import rollout_mode
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
+from roll_core.rollout.source import AsyncRLVRSource, RLVRSource
 
 
 def plan(cfg: RLVRConfig) -> list[RolePlan]:
@@ -358,14 +336,14 @@ class PromptStream:
 
 
 def validate(
-    cfg: RLVRConfig, setup: RLVRSetup, clusters: dict[str, Cluster], rewards: RewardStage
+    cfg: RLVRConfig, setup: RLVRSetup, rl: roles.RLRoles, rewards: RewardStage
 ) -> dict[str, float]:
     params = SamplingParams(
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
         temperature=cfg.eval.temperature,
         stop=tuple(cfg.rollout.stop),
     )
-    infer = clusters["actor_infer"]
+    infer = rl.actor_infer
     chunk = max(cfg.rollout.chunk_size, 32)
     futures = []
     for k, i in enumerate(range(0, len(setup.eval), chunk)):
@@ -373,7 +351,7 @@ def validate(
             Request(p.index, p.prompt_ids, seed=cfg.seed + p.index, vision=p.vision)
             for p in setup.eval[i : i + chunk]
         ]
-        futures.append(infer.submit(k % infer.world_size, "generate", reqs, params))
+        futures.append(infer.at(k % infer.world_size).generate(reqs, params))
     completions = [c for f in futures for c in f.result()]
     scored = []
     for p, c in zip(setup.eval, completions, strict=True):
@@ -405,94 +383,51 @@ def _data_note(setup: RLVRSetup) -> str:
 
 def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]:
     loop.console_note(_data_note(setup))
-    rewards = RewardStage(
-        cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.train + setup.eval)
-    )
-    # validation scores apart (eval.reward, else reward): never in the training reward metrics
-    eval_rewards = RewardStage(
+    domains = _domains(cfg, setup.train + setup.eval)
+    train_stage = RewardStage(cfg.reward, tokenizer=setup.tokenizer, domains=domains)
+    # validation scores apart (eval.reward, else reward): never in the training metrics
+    eval_stage = RewardStage(
         cfg.eval.reward or cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.eval)
     )
-    stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)
-    params = sampling_params(cfg.rollout)
-    executor = roles.executor_for(cfg)
-    scheduler = None
-    choice = resolve_offload(cfg)
-    try:
-        with loop.phase("loading models"):
-            clusters = roles.build_rl_roles(
-                cfg,
-                executor,
-                model_path=setup.model_path,
-                tokenizer_path=setup.tokenizer_path,
-                sleep_mode=choice.infer_weights and cfg.actor_infer.backend == "vllm",
-                run_dir=loop.run.dir,
+    with closing(train_stage) as rewards, closing(eval_stage) as eval_rewards:
+        stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)
+        loop.register("prompts", stream.loader)
+        loop.expect_data(len(setup.train), "prompts")
+        loop.register("rewards", rewards)
+        paths = dict(model_path=setup.model_path, tokenizer_path=setup.tokenizer_path)
+        with (
+            roles.rl_roles(cfg, loop, **paths) as rl,
+            closing(_source(cfg, setup, rl, stream, rewards)) as source,
+        ):
+            evaluate = functools.partial(validate, cfg, setup, rl, eval_rewards)
+            hooks = RLHooks(
+                evaluate=evaluate if setup.eval else None,
+                eval_at_start=bool(cfg.eval.every_steps and setup.eval),
             )
-        turns = Turns(choice, clusters)  # colocated roles take turns (engine/colocation.py)
-        scheduler = _make_scheduler(cfg, clusters, stream, rewards, params)
-        rl_state = RLState(cfg.algorithm)
-        reuse = reuses_update_log_probs(cfg) and not any(clusters["actor_train"].has_dropout())
-
-        def save_state(ckpt: Path) -> dict[str, Any]:
-            with turns.train_turn():
-                save_roles(clusters, ckpt)
-            held = scheduler.state_dict()  # async: groups not yet trained on
-            if held:
-                torch.save(held, ckpt / "async_rollout.pt")
-            return {
-                "prompts": stream.loader.state_dict(),
-                "train_size": len(setup.train),
-                "rl": rl_state.state_dict(),
-                "rewards": rewards.state_dict(),
-            }
-
-        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-            check_same_data(ckpt, state, size=len(setup.train), unit="prompts")
-            load_roles(clusters, ckpt)
-            stream.loader.load_state_dict(state["prompts"])
-            saved = ckpt / "async_rollout.pt"
-            if saved.exists():
-                scheduler.load_state_dict(torch.load(saved), setup.train)
-            rl_state.load_state_dict(state["rl"])
-            rewards.load_state_dict(state["rewards"])
-
-        start = loop.begin(save_state=save_state, load_state=load_state)
-        sync_weights(clusters, version=start)
-        record_weight_sync(clusters, loop)
-        turns.start()
-        if cfg.eval.every_steps and setup.eval and start == 0:
-            loop.log_eval(0, lambda: validate(cfg, setup, clusters, eval_rewards))
-        for step in loop.steps(start, cfg.trainer.max_steps):
-            metrics = _train_step(cfg, setup, clusters, scheduler, step, rl_state, reuse, turns)
-            warn_logprob_gap(loop, rl_state, metrics, cfg.trainer.warn_logprob_diff)
-            metrics |= rewards.step_metrics()
-            # version v = the weights after v updates; async: suspend -> sync -> resume;
-            # colocated: optimizer off, inference weights back, sync, params off, KV back
-            update = functools.partial(sync_weights, clusters, version=step)
-            metrics |= scheduler.sync(turns.sync(update), step)
-            loop.end_step(
-                step,
-                metrics,
-                evaluate=(lambda s: validate(cfg, setup, clusters, eval_rewards))
-                if setup.eval
-                else None,
-            )
-        return loop.finish(export=lambda p: _export(clusters, turns, p))
-    finally:
-        if scheduler is not None:
-            scheduler.close()
-        rewards.close()
-        eval_rewards.close()
-        executor.shutdown()
+            return run_rl(cfg, rl, source, loop, hooks)
 
 
-def _export(clusters: dict[str, Cluster], turns: Turns, path: Path) -> None:
-    with turns.train_turn():
-        clusters["actor_train"].export(str(path))
+def _source(
+    cfg: RLVRConfig,
+    setup: RLVRSetup,
+    rl: roles.RLRoles,
+    stream: PromptStream,
+    rewards: RewardStage,
+) -> RLVRSource:
+    """The rollout source: the synchronous scheduler, or the async producer."""
+    scheduler = _make_scheduler(cfg, rl.actor_infer, stream, rewards, sampling_params(cfg.rollout))
+    kind = AsyncRLVRSource if isinstance(scheduler, AsyncRolloutScheduler) else RLVRSource
+    return kind(
+        scheduler,  # type: ignore[arg-type]
+        prompts=setup.train,
+        pad_id=setup.tokenizer.pad_token_id,
+        step_metrics=rewards.step_metrics,
+    )
 
 
 def _make_scheduler(
     cfg: RLVRConfig,
-    clusters: dict[str, Cluster],
+    infer: Cluster,
     stream: PromptStream,
     rewards: RewardStage,
     params: SamplingParams,
@@ -500,7 +435,7 @@ def _make_scheduler(
     """The synchronous scheduler, or (async_generation_ratio > 0) the async producer."""
     r = cfg.rollout
     common: dict[str, Any] = dict(
-        infer=clusters["actor_infer"],
+        infer=infer,
         prompts=stream,
         reward_fn=rewards.score_sample,
         params=params,
@@ -529,57 +464,3 @@ def _make_scheduler(
             allow_fallback=r.partial_rollout_fallback,
         ),
     )
-
-
-def _train_step(
-    cfg: RLVRConfig,
-    setup: RLVRSetup,
-    clusters: dict[str, Cluster],
-    scheduler: RolloutScheduler | AsyncRolloutScheduler,
-    step: int,
-    rl_state: RLState,
-    reuse_log_probs: bool = False,
-    turns: Turns | None = None,
-) -> dict[str, float]:
-    timers: dict[str, float] = {}
-    t = step_start = time.perf_counter()
-    rollout = scheduler.next_batch(step)
-    timers["time/rollout"] = time.perf_counter() - t
-    if turns is not None:
-        turns.to_train()  # colocated: inference frees its memory, training state comes back
-    if not rollout.groups:
-        raise DataError(
-            "rollout produced no groups (every group was dropped by dynamic sampling).",
-            hint="Raise rollout.max_additional_prompts or turn algorithm.dynamic_sampling off.",
-        )
-    batch = build_rl_batch(rollout.groups, pad_id=setup.tokenizer.pad_token_id)
-    temp = cfg.rollout.temperature or 1.0
-    timers |= add_policy_log_probs(clusters, batch, temp, old=not reuse_log_probs)
-    if "critic" in clusters:
-        t = time.perf_counter()
-        values = torch.cat(clusters["critic"].values(batch))
-        batch.tensors["values"] = values * batch.tensors["response_mask"]
-        timers["time/values"] = time.perf_counter() - t
-    metrics = advantages_and_kl(
-        batch, cfg.algorithm, rl_state, max_new_tokens=cfg.rollout.max_new_tokens
-    )
-    metrics |= correct_rollout(batch, cfg.algorithm)
-    if "critic" in clusters:
-        metrics |= critic_batch_metrics(batch)
-    t = time.perf_counter()
-    metrics |= update_policy(cfg, clusters, batch, temp)
-    timers["time/train"] = time.perf_counter() - t
-    wall = time.perf_counter() - step_start
-    generated = float(batch.tensors["response_lengths"].sum())
-    timers["perf/step_s"] = wall
-    # CPU seconds this process has used so far (every role under executor: local); the
-    # difference between two steps is, on a shared machine, a steadier measure than wall time
-    timers["perf/process_cpu_total_s"] = time.process_time()
-    timers["perf/tokens_per_s"] = float(batch.tensors["attention_mask"].sum()) / wall
-    timers["perf/generated_tokens_per_s"] = generated / max(1e-9, timers["time/rollout"])
-    return {
-        **rollout.metrics,
-        **rl_batch_metrics(batch, cfg.rollout.max_new_tokens),
-        **metrics,
-        **timers,
-    }

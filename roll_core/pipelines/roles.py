@@ -12,16 +12,28 @@ Frozen single-rank roles (reference, teacher) run on actor_train's rank-0 device
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from roll_core.backends.infer import infer_backend_options
 from roll_core.engine import Cluster, make_executor
+from roll_core.engine.colocation import resolve_offload
 from roll_core.engine.resource_plan import cluster_placement
-from roll_core.engine.weight_sync import SyncSettings, attach_weight_sync, planned_path
+from roll_core.engine.weight_sync import (
+    SyncSettings,
+    WeightSync,
+    attach_weight_sync,
+    planned_path,
+)
 from roll_core.errors import ConfigError, RunDirError
 from roll_core.models import resolve_model_path
-from roll_core.pipelines.common import RolePlan
+from roll_core.pipelines.common import DriverLoop, RolePlan
+from roll_core.pipelines.turns import Turns
 from roll_core.workers.actor_infer import ActorInfer
 from roll_core.workers.actor_train import ActorTrain
 from roll_core.workers.critic import Critic
@@ -225,76 +237,170 @@ def uses_critic(cfg: Any) -> bool:
     return bool(cfg.algorithm.uses_critic and getattr(cfg, "critic", None) is not None)
 
 
+class SavedRole:
+    """A role whose ranks write their state into `<checkpoint>/<name>/` (a DriverLoop part,
+    pipelines/common.py)."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.cluster, self.name = cluster, name
+
+    def save_checkpoint(self, ckpt: Path) -> None:
+        self.cluster.save(str(ckpt / self.name))
+
+    def load_checkpoint(self, ckpt: Path) -> None:
+        self.cluster.load(str(ckpt / self.name))
+
+
+@dataclass
+class RLRoles:
+    """The roles of rlvr and agentic, typed: the policy being trained, the inference engine
+    that generates with it, the frozen reference (KL) and the critic (gae) when used, the
+    weight sync between the first two and the colocated turn-taking (pipelines/turns.py).
+
+    Registered with the DriverLoop as one checkpoint part (:meth:`save_checkpoint`):
+    `actor_train/`, `critic/` and the inference ranks' RNG `infer_rng.pt`."""
+
+    actor_train: Cluster
+    actor_infer: Cluster
+    reference: Cluster | None
+    critic: Cluster | None
+    weight_sync: WeightSync
+    turns: Turns
+
+    def sync(self, version: int) -> dict[str, float]:
+        """actor_train -> actor_infer, in place, no disk, rank to rank (the path `sync.path`
+        picks; roll_core/engine/weight_sync.py); every inference rank is stamped `version`.
+        Returns `sync/seconds`, `sync/bytes`, `sync/buckets`, `sync/tensors`."""
+        return self.weight_sync.sync(version)
+
+    def save_checkpoint(self, ckpt: Path) -> None:
+        """actor_train's (and the critic's) state and the inference ranks' RNG, under `ckpt`
+        (colocated: inside actor_train's turn)."""
+        with self.turns.train_turn():
+            self.actor_train.save(str(ckpt / "actor_train"))
+            if self.critic is not None:
+                self.critic.save(str(ckpt / "critic"))
+            torch.save(self.actor_infer.get_rng_state(), ckpt / "infer_rng.pt")
+
+    def load_checkpoint(self, ckpt: Path) -> None:
+        """The inverse of :meth:`save_checkpoint`."""
+        self.actor_train.load(str(ckpt / "actor_train"))
+        if self.critic is not None:
+            self.critic.load(str(ckpt / "critic"))
+        rng = torch.load(ckpt / "infer_rng.pt", weights_only=False)
+        self.actor_infer.set_rng_state(rng)
+
+    def export(self, path: Path) -> None:
+        """The trained policy in Hugging Face format (inside actor_train's turn)."""
+        with self.turns.train_turn():
+            self.actor_train.export(str(path))
+
+
+@contextlib.contextmanager
+def rl_roles(
+    cfg: Any, loop: DriverLoop, *, model_path: str, tokenizer_path: str | None = None
+) -> Iterator[RLRoles]:
+    """The executor `cfg.executor` names and the RL roles built on it (a phase on the
+    console), shut down after the block."""
+    executor = executor_for(cfg)
+    try:
+        with loop.phase("loading models"):
+            roles = build_rl_roles(
+                cfg,
+                executor,
+                model_path=model_path,
+                tokenizer_path=tokenizer_path,
+                run_dir=loop.run.dir,
+            )
+        yield roles
+    finally:
+        executor.shutdown()
+
+
 def build_rl_roles(
     cfg: Any,
     executor: Any,
     *,
     model_path: str,
     tokenizer_path: str | None = None,
-    sleep_mode: bool = False,
     run_dir: Path,
-) -> dict[str, Cluster]:
+) -> RLRoles:
     """The roles of rlvr and agentic, set up: actor_train and actor_infer, the reference
-    when KL is used, the critic when the estimator needs one. `sleep_mode`: actor_infer
-    frees its memory between colocated turns (roll_core/engine/colocation.py)."""
+    when KL is used, the critic when the estimator needs one; what the colocated roles
+    offload between turns is the recipe's choice (roll_core/engine/colocation.py; a vLLM
+    engine then sleeps between turns)."""
     t = cfg.trainer
     total_updates = t.max_steps * t.ppo_epochs * t.mini_batches
-    infer = cfg.actor_infer
-    clusters = {
-        "actor_train": build_actor_train(
-            cfg,
-            executor,
-            model_path=model_path,
-            tokenizer_path=tokenizer_path,
-            total_steps=total_updates,
-            micro_batch_size=t.micro_batch_size,
-            run_dir=run_dir,
-        ),
-        "actor_infer": Cluster(
-            "actor_infer",
-            ActorInfer,
-            executor,
-            world_size=infer.world_size,
-            resources=_cpu(cfg),
-            **cluster_placement(cfg, "actor_infer"),
-            worker_kwargs={
-                "backend": infer.backend,
-                "backend_kwargs": dict(
-                    model_path=model_path,
-                    tokenizer_path=tokenizer_path,
-                    device=infer.device,
-                    num_threads=infer.num_threads,
-                    **infer_backend_options(
-                        infer,
-                        model_dtype=cfg.model.dtype,
-                        sync_bucket_mb=cfg.sync.bucket_mb,
-                        seed=cfg.seed,
-                        train_precision=cfg.actor_train.precision,
-                        sleep_mode=sleep_mode,
-                        # fixed batches (vllm.LLM) where a resume must be bit-exact
-                        serving="batch" if cfg.rollout.deterministic else "request",
-                    ),
-                ),
-            },
-        ),
-    }
+    choice = resolve_offload(cfg)
+    train = build_actor_train(
+        cfg,
+        executor,
+        model_path=model_path,
+        tokenizer_path=tokenizer_path,
+        total_steps=total_updates,
+        micro_batch_size=t.micro_batch_size,
+        run_dir=run_dir,
+    )
+    infer = build_actor_infer(
+        cfg,
+        executor,
+        model_path=model_path,
+        tokenizer_path=tokenizer_path,
+        sleep_mode=choice.infer_weights and cfg.actor_infer.backend == "vllm",
+    )
+    reference = critic = None
     if cfg.algorithm.uses_reference:
-        clusters["reference"] = build_reference(
+        reference = build_reference(
             cfg, executor, model_path=model_path, micro_batch_size=t.micro_batch_size
         )
     if uses_critic(cfg):
-        clusters["critic"] = build_critic(
+        critic = build_critic(
             cfg, executor, model_path=model_path, total_steps=total_updates, run_dir=run_dir
         )
-    for cluster in clusters.values():
-        cluster.setup()
+    for cluster in (train, infer, reference, critic):
+        if cluster is not None:
+            cluster.setup()
     s = cfg.sync
-    attach_weight_sync(
-        clusters["actor_train"],
-        clusters["actor_infer"],
-        SyncSettings(path=s.path, bucket_mb=s.bucket_mb, timeout_s=s.timeout_s),
+    sync = attach_weight_sync(
+        train, infer, SyncSettings(path=s.path, bucket_mb=s.bucket_mb, timeout_s=s.timeout_s)
     )
-    return clusters
+    turns = Turns(choice, train=train, infer=infer)  # colocated roles take turns
+    return RLRoles(train, infer, reference, critic, sync, turns)
+
+
+def build_actor_infer(
+    cfg: Any, executor: Any, *, model_path: str, tokenizer_path: str | None, sleep_mode: bool
+) -> Cluster:
+    """The inference engine ranks (`cfg.actor_infer`). `sleep_mode`: it frees its memory
+    between colocated turns."""
+    infer = cfg.actor_infer
+    return Cluster(
+        "actor_infer",
+        ActorInfer,
+        executor,
+        world_size=infer.world_size,
+        resources=_cpu(cfg),
+        **cluster_placement(cfg, "actor_infer"),
+        worker_kwargs={
+            "backend": infer.backend,
+            "backend_kwargs": dict(
+                model_path=model_path,
+                tokenizer_path=tokenizer_path,
+                device=infer.device,
+                num_threads=infer.num_threads,
+                **infer_backend_options(
+                    infer,
+                    model_dtype=cfg.model.dtype,
+                    sync_bucket_mb=cfg.sync.bucket_mb,
+                    seed=cfg.seed,
+                    train_precision=cfg.actor_train.precision,
+                    sleep_mode=sleep_mode,
+                    # fixed batches (vllm.LLM) where a resume must be bit-exact
+                    serving="batch" if cfg.rollout.deterministic else "request",
+                ),
+            ),
+        },
+    )
 
 
 def build_critic(

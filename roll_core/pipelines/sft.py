@@ -173,9 +173,8 @@ def run(cfg: SFTConfig, setup: SFTSetup, loop: DriverLoop) -> dict[str, float]:
         batch.meta["loss_tokens"] = int(batch.tensors["loss_mask"][:, 1:].sum())
         return batch
 
-    def summarise(out: list[dict[str, float]], batch: Batch) -> dict[str, float]:
-        loss_sum = sum(o["train/loss_sum"] for o in out)
-        return {"train/loss": loss_sum / max(1, batch.meta["loss_tokens"])}
+    def summarise(out: dict[str, float], batch: Batch) -> dict[str, float]:
+        return {"train/loss": out["train/loss_sum"] / max(1, batch.meta["loss_tokens"])}
 
     def start(executor: Any, actor: Cluster, info: dict[str, Any]) -> Session:
         loop.console_note(f"actor_train: {info['params']:,} parameters on {info['device']}")
@@ -200,9 +199,11 @@ def _evaluate(cfg: SFTConfig, data: SFTData, actor: Cluster, tokenizer: Any) -> 
     for i in range(0, len(data.eval), bs):
         batch = collate_sft(data.eval[i : i + bs], pad_id=tokenizer.pad_token_id)
         batch.meta["loss_tokens"] = 1  # metrics are sums; the loss value itself is unused
-        out = actor.evaluate(batch) if len(batch) >= actor.world_size else []
-        loss_sum += sum(o["train/loss_sum"] for o in out)
-        loss_tokens += sum(o["train/loss_tokens"] for o in out)
+        if len(batch) < actor.world_size:
+            continue  # fewer rows than ranks: not split over them
+        out = actor.evaluate(batch)
+        loss_sum += out["train/loss_sum"]
+        loss_tokens += out["train/loss_tokens"]
     metrics = {"eval/loss": loss_sum / max(1.0, loss_tokens)}
     if cfg.eval.exact_match and data.eval_prompts:
         metrics["eval/exact_match"] = exact_match(actor, data, tokenizer, cfg.eval)

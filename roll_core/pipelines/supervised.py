@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from roll_core.backends.train.torch_backend import ROUTER_AUX_METRIC, resolve_device
@@ -31,7 +30,7 @@ from roll_core.models import load_tokenizer, resolve_model_path, resolve_tokeniz
 from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
-from roll_core.pipelines.common import DriverLoop, check_same_data
+from roll_core.pipelines.common import DriverLoop
 
 
 @dataclass
@@ -65,12 +64,12 @@ def sum_metrics(outs: list[dict[str, float]]) -> dict[str, float]:
     return total
 
 
-def router_aux_metric(outs: list[dict[str, float]]) -> dict[str, float]:
+def router_aux_metric(out: dict[str, float]) -> dict[str, float]:
     """`actor/router_aux_loss` of a mixture-of-experts model that returns one (the ranks'
-    weighted shares add up to the step's mean), else nothing."""
-    if ROUTER_AUX_METRIC not in outs[0]:
+    weighted shares, summed by the cluster call, add up to the step's mean), else nothing."""
+    if ROUTER_AUX_METRIC not in out:
         return {}
-    return {ROUTER_AUX_METRIC: sum(o[ROUTER_AUX_METRIC] for o in outs)}
+    return {ROUTER_AUX_METRIC: out[ROUTER_AUX_METRIC]}
 
 
 def train_rows(cfg: Any) -> Any:
@@ -120,8 +119,8 @@ class Session:
 
     batch: Callable[[list[int]], Batch]
     """The training batch of the loader's row indices."""
-    summarise: Callable[[list[dict[str, float]], Batch], dict[str, float]]
-    """`train/...` metrics from the ranks' train_step results on that batch."""
+    summarise: Callable[[dict[str, float], Batch], dict[str, float]]
+    """`train/...` metrics from train_step's metrics on that batch (the ranks', reduced)."""
     objective: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of `ActorTrain.train_step` (the objective and its parameters)."""
     evaluate: Callable[[int], dict[str, float]] | None = None
@@ -169,16 +168,10 @@ def run_supervised(
             info = actor.setup()[0]
         session = start(executor, actor, info)
 
-        def save_state(ckpt: Path) -> dict[str, Any]:
-            actor.save(str(ckpt / "actor_train"))
-            return {"loader": loader.state_dict(), "train_size": train_size}
-
-        def load_state(ckpt: Path, state: dict[str, Any]) -> None:
-            check_same_data(ckpt, state, size=train_size, unit=unit)
-            actor.load(str(ckpt / "actor_train"))
-            loader.load_state_dict(state["loader"])
-
-        first = loop.begin(save_state=save_state, load_state=load_state)
+        loop.expect_data(train_size, unit)
+        loop.register("actor_train", roles.SavedRole(actor, "actor_train"))
+        loop.register("loader", loader)
+        first = loop.begin()
         evaluate = session.evaluate
         if evaluate is not None and session.eval_at_start and not loop.resume:
             loop.log_eval(0, lambda: evaluate(0))
@@ -189,11 +182,11 @@ def run_supervised(
             wall = time.perf_counter() - t0
             metrics = {
                 **session.summarise(out, batch),
-                "train/grad_norm": out[0]["train/grad_norm"],
-                "train/lr": out[0]["train/lr"],
+                "train/grad_norm": out["train/grad_norm"],
+                "train/lr": out["train/lr"],
                 **router_aux_metric(out),
                 "train/epoch": float(loader.epoch),
-                "perf/tokens_per_s": sum(o["perf/tokens"] for o in out) / wall,
+                "perf/tokens_per_s": out["perf/tokens"] / wall,
                 "perf/step_s": wall,
             }
             loop.end_step(step, metrics, evaluate=session.evaluate)

@@ -24,10 +24,10 @@ from roll_core.engine.colocation import OffloadChoice
 class Turns:
     """One run's colocated turn-taking (a no-op when nothing is chosen to move)."""
 
-    def __init__(self, choice: OffloadChoice, clusters: dict[str, Cluster]) -> None:
+    def __init__(self, choice: OffloadChoice, *, train: Cluster, infer: Cluster) -> None:
         self.choice = choice
-        self.train = clusters["actor_train"]
-        self.infer = clusters["actor_infer"]
+        self.train = train
+        self.infer = infer
         self.metrics: dict[str, float] = {}
         self.training = False
         """actor_train's turn (its state resident, actor_infer's offloaded)."""

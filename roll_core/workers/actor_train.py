@@ -60,7 +60,7 @@ class ActorTrain(Worker):
             raise RuntimeError("ActorTrain.setup() was not called")
         return self.backend
 
-    @dispatch("dp")
+    @dispatch("dp", collect="metrics")
     def train_step(
         self, batch: Batch, objective: str = "sft", *, lr: float | None = None, **params: Any
     ) -> dict[str, float]:
@@ -83,12 +83,12 @@ class ActorTrain(Worker):
             group["lr"] = scheduled
         return out
 
-    @dispatch("dp")
+    @dispatch("dp", collect="metrics")
     def evaluate(self, batch: Batch, objective: str = "sft", **params: Any) -> dict[str, float]:
         """Summed objective metrics on `batch`, no update."""
         return self._resident().evaluate(batch, get_objective(objective, **params))
 
-    @dispatch("dp")
+    @dispatch("dp", collect="concat")
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         """Next-token log-probs [B, T-1] under the current weights."""
         return self._resident(("params",)).log_probs(batch, temperature=temperature)
@@ -103,7 +103,7 @@ class ActorTrain(Worker):
             prompts, max_new_tokens=max_new_tokens, **images
         )
 
-    @dispatch("dp")
+    @dispatch("dp", collect="concat")
     def reference_log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         """Next-token log-probs [B, T-1] of the base model, LoRA adapters disabled: the
         reference policy under LoRA without a second model (needs actor_train.lora)."""

@@ -145,7 +145,7 @@ class Critic(Worker):
             values = self._m()(mb.tensors["input_ids"], mb.tensors["attention_mask"])
         return values[:, :-1]
 
-    @dispatch("dp")
+    @dispatch("dp", collect="concat")
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
         """The critic's value of every position, ``[B, T-1]`` float32 on CPU."""
@@ -154,7 +154,7 @@ class Critic(Worker):
         out = [self._forward(mb.to(self.device)).cpu() for mb in batch.chunk(self.micro_batch_size)]
         return torch.cat([F.pad(v, (0, width - v.shape[1])) for v in out])
 
-    @dispatch("dp")
+    @dispatch("dp", collect="metrics")
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of the clipped value loss on `batch` (a mini-batch), accumulated
         over micro-batches. Needs ``values`` (old predictions), ``returns``, ``response_mask``

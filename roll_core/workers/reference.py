@@ -42,7 +42,7 @@ class Reference(Worker):
         self.model.eval()
         return {"device": str(self.device)}
 
-    @dispatch("dp")
+    @dispatch("dp", collect="concat")
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         out = []

@@ -86,7 +86,7 @@ class Teacher(Worker):
             out = self.model(input_ids=ids, attention_mask=attn, use_cache=False, **vision)
             return out.logits.float()
 
-    @dispatch("dp")
+    @dispatch("dp", collect="concat")
     @torch.no_grad()
     def targets(
         self, batch: Batch, *, temperature: float, top_k: int | None, vocab_size: int

@@ -129,3 +129,57 @@ def test_concurrent_methods_run_beside_blocked_calls(kind: str) -> None:
             cluster.at(2)
     finally:
         executor.shutdown()
+
+
+class Collected(Worker):
+    """Methods that also declare how their per-rank results come back."""
+
+    @dispatch("dp", collect="concat")
+    def doubled(self, batch: Batch) -> torch.Tensor:
+        return batch["x"] * 2 + self.rank * 100
+
+    @dispatch("dp", collect="concat")
+    def parts(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return {"x": batch["x"], "rank": torch.full((len(batch),), self.rank)}
+
+    @dispatch("dp", collect="metrics")
+    def step(self, batch: Batch) -> dict[str, float]:
+        n = float(len(batch))
+        return {"loss_sum": n, "train/lr": 0.5 + self.rank, "wait_s": n, "gap_max": 10 - n}
+
+    @dispatch("all", collect="rank0")
+    def info(self) -> str:
+        return f"rank {self.rank}"
+
+
+def test_methods_collect_as_they_declare() -> None:
+    cluster = Cluster("c", Collected, LocalExecutor(), world_size=2)
+    batch = Batch(tensors={"x": torch.arange(5)}, non_tensors={}, meta={})
+    # rows [0,1,2] on rank 0 and [3,4] on rank 1, joined back in batch order
+    assert cluster.doubled(batch).tolist() == [0, 2, 4, 106, 108]
+    parts = cluster.parts(batch)
+    assert parts["x"].tolist() == [0, 1, 2, 3, 4]
+    assert parts["rank"].tolist() == [0, 0, 0, 1, 1]
+    # sums (3 + 2 rows), lr from rank 0, timings and maxima the largest (3 s; 10 - 2 = 8)
+    assert cluster.step(batch) == {"loss_sum": 5.0, "train/lr": 0.5, "wait_s": 3.0, "gap_max": 8.0}
+    assert cluster.info() == "rank 0"
+    # the non-blocking form is one rank's own result, never collected
+    assert cluster.at(1).step(batch).result()["loss_sum"] == 5.0
+    assert cluster.at(1).info().result() == "rank 1"
+
+
+def test_collect_is_refused_where_there_is_one_result() -> None:
+    with pytest.raises(TypeError, match="one result"):
+        dispatch("rank0", collect="concat")
+    with pytest.raises(TypeError, match="one result"):
+        dispatch("one", collect="metrics")
+
+
+def test_collect_concat_refuses_other_results() -> None:
+    from roll_core.engine.dispatch import collect_results
+
+    assert collect_results([1, 2], "list") == [1, 2]
+    with pytest.raises(TypeError, match="not int"):
+        collect_results([1, 2], "concat")
+    with pytest.raises(ValueError, match="unknown collect mode"):
+        collect_results([1, 2], "sum")

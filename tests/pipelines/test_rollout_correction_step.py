@@ -87,17 +87,17 @@ def test_rlvr_corrects_after_the_advantages(monkeypatch: pytest.MonkeyPatch, tmp
     token) from the group baseline, so the rejection comes after the advantages."""
     import yaml
 
-    from roll_core.pipelines import launch, rlvr
+    from roll_core.pipelines import launch, rl_loop
 
     calls: list[str] = []
     for name in ("advantages_and_kl", "correct_rollout"):
-        original = getattr(rlvr, name)
+        original = getattr(rl_loop, name)
 
         def record(*args, _name=name, _original=original, **kwargs):
             calls.append(_name)
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(rlvr, name, record)
+        monkeypatch.setattr(rl_loop, name, record)
     recipe = {
         "pipeline": "rlvr",
         "runs_dir": str(tmp_path / "runs"),

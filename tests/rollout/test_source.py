@@ -1,0 +1,111 @@
+"""The rollout sources of the RL loop (roll_core/rollout/source.py): what each adapter asks
+of its producer around a weight sync, and what a checkpoint holds. The producers here are
+recording fakes with the producers' public surface."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from roll_core.errors import DataError
+from roll_core.rollout.scheduler import RolloutResult
+from roll_core.rollout.source import (
+    ASYNC_STATE_FILE,
+    AgenticSource,
+    AsyncRLVRSource,
+    RLVRSource,
+)
+
+
+class Producer:
+    """Records calls; `held` is what its state_dict() returns."""
+
+    def __init__(self, held: dict[str, Any] | None = None) -> None:
+        self.calls: list[Any] = []
+        self.held = held or {}
+
+    def next_batch(self, step: int) -> RolloutResult:
+        self.calls.append(("next_batch", step))
+        return RolloutResult(groups=[], metrics={"rollout/wall_s": 1.0})
+
+    def suspend(self) -> None:
+        self.calls.append("suspend")
+
+    def resume(self, version: int) -> None:
+        self.calls.append(("resume", version))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.held
+
+    def load_state_dict(self, state: dict[str, Any], prompts: Any = None) -> None:
+        self.calls.append(("load", state, prompts))
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_async_source_pauses_only_once_the_producer_runs() -> None:
+    producer = Producer()
+    source = AsyncRLVRSource(producer, prompts=["p"], pad_id=0)  # type: ignore[arg-type]
+    with source.paused(0) as metrics:  # the first sync: the producer has not started
+        producer.calls.append("sync")
+    assert producer.calls == ["sync"] and metrics == {}
+    source.hold()
+    assert producer.calls == ["sync"]  # nothing to hold either
+    source.next_batch(1)
+    with source.paused(1) as metrics:
+        producer.calls.append("sync")
+    assert producer.calls[-3:] == ["suspend", "sync", ("resume", 1)]
+    assert set(metrics) == {"async/suspend_s", "async/sync_pause_s"}
+    assert metrics["async/sync_pause_s"] >= metrics["async/suspend_s"] >= 0
+
+
+def test_async_source_resumes_when_the_sync_fails() -> None:
+    producer = Producer()
+    source = AsyncRLVRSource(producer, prompts=[], pad_id=0)  # type: ignore[arg-type]
+    source.next_batch(1)
+    with pytest.raises(RuntimeError, match="sync broke"), source.paused(1):
+        raise RuntimeError("sync broke")
+    assert producer.calls[-2:] == ["suspend", ("resume", 1)]
+
+
+def test_sync_source_never_suspends_and_refuses_an_empty_step() -> None:
+    producer = Producer()
+    source = RLVRSource(producer, prompts=[], pad_id=0, step_metrics=lambda: {"reward/x": 2.0})  # type: ignore[arg-type]
+    rollout = source.next_batch(3)
+    with source.paused(3) as metrics:
+        pass
+    source.hold()
+    assert producer.calls == [("next_batch", 3)] and metrics == {}
+    assert rollout.metrics == {"rollout/wall_s": 1.0}
+    assert source.metrics() == {"reward/x": 2.0}
+    with pytest.raises(DataError, match="no groups"):
+        source.to_batch(rollout.groups)
+
+
+def test_rlvr_checkpoint_file_only_when_groups_are_held(tmp_path: Path) -> None:
+    empty = RLVRSource(Producer(), prompts=[], pad_id=0)  # type: ignore[arg-type]
+    empty.save_checkpoint(tmp_path)
+    assert not (tmp_path / ASYNC_STATE_FILE).exists()
+    held = {"regenerate": [4, 1], "uid": 9}
+    prompts = ["p0", "p1"]
+    AsyncRLVRSource(Producer(held), prompts=prompts, pad_id=0).save_checkpoint(tmp_path)  # type: ignore[arg-type]
+    assert (tmp_path / ASYNC_STATE_FILE).exists()
+    producer = Producer()
+    AsyncRLVRSource(producer, prompts=prompts, pad_id=0).load_checkpoint(tmp_path)  # type: ignore[arg-type]
+    assert producer.calls == [("load", held, prompts)]
+
+
+def test_agentic_source_suspends_around_every_sync() -> None:
+    manager = Producer()
+    source = AgenticSource(manager, pad_id=0, mode="trajectory")  # type: ignore[arg-type]
+    with source.paused(0) as metrics:
+        manager.calls.append("sync")
+    assert manager.calls == ["suspend", "sync", ("resume", 0)]
+    assert set(metrics) == {"sync/suspended_s"}
+    source.hold()
+    assert manager.calls[-1] == "suspend"
+    source.close()
+    assert manager.calls[-1] == "close"
