@@ -217,6 +217,24 @@ class ActorTrainConfig(Strict):
         description="LoRA adapters (None: full fine-tuning). Checkpoints then hold the adapters "
         "only; the final export merges them into a plain Hugging Face model.",
     )
+    packing: bool = Field(
+        default=True,
+        description="Pack each micro-batch: its rows concatenated into one sequence with "
+        "per-row position ids and attention confined to each row, so no forward or backward "
+        "(update, log-prob passes, the teacher's targets) computes on padding. Same loss, "
+        "gradients and log-probs as the padded path (within float rounding). false: "
+        "right-padded micro-batches (debugging, or a model whose attention cannot take packed "
+        "input).",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        gt=0,
+        description="Token budget of one micro-batch (replaces the row count "
+        "`trainer.micro_batch_size` when set): rows are grouped by length so each micro-batch "
+        "holds at most this many tokens (packed: real tokens; padded: rows x longest row), so "
+        "peak memory is set by the budget, not by the longest rows that happen to meet. Must "
+        "be at least the longest row (prompt + response). null: count rows.",
+    )
 
     @model_validator(mode="after")
     def _backend_options(self) -> ActorTrainConfig:

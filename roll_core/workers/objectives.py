@@ -48,6 +48,8 @@ def get_objective(name: str, **params: Any) -> Objective:
     objective = functools.partial(OBJECTIVES[name], **params)
     if name == "rl":  # it reads response positions only: logits of earlier ones are not needed
         objective.logits_from = response_logits_from  # type: ignore[attr-defined]
+    if name == "dpo":  # a micro-batch holds whole (chosen, rejected) pairs
+        objective.rows_per_group = 2  # type: ignore[attr-defined]
     return objective
 
 

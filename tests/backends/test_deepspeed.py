@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from roll_core.backends.train import TorchTrainBackend
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.config.schema import DeepSpeedConfig, OptimConfig
 from roll_core.data import Batch
 from roll_core.engine import Cluster, LocalExecutor
@@ -62,7 +63,7 @@ def loss_of(out: list[dict]) -> float:
 def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     """STEPS steps of the 1-process torch backend: per-step loss and final weights."""
     torch_threads = torch.get_num_threads()
-    backend = TorchTrainBackend(**backend_kwargs())
+    backend = TorchTrainBackend(TrainBackendSpec(**backend_kwargs()))
     torch.set_num_threads(torch_threads)
     losses = []
     for _ in range(STEPS):
@@ -82,7 +83,7 @@ def cluster(ex: LocalExecutor, stage: int) -> Cluster:
         ActorTrain,
         ex,
         world_size=2,
-        worker_kwargs={"backend": "deepspeed", "backend_kwargs": kwargs},
+        worker_kwargs={"spec": TrainBackendSpec(backend="deepspeed", **kwargs)},
     )
     c.run("setup")
     return c
