@@ -97,12 +97,14 @@ def plan_micro_batches(
         longest = max(lengths[i] for i in rows)
         total = sum(lengths[i] for i in rows)
         if cost(len(rows), longest, total) > max_tokens:
-            what = "row" if len(rows) == 1 else f"group of {len(rows)} rows"
+            what = (
+                f"a row of this batch ({longest} tokens)"
+                if len(rows) == 1
+                else f"{len(rows)} rows that must share a micro-batch (a DPO pair: longest "
+                f"{longest} tokens, {cost(len(rows), longest, total)} in all)"
+            )
             raise ConfigError(
-                f"{role}.max_tokens_per_micro_batch={max_tokens} is smaller than a {what} of "
-                f"this batch ({longest} tokens"
-                + ("" if len(rows) == 1 else f", {cost(len(rows), longest, total)} in all")
-                + ").",
+                f"{role}.max_tokens_per_micro_batch={max_tokens} is smaller than {what}.",
                 hint=f"Set {role}.max_tokens_per_micro_batch to at least "
                 f"{cost(len(rows), longest, total)} (the longest prompt + response the data "
                 "and generation limits allow), or remove it to count rows.",
@@ -242,15 +244,17 @@ def packed_inputs(
     attn = mb.tensors["attention_mask"].to(device)
     layout = PackedRows.from_mask(attn)
     positions = layout.position_ids()
+    vision = dict(vision or {})
+    token_types = vision.pop("mm_token_type_ids", None)  # [B, T]: 3-D rope needs them
     if rope is not None:
-        grid = (vision or {}).get("image_grid_thw")
         three_d = rope.compute_3d_position_ids(
             input_ids=ids,
-            image_grid_thw=grid,
+            image_grid_thw=vision.get("image_grid_thw"),
             video_grid_thw=None,
             inputs_embeds=None,
             attention_mask=attn,
             past_key_values=None,
+            mm_token_type_ids=token_types.to(device) if token_types is not None else None,
         )
         if three_d is None:  # what the padded forward uses then: 0.. per row in all three
             three_d = layout.cols[None, None].expand(3, 1, -1)
@@ -262,7 +266,7 @@ def packed_inputs(
         "position_ids": positions,
         "attention_mask": None,
         "use_cache": False,
-        **(vision or {}),
+        **vision,
     }
     if logits_from > 0:
         kwargs["logits_to_keep"] = layout.keep_indices(logits_from)
