@@ -11,7 +11,7 @@ Components are nested the same way in every pipeline: ``model``, ``data``, ``tra
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -424,6 +424,38 @@ class RunConfig(Strict):
         if self.name is None:
             self.name = self.pipeline
         return self
+
+    @model_validator(mode="after")
+    def _budget_holds_the_longest_row(self) -> RunConfig:
+        budget = self.actor_train.max_tokens_per_micro_batch
+        longest = longest_train_row(self)
+        if budget is not None and longest is not None and budget < longest[0]:
+            raise ValueError(
+                f"actor_train.max_tokens_per_micro_batch={budget} is smaller than the longest "
+                f"micro-batch unit this recipe allows ({longest[1]} = {longest[0]} tokens): "
+                f"set it to at least {longest[0]}, or remove it to count rows"
+            )
+        return self
+
+
+def longest_train_row(cfg: Any) -> tuple[int, str] | None:
+    """(tokens, how they are counted) of the longest unit a train micro-batch must hold, from
+    the recipe's length limits: rlvr `data.max_prompt_length + rollout.max_new_tokens`,
+    agentic `rollout.max_context`, sft / distill `data.max_length`, dpo a pair of
+    `data.max_length` rows; None when the recipe sets no limit."""
+    data, rollout = getattr(cfg, "data", None), getattr(cfg, "rollout", None)
+    prompt = getattr(data, "max_prompt_length", None)
+    if prompt is not None and getattr(rollout, "max_new_tokens", None) is not None:
+        return prompt + rollout.max_new_tokens, "data.max_prompt_length + rollout.max_new_tokens"
+    context = getattr(rollout, "max_context", None)
+    if context is not None:
+        return int(context), "rollout.max_context"
+    length = getattr(data, "max_length", None)
+    if length is None:
+        return None
+    if cfg.pipeline == "dpo":  # chosen and rejected share a micro-batch
+        return 2 * length, "a (chosen, rejected) pair: 2 x data.max_length"
+    return int(length), "data.max_length"
 
 
 class SupervisedConfig(RunConfig):

@@ -345,3 +345,30 @@ def test_vision_language_packed_equals_padded(tmp_path_factory: pytest.TempPathF
     torch.testing.assert_close(
         packed_logits.logits[valid], padded_logits.logits[valid], rtol=0, atol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    ("recipe", "counted"),
+    [
+        ("tiny-arith-sft.yaml", "data.max_length"),
+        ("tiny-dpo.yaml", "2 x data.max_length"),
+        ("tiny-arith-rlvr.yaml", "data.max_prompt_length + rollout.max_new_tokens"),
+    ],
+)
+def test_a_budget_below_the_recipes_longest_row_is_a_validate_error(
+    recipe: str, counted: str
+) -> None:
+    from pathlib import Path
+
+    from roll_core.config.loader import load_recipe
+    from roll_core.config.schema import longest_train_row
+
+    path = Path(__file__).parents[2] / "recipes" / recipe
+    cfg = load_recipe(path)
+    assert cfg.actor_train.packing is True  # the default
+    longest, how = longest_train_row(cfg)
+    assert counted in how
+    with pytest.raises(ConfigError, match=f"smaller than the longest .* at least {longest}"):
+        load_recipe(path, [f"actor_train.max_tokens_per_micro_batch={longest - 1}"])
+    ok = load_recipe(path, [f"actor_train.max_tokens_per_micro_batch={longest}"])
+    assert ok.actor_train.max_tokens_per_micro_batch == longest
