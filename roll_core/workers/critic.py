@@ -161,16 +161,19 @@ class Critic(Worker):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _forward(self, mb: Batch) -> torch.Tensor:
-        """Values in target space ``[B, T-1]``: position t is the state after token t."""
+    def _forward(self, mb: Batch, *, every_position: bool = False) -> torch.Tensor:
+        """Values in target space ``[B, T-1]``: position t is the state after token t.
+        `every_position`: all ``T`` input positions (a micro-batch trimmed to its longest row
+        keeps that row's last state, the ``T``-th)."""
         if self.packing:
             kwargs, layout = packed_inputs(mb, self.device)
             with self._autocast():
                 packed = self._m()(kwargs["input_ids"], None, kwargs["position_ids"])
-            return layout.unpack(packed[..., None])[..., 0][:, :-1]
-        with self._autocast():
-            values = self._m()(mb.tensors["input_ids"], mb.tensors["attention_mask"])
-        return values[:, :-1]
+            values = layout.unpack(packed[..., None])[..., 0]
+        else:
+            with self._autocast():
+                values = self._m()(mb.tensors["input_ids"], mb.tensors["attention_mask"])
+        return values if every_position else values[:, :-1]
 
     def _micro_batches(self, batch: Batch) -> list[tuple[list[int], Batch]]:
         return micro_batches(
@@ -185,12 +188,13 @@ class Critic(Worker):
     def values(self, batch: Batch) -> torch.Tensor:
         """The critic's value of every position, ``[B, T-1]`` float32 on CPU."""
         self._m().eval()
+        width = batch.tensors["input_ids"].shape[1] - 1
         out = [
-            (rows, self._forward(mb.to(self.device)).cpu())
+            (rows, self._forward(mb.to(self.device), every_position=True)[:, :width].cpu())
             for rows, mb in self._micro_batches(batch)
         ]
         # 0 beyond each row's last token when packed (its padding is never computed)
-        return scatter_rows(out, len(batch), batch.tensors["input_ids"].shape[1] - 1)
+        return scatter_rows(out, len(batch), width)
 
     @dispatch("dp")
     def train_step(self, batch: Batch) -> dict[str, float]:

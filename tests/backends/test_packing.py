@@ -372,3 +372,62 @@ def test_a_budget_below_the_recipes_longest_row_is_a_validate_error(
         load_recipe(path, [f"actor_train.max_tokens_per_micro_batch={longest - 1}"])
     ok = load_recipe(path, [f"actor_train.max_tokens_per_micro_batch={longest}"])
     assert ok.actor_train.max_tokens_per_micro_batch == longest
+
+
+def test_reference_teacher_and_critic_packed_equal_padded() -> None:
+    """The workers with their own forward (the frozen reference and teacher, the critic's
+    value model) give the padded path's numbers packed and with a token budget."""
+    from roll_core.workers.critic import Critic
+    from roll_core.workers.reference import Reference
+    from roll_core.workers.teacher import Teacher
+
+    path = resolve_model_path("builtin:tiny-qwen3")
+    batch = rl_batch("token-mean")
+    batch.tensors["values"] = torch.zeros_like(batch.tensors["response_mask"])
+    batch.tensors["returns"] = (
+        torch.linspace(-1, 1, 12).expand(6, 12) * batch.tensors["response_mask"]
+    )
+    valid = batch.tensors["attention_mask"][:, 1:].bool()
+    kw = {"temperature": 1.0, "top_k": 3, "vocab_size": 200}
+    results: dict[str, list] = {"reference": [], "teacher": [], "values": [], "critic": []}
+    for packing, budget in [(False, None), (True, None), (True, 16)]:
+        common = {"micro_batch_size": 2, "packing": packing, "max_tokens_per_micro_batch": budget}
+        ref = Reference(
+            model_path=path, device="cpu", num_threads=1, rank=0, world_size=1, **common
+        )
+        ref.setup()
+        results["reference"].append(ref.log_probs(batch)[valid])
+        spec = TrainBackendSpec(model_path=path, device="cpu", num_threads=1, **common)
+        teacher = Teacher(spec=spec, rank=0, world_size=1)
+        teacher.setup()
+        results["teacher"].append(teacher.targets(batch, **kw))
+        torch.manual_seed(0)
+        critic = Critic(
+            model_path=path,
+            # eps 1: AdamW's first update is lr g / (|g| + 1), as close as the gradients
+            optim=OptimConfig(lr=0.5, eps=1.0, max_grad_norm=None, scheduler="constant"),
+            total_steps=2,
+            device="cpu",
+            precision="fp32",
+            num_threads=1,
+            rank=0,
+            world_size=1,
+            **common,
+        )
+        critic.setup()
+        critic.train_step(batch)  # the head leaves zero: the next values are not all zero
+        results["values"].append(
+            critic.values(batch)[batch.tensors["attention_mask"][:, :-1].bool()]
+        )
+        results["critic"].append(critic.train_step(batch)["critic/value_loss"])
+    for key in ("reference", "values"):
+        for other in results[key][1:]:
+            torch.testing.assert_close(other, results[key][0], rtol=0, atol=1e-5)
+    assert results["values"][0].abs().max() > 1e-3
+    for other in results["teacher"][1:]:
+        assert other.keys() == results["teacher"][0].keys()
+        torch.testing.assert_close(
+            other["teacher_logprobs"], results["teacher"][0]["teacher_logprobs"], rtol=0, atol=1e-5
+        )
+        assert torch.equal(other["teacher_ids"], results["teacher"][0]["teacher_ids"])
+    assert results["critic"][1:] == pytest.approx([results["critic"][0]] * 2, rel=1e-5)
