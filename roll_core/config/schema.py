@@ -445,8 +445,9 @@ def longest_train_row(cfg: Any) -> tuple[int, str] | None:
     `data.max_length` rows; None when the recipe sets no limit."""
     data, rollout = getattr(cfg, "data", None), getattr(cfg, "rollout", None)
     prompt = getattr(data, "max_prompt_length", None)
-    if prompt is not None and getattr(rollout, "max_new_tokens", None) is not None:
-        return prompt + rollout.max_new_tokens, "data.max_prompt_length + rollout.max_new_tokens"
+    new_tokens = getattr(rollout, "max_new_tokens", None)
+    if prompt is not None and new_tokens is not None:
+        return prompt + new_tokens, "data.max_prompt_length + rollout.max_new_tokens"
     context = getattr(rollout, "max_context", None)
     if context is not None:
         return int(context), "rollout.max_context"
