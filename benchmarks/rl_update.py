@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.backends.train.torch_backend import TorchTrainBackend
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.config.schema import OptimConfig
@@ -60,10 +61,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     backend = TorchTrainBackend(
-        model_path=resolve_model_path("builtin:tiny-qwen3"),
-        optim=OptimConfig(lr=1e-5),
-        total_steps=100,
-        micro_batch_size=a.micro,
+        TrainBackendSpec(
+            model_path=resolve_model_path("builtin:tiny-qwen3"),
+            optim=OptimConfig(lr=1e-5),
+            total_steps=100,
+            micro_batch_size=a.micro,
+        )
     )
     batch = make_batch()
     algo = AlgorithmConfig(preset="grpo", kl={"coef": 0.0}).model_dump()

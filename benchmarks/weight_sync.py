@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.config.schema import OptimConfig
 from roll_core.engine import Cluster, LocalExecutor
 from roll_core.engine.weight_sync import SyncSettings, WeightSync
@@ -84,8 +85,7 @@ def clusters(model: str, dtype: str, *, separate: bool) -> tuple[LocalExecutor, 
         ProcTrain if separate else ActorTrain,
         ex,
         worker_kwargs={
-            "backend": "torch",
-            "backend_kwargs": dict(
+            "spec": TrainBackendSpec(
                 model_path=model,
                 tokenizer_path=tok,
                 dtype=dtype,

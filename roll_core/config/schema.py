@@ -11,7 +11,7 @@ Components are nested the same way in every pipeline: ``model``, ``data``, ``tra
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -217,6 +217,24 @@ class ActorTrainConfig(Strict):
         description="LoRA adapters (None: full fine-tuning). Checkpoints then hold the adapters "
         "only; the final export merges them into a plain Hugging Face model.",
     )
+    packing: bool = Field(
+        default=True,
+        description="Pack each micro-batch: its rows concatenated into one sequence with "
+        "per-row position ids and attention confined to each row, so no forward or backward "
+        "(update, log-prob passes, the teacher's targets) computes on padding. Same loss, "
+        "gradients and log-probs as the padded path (within float rounding). false: "
+        "right-padded micro-batches (debugging, or a model whose attention cannot take packed "
+        "input).",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        gt=0,
+        description="Token budget of one micro-batch (replaces the row count "
+        "`trainer.micro_batch_size` when set): rows are grouped by length so each micro-batch "
+        "holds at most this many tokens (packed: real tokens; padded: rows x longest row), so "
+        "peak memory is set by the budget, not by the longest rows that happen to meet. Must "
+        "be at least the longest row (prompt + response). null: count rows.",
+    )
 
     @model_validator(mode="after")
     def _backend_options(self) -> ActorTrainConfig:
@@ -406,6 +424,39 @@ class RunConfig(Strict):
         if self.name is None:
             self.name = self.pipeline
         return self
+
+    @model_validator(mode="after")
+    def _budget_holds_the_longest_row(self) -> RunConfig:
+        budget = self.actor_train.max_tokens_per_micro_batch
+        longest = longest_train_row(self)
+        if budget is not None and longest is not None and budget < longest[0]:
+            raise ValueError(
+                f"actor_train.max_tokens_per_micro_batch={budget} is smaller than the longest "
+                f"micro-batch unit this recipe allows ({longest[1]} = {longest[0]} tokens): "
+                f"set it to at least {longest[0]}, or remove it to count rows"
+            )
+        return self
+
+
+def longest_train_row(cfg: Any) -> tuple[int, str] | None:
+    """(tokens, how they are counted) of the longest unit a train micro-batch must hold, from
+    the recipe's length limits: rlvr `data.max_prompt_length + rollout.max_new_tokens`,
+    agentic `rollout.max_context`, sft / distill `data.max_length`, dpo a pair of
+    `data.max_length` rows; None when the recipe sets no limit."""
+    data, rollout = getattr(cfg, "data", None), getattr(cfg, "rollout", None)
+    prompt = getattr(data, "max_prompt_length", None)
+    new_tokens = getattr(rollout, "max_new_tokens", None)
+    if prompt is not None and new_tokens is not None:
+        return prompt + new_tokens, "data.max_prompt_length + rollout.max_new_tokens"
+    context = getattr(rollout, "max_context", None)
+    if context is not None:
+        return int(context), "rollout.max_context"
+    length = getattr(data, "max_length", None)
+    if length is None:
+        return None
+    if cfg.pipeline == "dpo":  # chosen and rejected share a micro-batch
+        return 2 * length, "a (chosen, rejected) pair: 2 x data.max_length"
+    return int(length), "data.max_length"
 
 
 class SupervisedConfig(RunConfig):

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from roll_core.backends.infer import infer_backend_options
+from roll_core.backends.train.base import TrainBackendSpec, spec_from_config
 from roll_core.engine import Cluster, make_executor
 from roll_core.engine.colocation import resolve_offload
 from roll_core.engine.resource_plan import cluster_placement
@@ -111,16 +112,6 @@ def _cpu(cfg: Any) -> dict[str, float]:
     return {"CPU": 1.0} if cfg.executor.type == "ray" else {}
 
 
-def backend_options(role: Any) -> dict[str, Any]:
-    """The backend-specific keyword arguments of an ActorTrainConfig (`fsdp2=` /
-    `deepspeed=` options for those backends; nothing for torch)."""
-    if role.backend == "fsdp2":
-        return {"fsdp2": role.fsdp2}
-    if role.backend == "deepspeed":
-        return {"deepspeed": role.deepspeed}
-    return {}
-
-
 def build_actor_train(
     cfg: Any,
     executor: Any,
@@ -144,22 +135,13 @@ def build_actor_train(
         resources=_cpu(cfg),
         **cluster_placement(cfg, "actor_train"),
         worker_kwargs={
-            "backend": role.backend,
-            "backend_kwargs": dict(
+            "spec": spec_from_config(
+                cfg,
                 model_path=model_path,
                 tokenizer_path=tokenizer_path,
-                dtype=cfg.model.dtype,
-                device=role.device,
-                precision=role.precision,
-                optim=role.optim,
                 total_steps=total_steps,
                 micro_batch_size=micro_batch_size,
-                seed=cfg.seed,
-                num_threads=role.num_threads,
-                gradient_checkpointing=cfg.model.gradient_checkpointing,
-                lora=role.lora,
-                **backend_options(role),
-            ),
+            )
         },
     )
     check_shares_run_dir(cluster, run_dir)
@@ -207,6 +189,8 @@ def build_reference(cfg: Any, executor: Any, *, model_path: str, micro_batch_siz
             device=role.device,
             micro_batch_size=micro_batch_size,
             num_threads=role.num_threads,
+            packing=role.packing,
+            max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
         ),
     )
 
@@ -220,15 +204,19 @@ def build_teacher(cfg: Any, executor: Any, *, model_path: str, tokenizer_path: s
         executor,
         resources=_cpu(cfg),
         **_beside_actor_train(cfg),
-        worker_kwargs=dict(
-            model_path=model_path,
-            tokenizer_path=tokenizer_path,
-            dtype=cfg.teacher.dtype,
-            device=role.device,
-            precision=role.precision,
-            micro_batch_size=cfg.trainer.micro_batch_size,
-            num_threads=role.num_threads,
-        ),
+        worker_kwargs={
+            "spec": TrainBackendSpec(
+                model_path=model_path,
+                tokenizer_path=tokenizer_path,
+                dtype=cfg.teacher.dtype,
+                device=role.device,
+                precision=role.precision,
+                micro_batch_size=cfg.trainer.micro_batch_size,
+                num_threads=role.num_threads,
+                packing=role.packing,
+                max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+            )
+        },
     )
 
 
@@ -423,6 +411,8 @@ def build_critic(
             precision=critic.precision,
             num_threads=critic.num_threads,
             value_clip=cfg.algorithm.value.clip,
+            packing=cfg.actor_train.packing,
+            max_tokens_per_micro_batch=cfg.actor_train.max_tokens_per_micro_batch,
         ),
     )
     check_shares_run_dir(cluster, run_dir)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from roll_core.backends.train import MULTI_RANK_BACKENDS, TrainBackend, get_train_backend
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.data import Batch
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
@@ -23,10 +24,9 @@ from roll_core.workers.objectives import get_objective
 class ActorTrain(Worker):
     """One rank of actor_train: forwards to the configured TrainBackend."""
 
-    def __init__(self, *, backend: str, backend_kwargs: dict[str, Any], **rank_info: Any) -> None:
+    def __init__(self, *, spec: TrainBackendSpec, **rank_info: Any) -> None:
         super().__init__(**rank_info)
-        self.backend_name = backend
-        self.backend_kwargs = backend_kwargs
+        self.spec = spec
         self.backend: TrainBackend | None = None
         self._sync_group: Any = None
         self.offloader: Any = None
@@ -34,11 +34,12 @@ class ActorTrain(Worker):
     @classmethod
     def needs_process_group(cls, world_size: int, kwargs: dict[str, Any]) -> bool:
         """fsdp2 and deepspeed ranks form a torch.distributed group (even a group of one)."""
-        return world_size > 1 or kwargs.get("backend") in MULTI_RANK_BACKENDS
+        spec = kwargs.get("spec")
+        return world_size > 1 or getattr(spec, "backend", None) in MULTI_RANK_BACKENDS
 
     @dispatch("all")
     def setup(self) -> dict[str, Any]:
-        self.backend = get_train_backend(self.backend_name)(**self.backend_kwargs)
+        self.backend = get_train_backend(self.spec.backend)(self.spec)
         params = list(self.backend.model.parameters())
         n_params = sum(_numel(p) for p in params)
         trainable = sum(_numel(p) for p in params if p.requires_grad)

@@ -22,10 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from roll_core.algorithms import value_loss
+from roll_core.backends.train.packing import (
+    check_packing_support,
+    micro_batches,
+    packed_inputs,
+    scatter_rows,
+)
 from roll_core.backends.train.schedules import make_optimizer
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.config.schema import OptimConfig
@@ -46,9 +51,19 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Values ``[B, T]``; packed rows (``[1, S]``, see backends/train/packing.py) pass
+        ``position_ids`` and no ``attention_mask``."""
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
         ).last_hidden_state
         return self.value_head(hidden).squeeze(-1).float()
 
@@ -99,6 +114,8 @@ class Critic(Worker):
         precision: str = "auto",
         num_threads: int | None = None,
         value_clip: float | None = 0.2,
+        packing: bool = False,
+        max_tokens_per_micro_batch: int | None = None,
         **rank_info: Any,
     ) -> None:
         super().__init__(**rank_info)
@@ -110,6 +127,8 @@ class Critic(Worker):
         self.precision = precision
         self.num_threads = num_threads
         self.value_clip = value_clip
+        self.packing = packing  # as actor_train's (backends/train/packing.py)
+        self.max_tokens = max_tokens_per_micro_batch
         self.model: ValueModel | None = None
 
     @dispatch("all")
@@ -121,7 +140,10 @@ class Critic(Worker):
             self.precision == "auto" and self.device.type == "cuda"
         )
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
-        self.model = ValueModel(load_causal_lm(self.model_path)).to(self.device)
+        causal_lm = load_causal_lm(self.model_path)
+        if self.packing:
+            check_packing_support(causal_lm, role="critic")
+        self.model = ValueModel(causal_lm).to(self.device)
         cfg = self.optim_cfg
         self.optimizer, self.scheduler = make_optimizer(
             self.model.parameters(), cfg, self.total_steps
@@ -139,11 +161,27 @@ class Critic(Worker):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _forward(self, mb: Batch) -> torch.Tensor:
-        """Values in target space ``[B, T-1]``: position t is the state after token t."""
-        with self._autocast():
-            values = self._m()(mb.tensors["input_ids"], mb.tensors["attention_mask"])
-        return values[:, :-1]
+    def _forward(self, mb: Batch, *, every_position: bool = False) -> torch.Tensor:
+        """Values in target space ``[B, T-1]``: position t is the state after token t.
+        `every_position`: all ``T`` input positions (a micro-batch trimmed to its longest row
+        keeps that row's last state, the ``T``-th)."""
+        if self.packing:
+            kwargs, layout = packed_inputs(mb, self.device)
+            with self._autocast():
+                packed = self._m()(kwargs["input_ids"], None, kwargs["position_ids"])
+            values = layout.unpack(packed[..., None])[..., 0]
+        else:
+            with self._autocast():
+                values = self._m()(mb.tensors["input_ids"], mb.tensors["attention_mask"])
+        return values if every_position else values[:, :-1]
+
+    def _micro_batches(self, batch: Batch) -> list[tuple[list[int], Batch]]:
+        return micro_batches(
+            batch,
+            micro_batch_size=self.micro_batch_size,
+            max_tokens=self.max_tokens,
+            packed=self.packing,
+        )
 
     @dispatch("dp", collect="concat")
     @torch.no_grad()
@@ -151,8 +189,12 @@ class Critic(Worker):
         """The critic's value of every position, ``[B, T-1]`` float32 on CPU."""
         self._m().eval()
         width = batch.tensors["input_ids"].shape[1] - 1
-        out = [self._forward(mb.to(self.device)).cpu() for mb in batch.chunk(self.micro_batch_size)]
-        return torch.cat([F.pad(v, (0, width - v.shape[1])) for v in out])
+        out = [
+            (rows, self._forward(mb.to(self.device), every_position=True)[:, :width].cpu())
+            for rows, mb in self._micro_batches(batch)
+        ]
+        # 0 beyond each row's last token when packed (its padding is never computed)
+        return scatter_rows(out, len(batch), width)
 
     @dispatch("dp", collect="metrics")
     def train_step(self, batch: Batch) -> dict[str, float]:
@@ -164,7 +206,7 @@ class Critic(Worker):
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for mb in batch.chunk(self.micro_batch_size):
+        for _, mb in self._micro_batches(batch):
             mb = mb.to(self.device)
             loss, metrics = critic_loss(self._forward(mb), mb, clip=self.value_clip)
             loss.backward()

@@ -48,6 +48,8 @@ def get_objective(name: str, **params: Any) -> Objective:
     objective = functools.partial(OBJECTIVES[name], **params)
     if name == "rl":  # it reads response positions only: logits of earlier ones are not needed
         objective.logits_from = response_logits_from  # type: ignore[attr-defined]
+    if name == "dpo":  # a micro-batch holds whole (chosen, rejected) pairs
+        objective.rows_per_group = 2  # type: ignore[attr-defined]
     return objective
 
 
@@ -129,8 +131,18 @@ def rl(
         metrics["train_infer/logprob_diff"] = float((gap * mask).sum() / mask.sum().clamp(min=1))
         metrics["train_infer/logprob_diff_max"] = float((gap * mask).max()) if gap.numel() else 0.0
     share = float(mask.sum()) / max(1.0, float(mb.meta["response_tokens"]))
-    # means become this micro-batch's share of the global mean; maxima stay as they are
-    return loss, {k: float(v) * (1.0 if is_max_metric(k) else share) for k, v in metrics.items()}
+    # means become this micro-batch's share of the global mean; maxima stay as they are, and
+    # so do the loss terms, already this micro-batch's share (normalised by the global counts):
+    # their sums are the mini-batch's, however its rows are grouped into micro-batches
+    return loss, {
+        k: float(v) * (1.0 if is_max_metric(k) or k in LOSS_SHARE_METRICS else share)
+        for k, v in metrics.items()
+    }
+
+
+LOSS_SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss"})
+"""Metrics of `rl` that are the micro-batch's share of a global loss term (not means over
+the micro-batch): summed over micro-batches as they are."""
 
 
 def response_logits_from(mb: Batch) -> int:

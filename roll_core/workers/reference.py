@@ -6,6 +6,13 @@ from typing import Any
 
 import torch
 
+from roll_core.backends.train.packing import (
+    check_packing_support,
+    micro_batches,
+    model_forward,
+    pad_log_probs,
+    rope_module,
+)
 from roll_core.backends.train.torch_backend import resolve_device, token_log_probs
 from roll_core.data import Batch
 from roll_core.data.vision import vision_model_inputs
@@ -24,6 +31,8 @@ class Reference(Worker):
         device: str = "auto",
         micro_batch_size: int = 8,
         num_threads: int | None = None,
+        packing: bool = False,
+        max_tokens_per_micro_batch: int | None = None,
         **rank_info: Any,
     ) -> None:
         super().__init__(**rank_info)
@@ -31,6 +40,8 @@ class Reference(Worker):
         self.device_name = device
         self.micro_batch_size = micro_batch_size
         self.num_threads = num_threads
+        self.packing = packing  # as actor_train's (backends/train/packing.py)
+        self.max_tokens = max_tokens_per_micro_batch
         self.model: Any = None
 
     @dispatch("all")
@@ -39,6 +50,9 @@ class Reference(Worker):
             torch.set_num_threads(self.num_threads)
         self.device = resolve_device(self.device_name)
         self.model = load_causal_lm(self.model_path, device=self.device)
+        if self.packing:
+            check_packing_support(self.model, role="reference")
+        self._rope = rope_module(self.model) if self.packing else None
         self.model.eval()
         return {"device": str(self.device)}
 
@@ -46,14 +60,21 @@ class Reference(Worker):
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         out = []
-        for mb in batch.chunk(self.micro_batch_size):
+        for rows, mb in micro_batches(
+            batch,
+            micro_batch_size=self.micro_batch_size,
+            max_tokens=self.max_tokens,
+            packed=self.packing,
+        ):
             mb = mb.to(self.device)
-            logits = self.model(
-                input_ids=mb.tensors["input_ids"],
-                attention_mask=mb.tensors["attention_mask"],
-                use_cache=False,
-                **vision_model_inputs(mb, self.device),  # VLM rows: their images
+            logits = model_forward(
+                self.model,
+                mb,
+                self.device,
+                packing=self.packing,
+                rope=self._rope,
+                vision=vision_model_inputs(mb, self.device),  # VLM rows: their images
             ).logits
             ids = mb.tensors["input_ids"]
-            out.append(token_log_probs(logits, ids, temperature=temperature).cpu())
-        return torch.cat(out)
+            out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
+        return pad_log_probs(out, batch)

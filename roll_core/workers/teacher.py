@@ -16,6 +16,14 @@ from typing import Any
 import torch
 
 from roll_core.algorithms.distill import teacher_targets
+from roll_core.backends.train.base import TrainBackendSpec
+from roll_core.backends.train.packing import (
+    check_packing_support,
+    micro_batches,
+    model_forward,
+    rope_module,
+    scatter_rows,
+)
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data import Batch
 from roll_core.data.vision import VisionInputs, concat_vision, vision_model_inputs
@@ -29,40 +37,29 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class Teacher(Worker):
     """One rank of the teacher model."""
 
-    def __init__(
-        self,
-        *,
-        model_path: str,
-        tokenizer_path: str | None = None,
-        dtype: str = "float32",
-        device: str = "auto",
-        precision: str = "auto",
-        micro_batch_size: int = 8,
-        num_threads: int | None = None,
-        **rank_info: Any,
-    ) -> None:
+    def __init__(self, *, spec: TrainBackendSpec, **rank_info: Any) -> None:
+        """`spec`: the model, dtype, device, precision, threads and micro-batching (packing,
+        token budget) of the teacher; its optimizer fields are unused (it never trains)."""
         super().__init__(**rank_info)
-        self.model_path = model_path
-        self.tokenizer_path = tokenizer_path or model_path
-        self.dtype = dtype
-        self.device_name = device
-        self.precision = precision
-        self.micro_batch_size = micro_batch_size
-        self.num_threads = num_threads
+        self.spec = spec
         self.model: Any = None
 
     @dispatch("all")
     def setup(self) -> dict[str, Any]:
         """Load the model (eval mode, no gradients); report its size and vocabulary."""
-        if self.num_threads is not None:
-            torch.set_num_threads(self.num_threads)
-        self.device = resolve_device(self.device_name)
-        use_bf16 = self.precision == "bf16" or (
-            self.precision == "auto" and self.device.type == "cuda"
+        spec = self.spec
+        if spec.num_threads is not None:
+            torch.set_num_threads(spec.num_threads)
+        self.device = resolve_device(spec.device)
+        use_bf16 = spec.precision == "bf16" or (
+            spec.precision == "auto" and self.device.type == "cuda"
         )
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
-        self.tokenizer = load_tokenizer(self.tokenizer_path)
-        self.model = load_causal_lm(self.model_path, dtype=_DTYPES[self.dtype], device=self.device)
+        self.tokenizer = load_tokenizer(spec.tokenizer_path or spec.model_path)
+        self.model = load_causal_lm(spec.model_path, dtype=_DTYPES[spec.dtype], device=self.device)
+        if spec.packing:
+            check_packing_support(self.model, role="teacher")
+        self._rope = rope_module(self.model) if spec.packing else None
         self.model.eval()
         self.model.requires_grad_(False)
         return {
@@ -79,11 +76,16 @@ class Teacher(Worker):
     def _logits(self, mb: Batch) -> torch.Tensor:
         if self.model is None:
             raise RuntimeError("Teacher.setup() was not called")
-        ids = mb.tensors["input_ids"].to(self.device)
-        attn = mb.tensors["attention_mask"].to(self.device)
         vision = vision_model_inputs(mb, self.device)  # image rows: the images the student sees
         with self._autocast():
-            out = self.model(input_ids=ids, attention_mask=attn, use_cache=False, **vision)
+            out = model_forward(
+                self.model,
+                mb,
+                self.device,
+                packing=self.spec.packing,
+                rope=self._rope,
+                vision=vision,
+            )
             return out.logits.float()
 
     @dispatch("dp", collect="concat")
@@ -97,8 +99,14 @@ class Teacher(Worker):
         ``teacher_top1`` ``[B, T-1]`` and, with ``top_k``, ``teacher_ids`` ``[B, T-1, k]``, on
         CPU. Logits beyond ``vocab_size`` (the shared tokenizer's size) are dropped.
         """
-        parts: dict[str, list[torch.Tensor]] = {}
-        for mb in batch.chunk(self.micro_batch_size):
+        parts: dict[str, list[tuple[list[int], torch.Tensor]]] = {}
+        spec = self.spec
+        for rows, mb in micro_batches(
+            batch,
+            micro_batch_size=spec.micro_batch_size,
+            max_tokens=spec.max_tokens_per_micro_batch,
+            packed=spec.packing,
+        ):
             mask = mb.tensors["loss_mask"][:, 1:].bool()
             logits = self._logits(mb)[:, :-1, :vocab_size][mask.to(self.device)]
             logp, ids = teacher_targets(logits, temperature=temperature, top_k=top_k)
@@ -109,8 +117,9 @@ class Teacher(Worker):
             for key, value in fields.items():
                 dense = torch.zeros((*mask.shape, *value.shape[1:]), dtype=value.dtype)
                 dense[mask] = value.cpu()
-                parts.setdefault(key, []).append(dense)
-        return {key: torch.cat(values) for key, values in parts.items()}
+                parts.setdefault(key, []).append((rows, dense))
+        width = batch.tensors["input_ids"].shape[1] - 1
+        return {key: scatter_rows(values, len(batch), width) for key, values in parts.items()}
 
     @dispatch("rank0")
     @torch.no_grad()

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from roll_core.backends.train import TorchTrainBackend
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.config.schema import OptimConfig
 from roll_core.data import Batch
 from roll_core.engine import Cluster, LocalExecutor
@@ -61,7 +62,7 @@ def loss_of(out: list[dict]) -> float:
 def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     """STEPS steps of the 1-process torch backend: per-step loss and final weights."""
     torch_threads = torch.get_num_threads()
-    backend = TorchTrainBackend(**backend_kwargs())
+    backend = TorchTrainBackend(TrainBackendSpec(**backend_kwargs()))
     torch.set_num_threads(torch_threads)
     losses = []
     for _ in range(STEPS):
@@ -77,7 +78,7 @@ def cluster(ex: LocalExecutor, **extra: object) -> Cluster:
         ActorTrain,
         ex,
         world_size=2,
-        worker_kwargs={"backend": "fsdp2", "backend_kwargs": {**backend_kwargs(), **extra}},
+        worker_kwargs={"spec": TrainBackendSpec(backend="fsdp2", **backend_kwargs(), **extra)},
     )
     c.run("setup")
     return c

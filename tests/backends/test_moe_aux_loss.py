@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.backends.train.torch_backend import TorchTrainBackend, token_loss_sum
 from roll_core.config.schema import OptimConfig
 from roll_core.data import Batch
@@ -52,14 +53,16 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def backend(dirs: dict[str, str], model: str, micro: int) -> TorchTrainBackend:
     return TorchTrainBackend(
-        model_path=dirs[model],
-        tokenizer_path=dirs["tokenizer"],
-        device="cpu",
-        optim=OptimConfig(lr=1e-2),
-        total_steps=10,
-        micro_batch_size=micro,
-        seed=0,
-        num_threads=1,
+        TrainBackendSpec(
+            model_path=dirs[model],
+            tokenizer_path=dirs["tokenizer"],
+            device="cpu",
+            optim=OptimConfig(lr=1e-2),
+            total_steps=10,
+            micro_batch_size=micro,
+            seed=0,
+            num_threads=1,
+        )
     )
 
 
@@ -178,7 +181,7 @@ def test_fsdp2_ranks_add_the_same_term(dirs: dict[str, str]) -> None:
             ActorTrain,
             ex,
             world_size=2,
-            worker_kwargs={"backend": "fsdp2", "backend_kwargs": kwargs},
+            worker_kwargs={"spec": TrainBackendSpec(backend="fsdp2", **kwargs)},
         )
         actor.run("setup")
         two = reduce_rank_metrics(actor.run_dp("train_step", b))

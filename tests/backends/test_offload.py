@@ -14,6 +14,7 @@ import torch
 
 from roll_core.backends.offload import StorageStash, device_memory
 from roll_core.backends.train import TorchTrainBackend
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.backends.train.offload import TRAIN_PARTS, TrainOffloader
 from roll_core.config.schema import DeepSpeedConfig, OptimConfig
 from roll_core.data import Batch
@@ -91,12 +92,12 @@ def test_device_memory_reports_rss_on_cpu() -> None:
 
 def test_torch_backend_round_trip_is_bitwise() -> None:
     objective = get_objective("sft")
-    plain = TorchTrainBackend(**kwargs())
+    plain = TorchTrainBackend(TrainBackendSpec(**kwargs()))
     for _ in range(2):
         plain.train_step(batch(), objective)
     expected = plain.state_digest()
 
-    backend = TorchTrainBackend(**kwargs())
+    backend = TorchTrainBackend(TrainBackendSpec(**kwargs()))
     backend.train_step(batch(), objective)
     assert backend.optimizer.state  # AdamW moments exist after a step
     step_before = {id(p): s["step"].clone() for p, s in backend.optimizer.state.items()}
@@ -133,8 +134,9 @@ def test_sharded_round_trip_is_bitwise(stage: int | None, tmp_path) -> None:
             ex,
             world_size=2,
             worker_kwargs={
-                "backend": "fsdp2" if stage is None else "deepspeed",
-                "backend_kwargs": {**kwargs(), **extra},
+                "spec": TrainBackendSpec(
+                    backend="fsdp2" if stage is None else "deepspeed", **kwargs(), **extra
+                ),
             },
         )
         c.run("setup")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.backends.train.torch_backend import (
     TorchTrainBackend,
     token_log_probs,
@@ -40,13 +41,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def backend(model_dir: str, micro: int) -> TorchTrainBackend:
     return TorchTrainBackend(
-        model_path=model_dir,
-        device="cpu",
-        optim=OptimConfig(lr=1e-2),
-        total_steps=10,
-        micro_batch_size=micro,
-        seed=0,
-        num_threads=1,
+        TrainBackendSpec(
+            model_path=model_dir,
+            device="cpu",
+            optim=OptimConfig(lr=1e-2),
+            total_steps=10,
+            micro_batch_size=micro,
+            seed=0,
+            num_threads=1,
+        )
     )
 
 
@@ -117,16 +120,15 @@ def test_actor_train_lr_override_is_outside_the_schedule(model_dir: str) -> None
     from roll_core.workers.actor_train import ActorTrain
 
     worker = ActorTrain(
-        backend="torch",
-        backend_kwargs={
-            "model_path": model_dir,
-            "device": "cpu",
-            "optim": OptimConfig(lr=1e-2, scheduler="linear"),
-            "total_steps": 3,
-            "micro_batch_size": 4,
-            "seed": 0,
-            "num_threads": 1,
-        },
+        spec=TrainBackendSpec(
+            model_path=model_dir,
+            device="cpu",
+            optim=OptimConfig(lr=1e-2, scheduler="linear"),
+            total_steps=3,
+            micro_batch_size=4,
+            seed=0,
+            num_threads=1,
+        ),
     )
     worker.setup()
     before = {n: p.detach().clone() for n, p in worker.backend.model.named_parameters()}

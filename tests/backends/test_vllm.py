@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from roll_core.backends.infer import Request, SamplingParams, make_infer_backend
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.errors import ConfigError
 from roll_core.models import load_causal_lm, materialize_builtin
 
@@ -234,14 +235,16 @@ def test_data_plane_sync_into_the_engine_is_bitwise(engine, model_dir: str) -> N
     from roll_core.engine.worker import Worker
 
     trainer = TorchTrainBackend(
-        model_path=model_dir,
-        optim=OptimConfig(),
-        total_steps=1,
-        micro_batch_size=1,
-        seed=0,
-        num_threads=1,
-        device="cpu",
-        precision="fp32",
+        TrainBackendSpec(
+            model_path=model_dir,
+            optim=OptimConfig(),
+            total_steps=1,
+            micro_batch_size=1,
+            seed=0,
+            num_threads=1,
+            device="cpu",
+            precision="fp32",
+        )
     )
     original = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     try:

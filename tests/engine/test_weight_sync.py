@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
 from roll_core.engine import Cluster, LocalExecutor
@@ -126,7 +127,7 @@ def train_cluster(ex: LocalExecutor, backend: str, world_size: int = 1, **extra:
         ActorTrain,
         ex,
         world_size=world_size,
-        worker_kwargs={"backend": backend, "backend_kwargs": train_kwargs(**extra)},
+        worker_kwargs={"spec": TrainBackendSpec(backend=backend, **train_kwargs(**extra))},
     )
     c.run("setup")
     return c

@@ -14,6 +14,7 @@ from PIL import Image
 
 from roll_core.backends.infer import Request, SamplingParams
 from roll_core.backends.infer.hf import HFInferBackend
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.backends.train.torch_backend import TorchTrainBackend
 from roll_core.config.schema import OptimConfig
 from roll_core.data.chat import encode_chat_images, image_message
@@ -110,7 +111,7 @@ def test_token_in_token_out_and_trainer_log_probs_equal_the_samplers(vlm_dir: Pa
         ).equal(p.vision)
     # micro-batches of 2 split the image rows across forward passes
     trainer = TorchTrainBackend(
-        model_path=path, optim=OptimConfig(), total_steps=1, micro_batch_size=2
+        TrainBackendSpec(model_path=path, optim=OptimConfig(), total_steps=1, micro_batch_size=2)
     )
     log_probs = trainer.log_probs(batch)
     mask = batch.tensors["response_mask"]

@@ -32,6 +32,7 @@ def teacher(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     parameters, the built-in tokenizer) after 8 SFT steps on arithmetic, built in-process."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from roll_core.backends.train.base import TrainBackendSpec
     from roll_core.backends.train.torch_backend import TorchTrainBackend
     from roll_core.config.schema import OptimConfig
     from roll_core.data import build_sft_dataset, collate_sft, load_rows
@@ -53,10 +54,12 @@ def teacher(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         model.save_pretrained(root / "init")
         tokenizer.save_pretrained(root / "init")
         backend = TorchTrainBackend(
-            model_path=str(root / "init"),
-            optim=OptimConfig(lr=3e-3),
-            total_steps=8,
-            micro_batch_size=8,
+            TrainBackendSpec(
+                model_path=str(root / "init"),
+                optim=OptimConfig(lr=3e-3),
+                total_steps=8,
+                micro_batch_size=8,
+            )
         )
         rows = load_rows(str(ARITH / "train.jsonl"), max_rows=64)
         examples, _ = build_sft_dataset(rows, tokenizer, fmt="prompt_response", max_length=64)

@@ -62,6 +62,7 @@ def test_teacher_processor_that_disagrees_is_refused(roll, cache_dir: Path, tmp_
 def test_teacher_sees_the_student_s_image_inputs(cache_dir: Path) -> None:
     """The pixel values of a row (made by the student's processor) are what the teacher's
     own processor makes of the image, and the teacher's targets depend on them."""
+    from roll_core.backends.train.base import TrainBackendSpec
     from roll_core.data import collate_sft
     from roll_core.data.sft import encode_prompt_response_images
     from roll_core.data.vision import read_images
@@ -79,7 +80,8 @@ def test_teacher_sees_the_student_s_image_inputs(cache_dir: Path) -> None:
     assert example["vision"].equal(own)
 
     batch = collate_sft([example], pad_id=proc.tokenizer.pad_token_id)
-    teacher = Teacher(model_path=teacher_path, device="cpu", num_threads=1, rank=0, world_size=1)
+    spec = TrainBackendSpec(model_path=teacher_path, device="cpu", num_threads=1)
+    teacher = Teacher(spec=spec, rank=0, world_size=1)
     teacher.setup()
     kw = {"temperature": 1.0, "top_k": None, "vocab_size": len(proc.tokenizer)}
     with_images = teacher.targets(batch, **kw)["teacher_logprobs"]

@@ -89,8 +89,8 @@ def test_actor_train_options_and_placement_reach_the_workers(
     assert [s["rank"] for s in spawned] == [0, 1]
     for s in spawned:
         kwargs = s["kwargs"]
-        assert kwargs["backend"] == backend
-        options = kwargs["backend_kwargs"][backend]
+        assert kwargs["spec"].backend == backend
+        options = getattr(kwargs["spec"], backend)
         assert options is not None, f"{pipeline}: actor_train.{backend} options were dropped"
         for key, value in OPTIONS[backend].items():
             assert getattr(options, key) == value, (pipeline, key)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from roll_core.backends.train import TorchTrainBackend
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.config.schema import OptimConfig
 from roll_core.engine import Cluster
 from roll_core.engine.executors import LocalExecutor
@@ -30,13 +31,15 @@ def _hf_infer(model_path: str) -> Cluster:
 
 def _fp32_trainer(model_path: str) -> TorchTrainBackend:
     return TorchTrainBackend(
-        model_path=model_path,
-        device="cpu",
-        precision="fp32",
-        optim=OptimConfig(),
-        total_steps=1,
-        micro_batch_size=4,
-        num_threads=1,
+        TrainBackendSpec(
+            model_path=model_path,
+            device="cpu",
+            precision="fp32",
+            optim=OptimConfig(),
+            total_steps=1,
+            micro_batch_size=4,
+            num_threads=1,
+        )
     )
 
 

@@ -1,13 +1,112 @@
-"""The TrainBackend interface. `torch` implements it now; FSDP2 and DeepSpeed join later."""
+"""The TrainBackend interface (`torch`, `fsdp2`, `deepspeed` implement it) and the one typed
+value every backend is built from, :class:`TrainBackendSpec`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from roll_core.config.schema import DeepSpeedConfig, FSDP2Config, LoraConfig, OptimConfig
 from roll_core.data import Batch
+from roll_core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainBackendSpec:
+    """Everything a train backend (and the frozen models that share its code: the teacher) is
+    built from: one picklable value, assembled from the recipe by :func:`spec_from_config`
+    and passed as is to `get_train_backend(spec.backend)(spec)`."""
+
+    model_path: str
+    """Hugging Face checkpoint directory (or a builtin model name already resolved)."""
+    backend: str = "torch"
+    """`torch`, `fsdp2` or `deepspeed` (roll_core/backends/train/__init__.py)."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory; None: `model_path`'s."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16 or float16."""
+    device: str = "auto"
+    """auto, cpu or cuda."""
+    precision: str = "auto"
+    """auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW and the LR schedule (unused by frozen models)."""
+    total_steps: int = 1
+    """Optimizer steps of the run: the LR schedule's length."""
+    micro_batch_size: int = 8
+    """Rows per forward/backward when `max_tokens_per_micro_batch` is None."""
+    seed: int = 0
+    num_threads: int | None = None
+    """torch CPU threads in this process (None: torch's default)."""
+    gradient_checkpointing: bool = False
+    lora: LoraConfig | None = None
+    """LoRA adapters (torch backend only)."""
+    fsdp2: FSDP2Config | None = None
+    """FSDP2 options (backend fsdp2 only)."""
+    deepspeed: DeepSpeedConfig | None = None
+    """DeepSpeed options (backend deepspeed only)."""
+    packing: bool = True
+    """Rows of a micro-batch concatenated into one sequence (per-row position ids, attention
+    confined to each row): no compute on padding. False: right-padded micro-batches."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget of a micro-batch (real tokens when packed, rows x longest row when
+    padded); rows are grouped by length to fill it. None: `micro_batch_size` rows."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1:
+            raise ConfigError(
+                f"micro_batch_size must be at least 1, got {self.micro_batch_size}.",
+                hint="Set trainer.micro_batch_size to a positive number of rows.",
+            )
+        budget = self.max_tokens_per_micro_batch
+        if budget is not None and budget <= 0:
+            raise ConfigError(
+                f"actor_train.max_tokens_per_micro_batch must be positive, got {budget}.",
+                hint="Set it to at least the longest row (prompt + response tokens), or "
+                "remove it to count micro-batches in rows.",
+            )
+        for name in ("fsdp2", "deepspeed"):
+            if getattr(self, name) is not None and self.backend != name:
+                raise ConfigError(
+                    f"{name} options are given to the {self.backend} train backend.",
+                    hint=f"Set actor_train.backend: {name}, or remove the {name} section.",
+                )
+
+
+def spec_from_config(
+    cfg: Any,
+    *,
+    model_path: str,
+    tokenizer_path: str | None = None,
+    total_steps: int,
+    micro_batch_size: int,
+) -> TrainBackendSpec:
+    """The spec of actor_train as every pipeline builds it: `cfg.actor_train`'s backend and
+    its options, LoRA, precision, threads, packing and token budget; `cfg.model`'s dtype and
+    gradient checkpointing; `cfg.seed`."""
+    role = cfg.actor_train
+    return TrainBackendSpec(
+        model_path=model_path,
+        backend=role.backend,
+        tokenizer_path=tokenizer_path,
+        dtype=cfg.model.dtype,
+        device=role.device,
+        precision=role.precision,
+        optim=role.optim,
+        total_steps=total_steps,
+        micro_batch_size=micro_batch_size,
+        seed=cfg.seed,
+        num_threads=role.num_threads,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        lora=role.lora,
+        fsdp2=role.fsdp2 if role.backend == "fsdp2" else None,
+        deepspeed=role.deepspeed if role.backend == "deepspeed" else None,
+        packing=role.packing,
+        max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+    )
 
 
 def is_max_metric(key: str) -> bool:

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.backends.train.schedules import adamw_kwargs, make_scheduler
 from roll_core.backends.train.sharded import ShardedTrainBackend
-from roll_core.config.schema import DeepSpeedConfig, OptimConfig
+from roll_core.config.schema import DeepSpeedConfig
 from roll_core.errors import CheckpointError, ConfigError
 from roll_core.models import load_causal_lm
 
@@ -85,41 +86,14 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
 
     name = "deepspeed"
 
-    def __init__(
-        self,
-        *,
-        model_path: str,
-        tokenizer_path: str | None = None,
-        dtype: str = "float32",
-        device: str = "auto",
-        precision: str = "auto",
-        optim: OptimConfig,
-        total_steps: int,
-        micro_batch_size: int,
-        seed: int = 0,
-        num_threads: int | None = None,
-        gradient_checkpointing: bool = False,
-        lora: Any = None,
-        deepspeed: DeepSpeedConfig | None = None,
-    ) -> None:
-        if lora is not None:
-            raise ConfigError(
-                "actor_train.lora is not supported with the deepspeed backend yet.",
-                hint="Use actor_train.backend=torch for LoRA.",
-            )
+    def __init__(self, spec: TrainBackendSpec) -> None:
+        self._init_common(spec)
         ds = import_deepspeed()
-        self.opts = opts = deepspeed or DeepSpeedConfig()
-        self._init_common(
-            model_path=model_path,
-            tokenizer_path=tokenizer_path,
-            device=device,
-            precision=precision,
-            micro_batch_size=micro_batch_size,
-            seed=seed,
-            num_threads=num_threads,
-        )
-        model = load_causal_lm(model_path, dtype=_DTYPES[dtype], device="cpu")
-        if gradient_checkpointing:
+        self.opts = opts = spec.deepspeed or DeepSpeedConfig()
+        optim, total_steps, micro_batch_size = spec.optim, spec.total_steps, spec.micro_batch_size
+        model = load_causal_lm(spec.model_path, dtype=_DTYPES[spec.dtype], device="cpu")
+        self._init_packing(model)
+        if spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
@@ -162,11 +136,8 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
         )
         self.model = self.engine.module
 
-    def model_output(self, mb: Any, *, logits_from: int = 0) -> Any:
-        ids = mb.tensors["input_ids"].to(self.device)
-        attn = mb.tensors["attention_mask"].to(self.device)
-        keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
-        return self.engine(input_ids=ids, attention_mask=attn, use_cache=False, **keep)
+    def _call_model(self, **kwargs: Any) -> Any:
+        return self.engine(**kwargs)
 
     # ---- step -------------------------------------------------------------------------------
     def _zero_grad(self) -> None:

@@ -26,9 +26,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.backends.train.schedules import make_optimizer
 from roll_core.backends.train.sharded import ShardedTrainBackend
-from roll_core.config.schema import FSDP2Config, OptimConfig
+from roll_core.config.schema import FSDP2Config
 from roll_core.errors import CheckpointError, ConfigError
 from roll_core.models import load_causal_lm
 
@@ -53,40 +54,12 @@ class FSDP2TrainBackend(ShardedTrainBackend):
 
     name = "fsdp2"
 
-    def __init__(
-        self,
-        *,
-        model_path: str,
-        tokenizer_path: str | None = None,
-        dtype: str = "float32",
-        device: str = "auto",
-        precision: str = "auto",
-        optim: OptimConfig,
-        total_steps: int,
-        micro_batch_size: int,
-        seed: int = 0,
-        num_threads: int | None = None,
-        gradient_checkpointing: bool = False,
-        lora: Any = None,
-        fsdp2: FSDP2Config | None = None,
-    ) -> None:
-        if lora is not None:
-            raise ConfigError(
-                "actor_train.lora is not supported with the fsdp2 backend yet.",
-                hint="Use actor_train.backend=torch for LoRA.",
-            )
-        opts = fsdp2 or FSDP2Config()
-        self._init_common(
-            model_path=model_path,
-            tokenizer_path=tokenizer_path,
-            device=device,
-            precision=precision,
-            micro_batch_size=micro_batch_size,
-            seed=seed,
-            num_threads=num_threads,
-        )
-        model = load_causal_lm(model_path, dtype=_DTYPES[dtype], device="cpu")
-        if gradient_checkpointing:
+    def __init__(self, spec: TrainBackendSpec) -> None:
+        opts = spec.fsdp2 or FSDP2Config()
+        self._init_common(spec)
+        model = load_causal_lm(spec.model_path, dtype=_DTYPES[spec.dtype], device="cpu")
+        self._init_packing(model)
+        if spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
@@ -105,15 +78,9 @@ class FSDP2TrainBackend(ShardedTrainBackend):
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)
         self.model = model
-        self.optim_cfg = optim
+        self.optim_cfg = spec.optim
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer, self.scheduler = make_optimizer(self.params, optim, total_steps)
-
-    def model_output(self, mb: Any, *, logits_from: int = 0) -> Any:
-        ids = mb.tensors["input_ids"].to(self.device)
-        attn = mb.tensors["attention_mask"].to(self.device)
-        keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
-        return self.model(input_ids=ids, attention_mask=attn, use_cache=False, **keep)
+        self.optimizer, self.scheduler = make_optimizer(self.params, spec.optim, spec.total_steps)
 
     # ---- step -------------------------------------------------------------------------------
     def _zero_grad(self) -> None:

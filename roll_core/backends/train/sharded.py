@@ -25,14 +25,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from roll_core.backends.train.base import add_metrics
+from roll_core.backends.train.base import TrainBackendSpec, add_metrics
+from roll_core.backends.train.packing import pad_log_probs
 from roll_core.backends.train.torch_backend import (
     TorchTrainBackend,
     add_router_aux_loss,
     resolve_device,
 )
 from roll_core.data import Batch
-from roll_core.errors import CheckpointError
+from roll_core.errors import CheckpointError, ConfigError
 
 
 def require_process_group(backend: str) -> tuple[int, int]:
@@ -101,27 +102,26 @@ class ShardedTrainBackend(TorchTrainBackend):
     checkpoint_layout = "shared"
     """`save(path)` gets one directory that every rank writes into (not one per rank)."""
 
-    def _init_common(
-        self,
-        *,
-        model_path: str,
-        tokenizer_path: str | None,
-        device: str,
-        precision: str,
-        micro_batch_size: int,
-        seed: int,
-        num_threads: int | None,
-    ) -> None:
+    def _init_common(self, spec: TrainBackendSpec) -> None:
+        """What both sharded backends set up before building their model; a ConfigError for
+        LoRA (the torch backend's only)."""
+        if spec.lora is not None:
+            raise ConfigError(
+                f"actor_train.lora is not supported with the {self.name} backend yet.",
+                hint="Use actor_train.backend=torch for LoRA.",
+            )
+        self.spec = spec
         self.rank, self.world_size = require_process_group(self.name)
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        seed_everything(seed)
-        self.device = rank_device(device)
+        if spec.num_threads is not None:
+            torch.set_num_threads(spec.num_threads)
+        seed_everything(spec.seed)
+        self.device = rank_device(spec.device)
+        precision = spec.precision
         use_bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
         self.use_bf16 = use_bf16
         self.autocast_dtype = None  # subclasses cast through their own mixed precision
-        self.micro_batch_size = micro_batch_size
-        self._init_processors(model_path, tokenizer_path)
+        self.micro_batch_size = spec.micro_batch_size
+        self._init_processors(spec.model_path, spec.tokenizer_path)
         self.lora = None
 
     # ---- lock-step micro-batches ------------------------------------------------------------
@@ -133,14 +133,17 @@ class ShardedTrainBackend(TorchTrainBackend):
     def _comm_device(self) -> torch.device:
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
-    def aligned_chunks(self, batch: Batch) -> list[tuple[Batch, bool]]:
-        """This rank's micro-batches, padded with dummies to the largest count of any rank.
-        Each entry is (micro-batch, is_dummy)."""
-        chunks = batch.chunk(self.micro_batch_size) if len(batch) else []
+    def aligned_chunks(
+        self, batch: Batch, objective: Any = None
+    ) -> list[tuple[list[int], Batch, bool]]:
+        """This rank's micro-batches (see `micro_batches`), padded with dummies to the largest
+        count of any rank. Each entry is (row indices, micro-batch, is_dummy)."""
+        chunks = self.micro_batches(batch, objective) if len(batch) else []
         n = self._max_over_ranks(len(chunks))
         if n and not chunks:
             raise RuntimeError("a rank got an empty shard; the batch has fewer rows than ranks")
-        return [(c, False) for c in chunks] + [(chunks[-1], True)] * (n - len(chunks))
+        dummy = chunks[-1] if chunks else ([], batch)
+        return [(r, c, False) for r, c in chunks] + [(*dummy, True)] * (n - len(chunks))
 
     # ---- the step ---------------------------------------------------------------------------
     def _backward(self, loss: torch.Tensor) -> None:
@@ -164,7 +167,7 @@ class ShardedTrainBackend(TorchTrainBackend):
         self._zero_grad()
         sums: dict[str, float] = {}
         seen_tokens = 0
-        for mb, dummy in self.aligned_chunks(batch):
+        for _, mb, dummy in self.aligned_chunks(batch, objective):
             mb = mb.to(self.device)
             out = self.model_output(mb)
             loss, metrics = objective(out.logits, mb)
@@ -189,7 +192,7 @@ class ShardedTrainBackend(TorchTrainBackend):
     def evaluate(self, batch: Batch, objective: Any) -> dict[str, float]:
         self.model.eval()
         sums: dict[str, float] = {}
-        for mb, dummy in self.aligned_chunks(batch):
+        for _, mb, dummy in self.aligned_chunks(batch, objective):
             mb = mb.to(self.device)
             _, metrics = objective(self.forward(mb), mb)
             if not dummy:
@@ -198,20 +201,17 @@ class ShardedTrainBackend(TorchTrainBackend):
 
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
-        import torch.nn.functional as F
-
         from roll_core.backends.train.torch_backend import token_log_probs
 
         self.model.eval()
         out = []
-        for mb, dummy in self.aligned_chunks(batch):
+        for rows, mb, dummy in self.aligned_chunks(batch):
             mb = mb.to(self.device)
             logits = self.forward(mb)
             if not dummy:
                 ids = mb.tensors["input_ids"]
-                out.append(token_log_probs(logits, ids, temperature=temperature).cpu())
-        width = batch.tensors["input_ids"].shape[1] - 1
-        return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in out])
+                out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
+        return pad_log_probs(out, batch)
 
     def adapters_disabled(self) -> Any:
         raise ValueError(f"the {self.name} backend does not support LoRA")

@@ -19,9 +19,15 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from roll_core.backends.train.base import add_metrics
+from roll_core.backends.train.base import TrainBackendSpec, add_metrics
+from roll_core.backends.train.packing import (
+    check_packing_support,
+    micro_batches,
+    model_forward,
+    pad_log_probs,
+    rope_module,
+)
 from roll_core.backends.train.schedules import make_optimizer
-from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
 from roll_core.data.vision import VisionInputs, concat_vision, vision_model_inputs
 from roll_core.errors import CheckpointError
@@ -132,38 +138,27 @@ class TorchTrainBackend:
     """Ranks that hold a part of the model (the sharded backends set theirs): above 1, every
     rank runs `generate` together, in lock step."""
 
-    def __init__(
-        self,
-        *,
-        model_path: str,
-        tokenizer_path: str | None = None,
-        dtype: str = "float32",
-        device: str = "auto",
-        precision: str = "auto",
-        optim: OptimConfig,
-        total_steps: int,
-        micro_batch_size: int,
-        seed: int = 0,
-        num_threads: int | None = None,
-        gradient_checkpointing: bool = False,
-        lora: LoraConfig | None = None,
-    ) -> None:
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        self.device = resolve_device(device)
-        use_bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
+    def __init__(self, spec: TrainBackendSpec) -> None:
+        if spec.num_threads is not None:
+            torch.set_num_threads(spec.num_threads)
+        torch.manual_seed(spec.seed)
+        random.seed(spec.seed)
+        np.random.seed(spec.seed % 2**32)
+        self.spec = spec
+        self.device = resolve_device(spec.device)
+        use_bf16 = spec.precision == "bf16" or (
+            spec.precision == "auto" and self.device.type == "cuda"
+        )
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
-        self.micro_batch_size = micro_batch_size
-        self._init_processors(model_path, tokenizer_path)
-        self.model = load_causal_lm(model_path, dtype=_DTYPES[dtype], device=self.device)
-        if gradient_checkpointing:
+        self.micro_batch_size = spec.micro_batch_size
+        self._init_processors(spec.model_path, spec.tokenizer_path)
+        self.model = load_causal_lm(spec.model_path, dtype=_DTYPES[spec.dtype], device=self.device)
+        self._init_packing(self.model)
+        if spec.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.lora = lora
+        self.lora = lora = spec.lora
         if lora is not None:  # only the adapters train; see roll_core/models/lora.py
-            if gradient_checkpointing:
+            if spec.gradient_checkpointing:
                 self.model.enable_input_require_grads()  # frozen embeddings still need grads
             self.model = apply_lora(
                 self.model,
@@ -173,8 +168,29 @@ class TorchTrainBackend:
                 target_modules=lora.target_modules,
             )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optim_cfg = optim
-        self.optimizer, self.scheduler = make_optimizer(self.params, optim, total_steps)
+        self.optim_cfg = spec.optim
+        self.optimizer, self.scheduler = make_optimizer(self.params, spec.optim, spec.total_steps)
+
+    def _init_packing(self, model: Any) -> None:
+        """Packing settings from the spec; a ConfigError now (before the first step) when
+        packing is on and the model's attention cannot isolate packed rows."""
+        self.packing = self.spec.packing
+        self.max_tokens = self.spec.max_tokens_per_micro_batch
+        if self.packing:
+            check_packing_support(model)
+        self._rope = rope_module(model) if self.packing else None
+
+    def micro_batches(self, batch: Batch, objective: Any = None) -> list[tuple[list[int], Batch]]:
+        """(row indices, micro-batch) of `batch`: `micro_batch_size` rows, or the token budget
+        (see backends/train/packing.py); an objective's `rows_per_group` (DPO: 2) keeps
+        those rows together."""
+        return micro_batches(
+            batch,
+            micro_batch_size=self.micro_batch_size,
+            max_tokens=self.max_tokens,
+            packed=self.packing,
+            group=int(getattr(objective, "rows_per_group", 1)),
+        )
 
     def _init_processors(self, model_path: str, tokenizer_path: str | None) -> None:
         """What `generate` and `export` need besides the model, set here for every backend
@@ -202,12 +218,21 @@ class TorchTrainBackend:
     def model_output(self, mb: Batch, *, logits_from: int = 0) -> Any:
         """The model's whole output on one micro-batch (see :meth:`forward`): its `logits`,
         and the router's `aux_loss` of a mixture-of-experts model that returns one."""
-        ids = mb.tensors["input_ids"].to(self.device)
-        attn = mb.tensors["attention_mask"].to(self.device)
-        keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
         vision = vision_model_inputs(mb, self.device)  # VLM rows: their pixel_values, grids
         with self._autocast():
-            return self.model(input_ids=ids, attention_mask=attn, use_cache=False, **keep, **vision)
+            return model_forward(
+                self._call_model,
+                mb,
+                self.device,
+                packing=self.packing,
+                rope=self._rope,
+                logits_from=logits_from,
+                vision=vision,
+            )
+
+    def _call_model(self, **kwargs: Any) -> Any:
+        """The model's forward (the DeepSpeed backend calls its engine instead)."""
+        return self.model(**kwargs)
 
     def train_step(self, batch: Batch, objective: Objective) -> dict[str, float]:
         """One optimizer step: `objective` on each micro-batch, backward, clip, AdamW, LR.
@@ -221,7 +246,7 @@ class TorchTrainBackend:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         seen_tokens = 0
-        for mb in batch.chunk(self.micro_batch_size):
+        for _, mb in self.micro_batches(batch, objective):
             mb = mb.to(self.device)
             logits_from = getattr(objective, "logits_from", None)
             first = logits_from(mb) if logits_from is not None else 0
@@ -253,7 +278,7 @@ class TorchTrainBackend:
         """Summed objective metrics over `batch`, no update."""
         self.model.eval()
         sums: dict[str, float] = {}
-        for mb in batch.chunk(self.micro_batch_size):
+        for _, mb in self.micro_batches(batch, objective):
             mb = mb.to(self.device)
             _, metrics = objective(self.forward(mb), mb)
             add_metrics(sums, metrics)
@@ -264,14 +289,12 @@ class TorchTrainBackend:
         """Log-probability of every next token, [B, T-1] float32 on CPU (0 where padded)."""
         self.model.eval()
         out = []
-        for mb in batch.chunk(self.micro_batch_size):
+        for rows, mb in self.micro_batches(batch):
             mb = mb.to(self.device)
             logits = self.forward(mb)
-            out.append(
-                token_log_probs(logits, mb.tensors["input_ids"], temperature=temperature).cpu()
-            )
-        width = batch.tensors["input_ids"].shape[1] - 1
-        return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in out])
+            ids = mb.tensors["input_ids"]
+            out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
+        return pad_log_probs(out, batch)
 
     def adapters_disabled(self) -> contextlib.AbstractContextManager[Any]:
         """Inside this context the model computes as its base model (LoRA adapters off): the
