@@ -271,6 +271,23 @@ def _moe_router_gemm() -> None:
     moe_utils.te_general_gemm = getattr(moe_utils, "te_general_gemm", None)
 
 
+def _alltoall_split_sizes() -> None:
+    # The alltoall MoE dispatcher moves its split sizes (tokens per expert-parallel rank) from
+    # the GPU to numpy with `maybe_move_tensor_to_cpu(..., as_numpy=True)`, which converts
+    # only CUDA tensors: on the CPU they stay tensors and `all_to_all_single` refuses them.
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def maybe_move_tensor_to_cpu(
+        tensor: Any, as_numpy: bool = False, record_stream: bool = False
+    ) -> Any:
+        if torch.is_tensor(tensor) and as_numpy:
+            return tensor.cpu().numpy()
+        return tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu  # imported by name
+
+
 SHIMS: dict[str, Callable[[], None]] = {
     "cuda_runtime": _cuda_runtime,
     "cuda_factories": _cuda_factories,
@@ -279,6 +296,7 @@ SHIMS: dict[str, Callable[[], None]] = {
     "norm_under_sequence_parallel": _norm_under_sequence_parallel,
     "gloo_collectives": _gloo_collectives,
     "moe_router_gemm": _moe_router_gemm,
+    "alltoall_split_sizes": _alltoall_split_sizes,
 }
 """Every shim by name (tests switch one off with `skip=` to show what it is for)."""
 
