@@ -37,6 +37,7 @@ from roll_core.backends.train.megatron_model import (
     ShardMap,
     build_chunks,
     iter_hf_tensors,
+    keep_padding_row_frozen,
     load_hf_weights,
     read_dims,
     transformer_config,
@@ -140,6 +141,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.micro_batch_size = micro_batch_size
         self._init_processors(model_path, tokenizer_path)
         self.lora = None
+        self.model_path = model_path
         self.optim_cfg = optim
         self.layout = self._init_parallel(opts)
         params_dtype = torch.bfloat16 if precision == "bf16" else _DTYPES[dtype]
@@ -158,6 +160,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             chunks = [c.to(self.device) for c in chunks]
         self.shards = ShardMap(self.dims, chunks)
         load_hf_weights(model_path, self.shards)
+        keep_padding_row_frozen(chunks, self.hf_config.get("pad_token_id"))
         self._wrap(chunks, optim, total_steps, params_dtype)
 
     # ---- setup ------------------------------------------------------------------------------
@@ -277,6 +280,8 @@ class MegatronTrainBackend(TorchTrainBackend):
         n, width = self._max_over_ranks(len(chunks), width)
         if n and not chunks:
             raise RuntimeError("a data-parallel replica got no rows: fewer rows than replicas")
+        if self.layout.vpp:  # the interleaved schedule runs micro-batches in groups of pp
+            n = -(-n // self.layout.pp) * self.layout.pp
         if self.layout.sp:
             width = -(-width // self.layout.tp) * self.layout.tp
         return [(c, False) for c in chunks] + [(chunks[-1], True)] * (n - len(chunks)), width
@@ -527,17 +532,27 @@ class MegatronTrainBackend(TorchTrainBackend):
         state = self.full_state_dict()
         return digest(state) if self.rank == 0 else ""
 
-    def export(self, path: Path) -> None:
-        """The model in Hugging Face format (safetensors + config + tokenizer), by rank 0."""
-        state = self.full_state_dict()
-        if self.rank == 0:
-            from transformers import AutoConfig, AutoModelForCausalLM
+    def export(self, path: Path, *, max_shard_bytes: int = 5 * 2**30) -> None:
+        """The model in Hugging Face format: safetensors shards (checkpoint names, as the
+        model's own files), its config.json and generation config, the tokenizer. Streamed:
+        rank 0 holds one gathered tensor and one shard at a time."""
+        from roll_core.convert.hf import HFWriter
 
+        writer = HFWriter(path, max_shard_bytes) if self.rank == 0 else None
+        if writer is not None:
             path.mkdir(parents=True, exist_ok=True)
-            config = AutoConfig.for_model(**self.hf_config)
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config)
-            model.save_pretrained(path, state_dict=state, safe_serialization=True)
+        for name, tensor in iter_hf_tensors(self.shards):
+            if writer is not None:
+                writer.add(name, tensor)
+        if writer is not None:
+            from transformers import AutoConfig, GenerationConfig
+
+            writer.close()
+            AutoConfig.from_pretrained(self.model_path).save_pretrained(path)
+            try:
+                GenerationConfig.from_pretrained(self.model_path).save_pretrained(path)
+            except OSError:
+                pass  # the model has no generation_config.json
             self.tokenizer.save_pretrained(path)
         dist.barrier()
 

@@ -168,6 +168,34 @@ def build_chunks(dims: ModelDims, config: Any, layout: Layout) -> list[Any]:
     return chunks
 
 
+def keep_padding_row_frozen(chunks: list[Any], pad_token_id: int | None) -> None:
+    """Transformers' embedding is ``nn.Embedding(padding_idx=pad_token_id)``: looking up the
+    pad token gives its row no gradient (tied, the output layer's share still counts).
+    megatron's VocabParallelEmbedding has no padding_idx: zero the gradient of its output at
+    the pad token's positions, which is what padding_idx does."""
+    from megatron.core import parallel_state as ps
+
+    if pad_token_id is None:
+        return
+
+    def hook(module: Any, args: tuple[Any, ...], output: torch.Tensor) -> None:
+        ids = args[0]
+        if not output.requires_grad:
+            return
+        pad = ids == pad_token_id  # [b, s]
+        if getattr(module, "reduce_scatter_embeddings", False):  # [s / tp, b, h]: our part
+            tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+            pad = pad.t().chunk(tp, dim=0)[rank]
+        if pad.any():
+            keep = (~pad).unsqueeze(-1).to(output.dtype)
+            output.register_hook(lambda grad: grad * keep)
+
+    for chunk in chunks:
+        embedding = getattr(chunk, "embedding", None)
+        if embedding is not None:
+            embedding.word_embeddings.register_forward_hook(hook)
+
+
 # ---- where each canonical parameter lives ----------------------------------------------------
 
 
