@@ -172,7 +172,9 @@ class MegatronConfig(Strict):
     a multiple of tp * pp * ep (expert parallelism is carved out of data parallelism)."""
 
     tp: int = Field(
-        default=1, ge=1, description="Tensor-parallel size: each layer's weights split over tp ranks."
+        default=1,
+        ge=1,
+        description="Tensor-parallel size: each layer's weights split over tp ranks.",
     )
     pp: int = Field(
         default=1, ge=1, description="Pipeline-parallel size: the layers split into pp stages."

@@ -21,6 +21,7 @@ off before the objective sees the logits; replicas with fewer micro-batches run 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from roll_core.backends.train.megatron_model import (
     Layout,
     ShardMap,
     build_chunks,
+    check_layout,
     iter_hf_tensors,
     keep_padding_row_frozen,
     load_hf_weights,
@@ -189,24 +191,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         return Layout(tp=opts.tp, pp=opts.pp, ep=opts.ep, vpp=opts.vpp, sp=opts.sp, dp=dp)
 
     def _check_layout(self) -> None:
-        d, lay = self.dims, self.layout
-        stages = lay.pp * (lay.vpp or 1)
-        problems = []
-        if d.num_layers % stages:
-            problems.append(f"{d.num_layers} layers do not split into pp x vpp = {stages} stages")
-        if lay.ep > 1 and not d.moe:
-            problems.append(f"ep={lay.ep} needs a mixture-of-experts model; this one is dense")
-        if d.moe and d.num_experts % lay.ep:
-            problems.append(f"{d.num_experts} experts do not split over ep={lay.ep}")
-        for what, n in (("attention heads", d.num_heads), ("key/value heads", d.num_kv_heads)):
-            if n % lay.tp:
-                problems.append(f"{n} {what} do not split over tp={lay.tp}")
-        if problems:
-            raise ConfigError(
-                "actor_train.megatron does not fit the model: " + "; ".join(problems) + ".",
-                hint="Choose tp / pp / vpp / ep that divide the model's heads, layers and "
-                "experts.",
-            )
+        check_layout(self.dims, self.layout)
 
     def _wrap(
         self, chunks: list[Any], optim: OptimConfig, total_steps: int, dtype: torch.dtype
@@ -469,15 +454,8 @@ class MegatronTrainBackend(TorchTrainBackend):
                 ids[i, : len(s)] = torch.tensor(s)
                 attn[i, : len(s)] = 1
             nxt: list[torch.Tensor] = []
-            lengths = [len(s) for s in seqs]
-
-            def on_logits(logits: torch.Tensor, mb: Batch, dummy: bool) -> torch.Tensor:
-                last = mb.tensors["attention_mask"].sum(dim=1) - 1
-                nxt.append(logits[torch.arange(len(last)), last.to(logits.device)].argmax(-1))
-                return logits.new_zeros(())
-
             batch = Batch(tensors={"input_ids": ids, "attention_mask": attn})
-            self._run(batch, on_logits, forward_only=True)
+            self._run(batch, functools.partial(_next_tokens, nxt), forward_only=True)
             tokens = self._from_last_stage(torch.cat(nxt).cpu() if nxt else None).tolist()
             for i, tok in enumerate(tokens):
                 if done[i]:
@@ -490,7 +468,6 @@ class MegatronTrainBackend(TorchTrainBackend):
         for s, n in zip(seqs, (len(p) for p in prompts), strict=True):
             new = s[n:]
             out.append(new[: new.index(eos)] if eos in new else new)
-        del lengths
         return out
 
     # ---- weights ----------------------------------------------------------------------------
@@ -549,10 +526,8 @@ class MegatronTrainBackend(TorchTrainBackend):
 
             writer.close()
             AutoConfig.from_pretrained(self.model_path).save_pretrained(path)
-            try:
+            with contextlib.suppress(OSError):  # the model may have no generation_config.json
                 GenerationConfig.from_pretrained(self.model_path).save_pretrained(path)
-            except OSError:
-                pass  # the model has no generation_config.json
             self.tokenizer.save_pretrained(path)
         dist.barrier()
 
@@ -603,6 +578,15 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _next_tokens(
+    out: list[torch.Tensor], logits: torch.Tensor, mb: Batch, dummy: bool
+) -> torch.Tensor:
+    """Greedy next token of every row (right-padded: at its last real position)."""
+    last = mb.tensors["attention_mask"].sum(dim=1) - 1
+    out.append(logits[torch.arange(len(last)), last.to(logits.device)].argmax(-1))
+    return logits.new_zeros(())
 
 
 def _finalize(finalize: Any, model: Any, num_tokens: Any = None, **kwargs: Any) -> None:

@@ -67,9 +67,44 @@ def read_dims(model_path: str, tp: int) -> tuple[ModelDims, dict[str, Any]]:
     return dims, config
 
 
-def transformer_config(
-    dims: ModelDims, layout: Layout, dtype: torch.dtype, *, cpu: bool
-) -> Any:
+def check_layout(dims: ModelDims, layout: Layout) -> None:
+    """Refuse a layout the model cannot be split into (a recipe error: names the sizes)."""
+    stages = layout.pp * (layout.vpp or 1)
+    problems = []
+    if stages > dims.num_layers or dims.num_layers % stages:
+        problems.append(
+            f"{dims.num_layers} layers do not split into pp x vpp = {stages} pipeline stages"
+        )
+    if layout.ep > 1 and not dims.moe:
+        problems.append(f"ep={layout.ep} needs a mixture-of-experts model; this one is dense")
+    if dims.moe and (layout.ep > dims.num_experts or dims.num_experts % layout.ep):
+        problems.append(f"{dims.num_experts} experts do not split over ep={layout.ep}")
+    if dims.moe and layout.tp > 1 and not layout.sp:
+        problems.append("a mixture-of-experts model with tp > 1 needs sp: true (megatron-core)")
+    sizes = [("attention heads", dims.num_heads), ("key/value heads", dims.num_kv_heads),
+             ("MLP size", dims.moe_ffn_hidden_size if dims.moe else dims.ffn_hidden_size)]  # fmt: skip
+    problems += [
+        f"{n} {what} do not split over tp={layout.tp}" for what, n in sizes if n % layout.tp
+    ]
+    if problems:
+        raise ConfigError(
+            "actor_train.megatron does not fit the model: " + "; ".join(problems) + ".",
+            hint="Choose tp / pp / vpp / ep that divide the model's heads, MLP size, layers and "
+            "experts (the recipe's fault, not the model's).",
+        )
+
+
+def check_recipe_layout(model_path: str, megatron: Any, world_size: int) -> None:
+    """The validate-time check of an `actor_train.megatron` section against the model's
+    config.json (ep > experts, pp > layers, sizes tp does not divide)."""
+    dims, _ = read_dims(model_path, megatron.tp)
+    dp = world_size // (megatron.tp * megatron.pp)
+    layout = Layout(tp=megatron.tp, pp=megatron.pp, ep=megatron.ep, vpp=megatron.vpp,
+                    sp=megatron.sp, dp=dp)  # fmt: skip
+    check_layout(dims, layout)
+
+
+def transformer_config(dims: ModelDims, layout: Layout, dtype: torch.dtype, *, cpu: bool) -> Any:
     """megatron-core's TransformerConfig for ``dims`` under ``layout`` (fp32 or bf16 params);
     ``cpu``: the parameters are created on the CPU."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -184,7 +219,10 @@ def keep_padding_row_frozen(chunks: list[Any], pad_token_id: int | None) -> None
             return
         pad = ids == pad_token_id  # [b, s]
         if getattr(module, "reduce_scatter_embeddings", False):  # [s / tp, b, h]: our part
-            tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+            tp, rank = (
+                ps.get_tensor_model_parallel_world_size(),
+                ps.get_tensor_model_parallel_rank(),
+            )
             pad = pad.t().chunk(tp, dim=0)[rank]
         if pad.any():
             keep = (~pad).unsqueeze(-1).to(output.dtype)
@@ -245,7 +283,9 @@ class ShardMap:
             tied = key.mcore == "embedding.word_embeddings.weight" and self.dims.tied_embeddings
             if tied and copies:
                 # the last stage's copy of a tied embedding (only with PP > 1)
-                found += [p["output_layer.weight"] for p in self.params if "output_layer.weight" in p]
+                found += [
+                    p["output_layer.weight"] for p in self.params if "output_layer.weight" in p
+                ]
             return found
         if layer not in self.layers:
             return []
@@ -307,7 +347,4 @@ def iter_hf_tensors(shards: ShardMap) -> Iterator[tuple[str, torch.Tensor]]:
             continue
         parts = sorted((p for p in gathered if p is not None), key=lambda p: p[0])
         full = merge_tp([t for _, t in parts], key.tp, name=key.mcore)
-        for name, t in zip(
-            hf_names(key, layer, expert), to_hf(key, full, shards.dims), strict=True
-        ):
-            yield name, t
+        yield from zip(hf_names(key, layer, expert), to_hf(key, full, shards.dims), strict=True)
