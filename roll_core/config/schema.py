@@ -233,7 +233,7 @@ class ActorTrainConfig(Strict):
         "PyTorch FSDP2, parameters/gradients/optimizer sharded over `world_size` ranks. "
         "`deepspeed`: DeepSpeed ZeRO stage 1/2/3 (the `deepspeed` extra). `megatron`: "
         "megatron-core with tensor, pipeline, expert and data parallelism (the `megatron` "
-        "section; the `megatron` extra).",
+        "section; needs megatron-core 0.16, in the `dev` extra).",
     )
     world_size: int = Field(
         default=1,

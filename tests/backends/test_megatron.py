@@ -293,3 +293,37 @@ def test_tp_pp_ep_dp_on_eight_ranks(tmp_path: Path) -> None:
     check_layout(
         tiny_qwen3_moe(tmp_path / "moe"), {"tp": 2, "pp": 2, "ep": 2, "sp": True}, 8, tmp_path
     )
+
+
+# ---- the CLI ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_roll_sft_with_the_megatron_backend(roll, tiny_recipe, tmp_path: Path) -> None:
+    """`roll sft` on tiny-qwen3 with actor_train.backend megatron (TP=2, 2 ranks): it trains,
+    checkpoints, and `final/` is a Hugging Face model transformers loads."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    recipe = tiny_recipe(
+        trainer={"max_steps": 4, "micro_batch_size": 4, "grad_accum_steps": 1},
+        actor_train={
+            "backend": "megatron",
+            "world_size": 2,
+            "megatron": {"tp": 2, "sp": True},
+            "num_threads": 1,
+            "optim": {"lr": 3.0e-3, "warmup_steps": 1},
+        },
+        eval={"every_steps": 4, "exact_match": False},
+        checkpoint={"every_steps": 2, "keep_last": 1},
+    )
+    r = roll("sft", str(recipe), "--run-id", "megatron-00", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "runs" / "megatron-00"
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    losses = [s["train/loss"] for s in steps if "train/loss" in s]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step-000004"]
+    model = AutoModelForCausalLM.from_pretrained(run / "final")
+    assert model.config.model_type == "qwen3"

@@ -130,6 +130,14 @@ class MegatronTrainBackend(TorchTrainBackend):
                 hint="Use actor_train.backend=torch for LoRA.",
             )
         opts = megatron or MegatronConfig()
+        try:
+            import megatron.core  # noqa: F401
+        except ImportError as err:
+            raise ConfigError(
+                f"actor_train.backend is megatron but megatron-core cannot be imported ({err}).",
+                hint="pip install 'megatron-core==0.16.*' (or the project's dev extra), or pick "
+                "actor_train.backend: fsdp2 / deepspeed.",
+            ) from None
         self.rank, self.world_size = require_process_group(self.name)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
