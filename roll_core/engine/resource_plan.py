@@ -206,6 +206,14 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
             note += f", {shape.active_params / 1e9:.2f}B active (MoE)"
         ds = getattr(train, "deepspeed", None)
         fsdp = getattr(train, "fsdp2", None)
+        mg = getattr(train, "megatron", None)
+        if train.backend == "megatron":
+            tp, pp, ep = (mg.tp, mg.pp, mg.ep) if mg else (1, 1, 1)
+            note += (
+                f"; megatron tp{tp} x pp{pp} x ep{ep}, data parallel {train.world_size // (tp * pp)}"
+                + (f", {mg.vpp} virtual stages" if mg and mg.vpp else "")
+                + (", sequence parallel" if mg and mg.sp else "")
+            )
         per_role["actor_train"] = train_memory(
             shape,
             TrainMemorySpec(
@@ -217,6 +225,7 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
                 offload_param=bool(ds and ds.offload_param),
                 cpu_offload=bool(fsdp and fsdp.cpu_offload),
                 lora=train.lora is not None,
+                **({"tp": mg.tp, "pp": mg.pp, "ep": mg.ep} if mg else {}),
             ),
         )
         note += _add_activations(cfg, shape, per_role["actor_train"])
