@@ -288,7 +288,7 @@ class ActorTrainConfig(Strict):
         if self.world_size > 1 and self.backend == "torch":
             raise ValueError(
                 f"actor_train.world_size={self.world_size} needs a multi-rank backend: set "
-                "actor_train.backend to fsdp2, deepspeed or megatron (torch runs one process)"
+                "actor_train.backend to fsdp2 or deepspeed, or megatron (torch runs one process)"
             )
         for name in ("fsdp2", "deepspeed", "megatron"):
             if getattr(self, name) is not None and self.backend != name:

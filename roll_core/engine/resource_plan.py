@@ -288,6 +288,25 @@ def _ranks(rows: list[Any], *, process_groups_only: bool) -> list[tuple[str, int
     return out
 
 
+def check_megatron_layout(cfg: Any) -> None:
+    """actor_train.megatron against the model (see backends/train/megatron_model.py)."""
+    train = getattr(cfg, "actor_train", None)
+    if train is None or train.backend != "megatron":
+        return
+    from roll_core.backends.train.megatron_model import check_recipe_layout
+    from roll_core.config.schema import MegatronConfig
+    from roll_core.engine.model_sizes import model_config
+
+    config = model_config(cfg.model.path)
+    if config is not None and "model_type" not in config:  # a builtin's table entry
+        from roll_core.models.builtin import BUILTIN_PREFIX, get_builtin
+
+        if cfg.model.path.startswith(BUILTIN_PREFIX):
+            config["model_type"] = get_builtin(cfg.model.path).model_type
+    if config is not None:
+        check_recipe_layout(config, train.megatron or MegatronConfig(), train.world_size)
+
+
 def check_capacity(cfg: Any, rows: list[Any]) -> None:
     """Refuse a CPU recipe whose ranks the executor cannot place, before anything starts.
 
@@ -297,7 +316,11 @@ def check_capacity(cfg: Any, rows: list[Any]) -> None:
     together must fit in `executor.num_cpus` (or this machine's CPUs); more would wait for
     resources forever. A joined cluster (`executor.ray_address`) is checked against its
     resources when it is joined (RayExecutor). GPU recipes are placed by gpu_plan.
+
+    A `megatron` layout is checked against the model's config.json first (when it is known
+    offline): layers, experts and heads it cannot split are recipe errors here.
     """
+    check_megatron_layout(cfg)
     ex = cfg.executor
     if ex.num_gpus or any(row.device == "cuda" for row in rows):
         return

@@ -48,18 +48,20 @@ def test_megatron_options_need_the_megatron_backend() -> None:
         role(2, backend="fsdp2", tp=2)
 
 
-def moe_dir(tmp_path: Path, experts: int = 4, layers: int = 4) -> str:
-    config = json.loads(
-        (Path(resolve_model_path("builtin:tiny-qwen3")) / "config.json").read_text()
-    )
+def dense() -> dict:
+    """tiny-qwen3's config.json: Qwen3 dense, 2 layers, 4 heads, 2 key/value heads."""
+    return json.loads((Path(resolve_model_path("builtin:tiny-qwen3")) / "config.json").read_text())
+
+
+def moe(experts: int = 4, layers: int = 4) -> dict:
+    """The same as Qwen3-MoE with `experts` experts and `layers` layers."""
+    config = dense()
     config.update(
         model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=experts,
         num_experts_per_tok=2, moe_intermediate_size=32, num_hidden_layers=layers,
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
     )  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    (tmp_path / "model.safetensors").write_bytes(b"")  # HFReader needs a weights file name
-    return str(tmp_path)
+    return config
 
 
 @pytest.mark.parametrize(
@@ -72,15 +74,41 @@ def moe_dir(tmp_path: Path, experts: int = 4, layers: int = 4) -> str:
 )
 def test_dense_model_errors(layout: dict, world: int, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        check_recipe_layout(
-            resolve_model_path("builtin:tiny-qwen3"), MegatronConfig(**layout), world
-        )
+        check_recipe_layout(dense(), MegatronConfig(**layout), world)
 
 
-def test_moe_model_errors(tmp_path: Path) -> None:
-    path = moe_dir(tmp_path)
+def test_moe_model_errors() -> None:
+    path = moe()
     with pytest.raises(ConfigError, match=r"4 experts do not split over ep=8"):
         check_recipe_layout(path, MegatronConfig(ep=8), 8)
     with pytest.raises(ConfigError, match=r"tp > 1 needs sp: true"):
         check_recipe_layout(path, MegatronConfig(tp=2), 2)
     check_recipe_layout(path, MegatronConfig(tp=2, sp=True, ep=2, pp=2, vpp=2), 8)  # fits
+
+
+def test_dry_run_refuses_a_layout_the_model_cannot_take(roll, tiny_recipe) -> None:
+    """`roll sft --dry-run` (no process started): pp=4 on tiny-qwen3's 2 layers."""
+    recipe = tiny_recipe(
+        actor_train={"backend": "megatron", "world_size": 4, "megatron": {"pp": 4}},
+    )
+    r = roll("sft", str(recipe), "--dry-run")
+    assert r.returncode != 0
+    assert "2 layers do not split into pp x vpp = 4 pipeline stages" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_scale_recipe_memory() -> None:
+    """recipes/qwen3-30b-a3b-megatron-rlvr.yaml: tp 2 x pp 2 x ep 4 on 16 GPUs. Dense weights
+    split 4 ways, experts 16 ways, AdamW state (12 bytes per bf16 parameter) 16 ways."""
+    from roll_core.config import load_recipe
+    from roll_core.engine.model_sizes import model_shape
+    from roll_core.engine.resource_plan import gpu_plan
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_recipe(root / "recipes" / "qwen3-30b-a3b-megatron-rlvr.yaml", [])
+    shape = model_shape(cfg.model.path)
+    experts = shape.num_layers * shape.num_experts * 3 * shape.hidden_size
+    experts *= shape.moe_intermediate_size
+    train = gpu_plan(cfg).memory[0].roles["actor_train"]
+    assert train["params"] == pytest.approx(((shape.params - experts) / 4 + experts / 16) * 2)
+    assert train["optimizer"] == pytest.approx(shape.params * 12 / 16)

@@ -30,7 +30,7 @@ from roll_core.convert.archs import (
 from roll_core.convert.convert import _producer, hf_names, plan, to_hf
 from roll_core.convert.hf import HFReader
 from roll_core.convert.tensors import merge_tp, padded_vocab_size, split_tp
-from roll_core.errors import ConfigError
+from roll_core.errors import ConfigError, UsageError
 
 VOCAB_DIVISIBLE_BY = 128
 """Megatron-LM's default `make_vocab_size_divisible_by` (times tp): the padded vocabulary."""
@@ -94,10 +94,19 @@ def check_layout(dims: ModelDims, layout: Layout) -> None:
         )
 
 
-def check_recipe_layout(model_path: str, megatron: Any, world_size: int) -> None:
+def check_recipe_layout(config: dict[str, Any], megatron: Any, world_size: int) -> None:
     """The validate-time check of an `actor_train.megatron` section against the model's
-    config.json (ep > experts, pp > layers, sizes tp does not divide)."""
-    dims, _ = read_dims(model_path, megatron.tp)
+    config.json as a dict (ep > experts, pp > layers, sizes tp does not divide)."""
+    try:
+        spec = get_arch(str(config.get("model_type", "<missing model_type>")))
+    except UsageError as err:
+        raise ConfigError(
+            f"actor_train.backend megatron cannot build this model: {err.message}",
+            hint="Use actor_train.backend fsdp2 or deepspeed for other architectures.",
+        ) from None
+    vocab = int(config.get("vocab_size") or 0)
+    padded = padded_vocab_size(vocab, VOCAB_DIVISIBLE_BY, megatron.tp)
+    dims = dims_from_hf_config(spec, config, padded)
     dp = world_size // (megatron.tp * megatron.pp)
     layout = Layout(tp=megatron.tp, pp=megatron.pp, ep=megatron.ep, vpp=megatron.vpp,
                     sp=megatron.sp, dp=dp)  # fmt: skip
