@@ -206,7 +206,6 @@ def _coin(steps: int, latency: float) -> dict[str, Any]:
             "mode": "trajectory",
             "group_size": 4,
             "max_new_tokens": 4,
-            "chunk_size": 32,
             "step_timeout_s": 30,
         },
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},

@@ -5,12 +5,13 @@ P(k) ~ k^-1.2), so response lengths are long-tailed. The built-in tiny model get
 warm start on the task (cached under --cache), then each arm runs the real `roll train rlvr`
 CLI with the same recipe, the same number of steps and samples per step (same total
 compute: every arm trains on exactly steps x prompts x n samples), and differs only in
-`rollout.async_generation_ratio` (async arms: partial rollout, `--segment` tokens per call).
-An optional arm adds tail batching. Reads each run's metrics.jsonl and prints samples/s,
+`rollout.async_generation_ratio` (async arms: partial rollout, requests aborted at a weight
+sync and continued from their prefix). Streaming generation (the default rollout mode). Reads
+each run's metrics.jsonl and prints samples/s,
 step time, generation idle fraction, held-out accuracy (greedy, after the same number of
 samples) and the speedup over sync.
 
-    python benchmarks/rlvr_async.py [--steps 8] [--arms sync,async1,async2,async1-tail]
+    python benchmarks/rlvr_async.py [--steps 8] [--arms sync,async1,async2]
                                     [--kl-coef 0.04] [--executor ray|local] [--repeats 3]
 
 Timings are wall clock on whatever machine runs it; on a small shared CPU generation and
@@ -77,7 +78,6 @@ ARMS = {
     "sync-2t": {"threads": 2},  # sync with 2 torch threads per role (they take turns)
     "async1": {"async_generation_ratio": 1, "partial_rollout": True},
     "async2": {"async_generation_ratio": 2, "partial_rollout": True},
-    "async1-tail": {"async_generation_ratio": 1, "partial_rollout": True, "tail": True},
 }
 
 
@@ -87,15 +87,9 @@ def run_arm(name: str, model: Path, cache: Path, args: argparse.Namespace, env: 
         "prompts_per_step": args.prompts,
         "max_new_tokens": args.max_new_tokens,
         "temperature": 1.0,
-        "chunk_size": args.chunk,
-        "max_chunks_in_flight": 2,
     }
     arm = dict(ARMS[name])
     threads = arm.pop("threads", args.threads)
-    if arm.pop("tail", False):
-        arm |= {"tail_length_budget": args.segment, "tail_round_size": args.chunk}
-    if arm:
-        arm["segment_tokens"] = args.segment
     rollout |= arm
     executor: dict[str, object] = {"type": "local"}
     if args.executor == "ray":
@@ -169,8 +163,6 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=112)
-    p.add_argument("--chunk", type=int, default=16)
-    p.add_argument("--segment", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="torch threads per role")
     p.add_argument(
         "--executor",

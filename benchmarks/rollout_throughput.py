@@ -3,8 +3,9 @@
 Same model, same prompts, same sampling, in this one command:
 * direct: the infer backend's `generate` on the whole batch (n x prompts requests) at once,
   then every reward computed afterwards (a barrier between generation and rewards);
-* scheduler: RolloutScheduler over the same ActorInfer workers (chunks routed to the least
-  loaded rank, rewards scored on a thread pool as each chunk completes).
+* scheduler: RolloutScheduler in deterministic mode over the same ActorInfer workers (fixed
+  chunks routed to the least loaded rank, rewards scored on a thread pool as each chunk
+  completes). Streaming against chunked on one engine: benchmarks/rollout_engine.py.
 
 Both compute the real math-verify reward on the arithmetic data. Prints generated tokens/s
 (responses + rewards done) for each and the ratio.
@@ -86,6 +87,7 @@ def main() -> None:
             params=params,
             n=args.n,
             prompts_per_step=len(prompts),
+            deterministic=True,  # the chunked path (benchmarks/rollout_engine.py: streaming)
             chunk_size=args.chunk_size,
             max_chunks_in_flight=2,
             reward_workers=2,

@@ -122,7 +122,9 @@ def roll_arm(model: Path, seed: int, steps: int, threads: int, work: Path) -> di
             "prompts_per_step": PROMPTS,
             "max_new_tokens": NEW_TOKENS,
             "temperature": 1.0,
-            "chunk_size": PROMPTS * N,  # one generate call per step, as TRL makes
+            # one generate call per step, as TRL makes
+            "deterministic": True,
+            "chunk_size": PROMPTS * N,
             "max_chunks_in_flight": 1,
         },
         "algorithm": {

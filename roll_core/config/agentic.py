@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from roll_core.config.rlvr import RLConfig, SamplingConfig
+from roll_core.config.rlvr import RLConfig, SamplingConfig, check_chunk_keys
 from roll_core.config.schema import Strict
 
 
@@ -43,8 +43,13 @@ class AgenticRolloutConfig(SamplingConfig):
         "group_size_redundancy": "removed: it kept the first group_size episodes of a group "
         "to finish, which favours short episodes (on FrozenLake a fall ends an episode at "
         "once; it collapsed one run in three). Use rollout.redundant_groups: extra whole "
-        "groups per step, the first to finish kept (docs/agentic.md)."
+        "groups per step, the first to finish kept (docs/agentic.md).",
     }
+
+    @model_validator(mode="after")
+    def _chunk_keys(self) -> AgenticRolloutConfig:
+        check_chunk_keys(self, "rollout")
+        return self
 
     mode: Literal["trajectory", "step"] = Field(
         default="trajectory",
@@ -99,14 +104,28 @@ class AgenticRolloutConfig(SamplingConfig):
     max_concurrent_episodes: int = Field(
         default=64, ge=1, description="Episode threads running at once."
     )
+    deterministic: bool = Field(
+        default=False,
+        description="Fixed batch composition: generation requests go in fixed-batch calls of "
+        "at most chunk_size (consecutive requests, at most max_chunks_in_flight calls per "
+        "rank), the pre-streaming path; with chunk_size 1 a turn's response never depends on "
+        "what else was in flight (bit-exact `roll resume`). False (streaming): each turn is "
+        "its own request, sent to the rank that holds its episode's prefix (docs/rollout.md).",
+    )
     chunk_size: int = Field(
         default=8,
         ge=1,
-        description="Most generation requests per inference call (1: reproducible sampling "
-        "whatever the timing).",
+        description="Deterministic mode only: most requests per fixed-batch call (1: "
+        "reproducible sampling whatever the timing).",
     )
     max_chunks_in_flight: int = Field(
-        default=1, ge=1, description="Chunks queued on one inference rank at a time."
+        default=1, ge=1, description="Deterministic mode only: calls on one inference rank."
+    )
+    request_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A generation request not answered within this many seconds fails the "
+        "step, naming the inference rank.",
     )
     turn_barrier: bool = Field(
         default=False,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -92,15 +92,47 @@ class SamplingConfig(Strict):
 class RolloutConfig(SamplingConfig):
     """Sample-level rollout: replication, routing, sampling, dynamic sampling."""
 
+    removed_keys: ClassVar[dict[str, str]] = {
+        "segment_tokens": "removed: partial rollout no longer cuts responses into segments. "
+        "At a weight sync the requests in flight are aborted and continued from their partial "
+        "response under the new weights (rollout.partial_rollout: true; docs/rollout.md).",
+        "tail_length_budget": "removed with segmented generation: in streaming mode (the "
+        "default) each response leaves the engine the moment it finishes, so long responses "
+        "no longer hold short ones back (docs/rollout.md).",
+        "tail_round_size": "removed with tail batching (rollout.tail_length_budget): streaming "
+        "generation has no rounds (docs/rollout.md).",
+    }
+
     n: int = Field(default=8, ge=1, description="Samples per prompt (the group size).")
     prompts_per_step: int = Field(default=16, ge=1, description="Groups kept per training step.")
+    deterministic: bool = Field(
+        default=False,
+        description="Fixed batch composition: requests go to the inference ranks in fixed "
+        "chunks of chunk_size (in prompt order) and a rank answers a chunk when all of it is "
+        "done, so a response never depends on what else was in flight and `roll resume` "
+        "reproduces an uninterrupted run bit for bit (synchronous training). False "
+        "(streaming): each request goes on its own and its response is scored the moment it "
+        "finishes (faster; see docs/runs.md for what a resume then guarantees).",
+    )
     chunk_size: int = Field(
         default=16,
         ge=1,
-        description="Requests sent to an inference rank per call (1 = per sample).",
+        description="Deterministic mode only: requests per fixed-batch call.",
     )
     max_chunks_in_flight: int = Field(
-        default=2, ge=1, description="Chunks queued on one inference rank at a time."
+        default=2, ge=1, description="Deterministic mode only: chunks on one inference rank."
+    )
+    group_affinity: bool = Field(
+        default=False,
+        description="Streaming mode: send every sample of a group to one inference rank (the "
+        "engine's prefix cache then holds the shared prompt), unless that rank is far more "
+        "loaded than the others (docs/rollout.md).",
+    )
+    request_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="A generation request (deterministic: a chunk) not answered within this "
+        "many seconds fails the step, naming the inference rank.",
     )
     max_additional_prompts: int = Field(
         default=0,
@@ -120,51 +152,50 @@ class RolloutConfig(SamplingConfig):
     )
     partial_rollout: bool = Field(
         default=False,
-        description="Async only: a request unfinished at a weight sync continues from its "
-        "generated prefix with the new weights (its prefix keeps its behaviour log-probs; the "
-        "sample's policy_version is the oldest that generated it). False: it is aborted and "
-        "re-queued from the prompt.",
+        description="Async, streaming mode only: at a weight sync the requests in flight are "
+        "aborted and continued from their partial response with the new weights (the partial "
+        "tokens keep their behaviour log-probs and policy version; the sample's "
+        "policy_version is the oldest that generated it). False: the sync waits for them to "
+        "finish with the weights they started with.",
     )
     partial_rollout_fallback: bool = Field(
         default=False,
-        description="Async only: if the inference backend cannot continue from a prefix, fall "
-        "back to abort-and-requeue instead of failing.",
-    )
-    segment_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        description="Async only: tokens generated per backend call before a request is "
-        "continued from its prefix; a weight sync waits at most one segment. Null: "
-        "max_new_tokens (one call per response).",
-    )
-    tail_length_budget: int | None = Field(
-        default=None,
-        ge=1,
-        description="Async only, tail batching (RollPacker): a response that reaches this "
-        "many tokens unfinished is set aside and finished later in a long round with the "
-        "other set-aside ones (null: off). Needs segment_tokens <= this budget.",
-    )
-    tail_round_size: int | None = Field(
-        default=None,
-        ge=1,
-        description="Tail batching: start a long round once this many responses wait (null: "
-        "chunk_size); a long round also starts when nothing else is left to generate.",
+        description="Async only: if the inference backend cannot continue from a prefix, let "
+        "the sync wait for the requests in flight instead of failing.",
     )
 
     @model_validator(mode="after")
-    def _async_checks(self) -> RolloutConfig:
-        if self.async_generation_ratio == 0:
-            used = [
-                k
-                for k in ("partial_rollout", "segment_tokens", "tail_length_budget")
-                if getattr(self, k) not in (None, False)
-            ]
-            if used:
-                raise ValueError(
-                    f"rollout.{used[0]} only applies to async training: set "
-                    "rollout.async_generation_ratio to 1 or more, or remove it"
-                )
+    def _mode_checks(self) -> RolloutConfig:
+        if self.async_generation_ratio == 0 and self.partial_rollout:
+            raise ValueError(
+                "rollout.partial_rollout only applies to async training: set "
+                "rollout.async_generation_ratio to 1 or more, or remove it"
+            )
+        if self.deterministic and self.partial_rollout:
+            raise ValueError(
+                "rollout.partial_rollout aborts requests at a weight sync, which the fixed "
+                "batches of rollout.deterministic cannot do: turn one of them off"
+            )
+        check_chunk_keys(self, "rollout")
         return self
+
+
+def check_chunk_keys(rollout: Any, section: str) -> None:
+    """``chunk_size`` / ``max_chunks_in_flight`` changed from their defaults while
+    ``deterministic`` is off: they would not take effect (shared by the rlvr and agentic rollout
+    sections). A default value passes: the resolved config of a run (every default written
+    out, read back by `roll resume`) must validate."""
+    if rollout.deterministic:
+        return
+    for key in ("chunk_size", "max_chunks_in_flight"):
+        if getattr(rollout, key) != type(rollout).model_fields[key].default:
+            raise ValueError(
+                f"{section}.{key} only applies with {section}.deterministic: true (fixed-batch "
+                "generation). In the default streaming mode every request goes to an "
+                "inference rank on its own and the engine batches continuously "
+                f"(docs/rollout.md): remove {section}.{key}, or set {section}.deterministic: "
+                "true to keep fixed batches (bit-exact resume)"
+            )
 
 
 class RLTrainerConfig(Strict):

@@ -97,15 +97,16 @@ class GpuPlan:
 
 
 def _kv_tokens(cfg: Any, infer_ranks: int) -> int:
-    """Tokens in flight on one inference rank: min(samples per rank, chunk_size x chunks in
-    flight) sequences of prompt + response length (0 when the recipe does not say)."""
+    """Tokens in flight on one inference rank: the samples per rank (streaming: every request
+    of a step is sent at once; deterministic: at most chunk_size x chunks in flight) sequences
+    of prompt + response length (0 when the recipe does not say)."""
     r = getattr(cfg, "rollout", None)
     fields = ("n", "prompts_per_step", "chunk_size", "max_chunks_in_flight", "max_new_tokens")
     if r is None or not all(hasattr(r, f) for f in fields):
         return 0  # e.g. agentic rollouts: multi-turn lengths are not known up front
-    seqs = min(
-        r.n * r.prompts_per_step // max(1, infer_ranks), r.chunk_size * r.max_chunks_in_flight
-    )
+    seqs = r.n * r.prompts_per_step // max(1, infer_ranks)
+    if getattr(r, "deterministic", False):
+        seqs = min(seqs, r.chunk_size * r.max_chunks_in_flight)
     seq_len = getattr(getattr(cfg, "data", None), "max_prompt_length", 0) + r.max_new_tokens
     return max(1, seqs) * seq_len
 

@@ -84,6 +84,7 @@ from roll_core.rollout.agentic import (
     step_batch,
     trajectory_batch,
 )
+from roll_core.rollout.router import rollout_mode
 
 DEMO_SEED_START = 2_000_000_000  # warm-start demonstrations: neither training nor eval seeds
 WARM_START_WHAT = {"random": "random valid actions", "expert": "the env's expert actions"}
@@ -98,9 +99,7 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
     episodes = r.group_size * sum(e.groups_per_step for e in cfg.envs)
     rows = [
         roles.actor_train_row(cfg, f"{r.mode}-wise samples from {episodes} episodes/step"),
-        roles.actor_infer_row(
-            cfg, f"chunks of <= {r.chunk_size} turns, async ratio {r.async_generation_ratio}"
-        ),
+        roles.actor_infer_row(cfg, f"{rollout_mode(r)}, async ratio {r.async_generation_ratio}"),
     ]
     if cfg.algorithm.uses_reference:
         rows.append(roles.frozen_row(cfg, "reference", "Reference", "KL"))
@@ -333,8 +332,10 @@ def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
         episode_timeout_s=r.episode_timeout_s,
         max_replacements=r.group_size if r.max_replacements is None else r.max_replacements,
         max_concurrent_episodes=r.max_concurrent_episodes,
+        deterministic=r.deterministic,
         chunk_size=r.chunk_size,
         max_chunks_in_flight=r.max_chunks_in_flight,
+        request_timeout_s=r.request_timeout_s,
         async_generation_ratio=r.async_generation_ratio,
         turn_barrier=r.turn_barrier,
         seed=cfg.seed,

@@ -84,6 +84,7 @@ from roll_core.rollout.async_scheduler import (
 )
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.rewards import RewardStage
+from roll_core.rollout.router import rollout_mode
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 
 
@@ -99,7 +100,7 @@ def plan(cfg: RLVRConfig) -> list[RolePlan]:
         ),
         roles.actor_infer_row(
             cfg,
-            f"n={r.n} x {r.prompts_per_step} prompts, chunks of {r.chunk_size}; " + placement(cfg),
+            f"n={r.n} x {r.prompts_per_step} prompts, {rollout_mode(r)}; " + placement(cfg),
         ),
     ]
     if algo.uses_reference:
@@ -505,8 +506,11 @@ def _make_scheduler(
         params=params,
         n=r.n,
         prompts_per_step=r.prompts_per_step,
+        deterministic=r.deterministic,
         chunk_size=r.chunk_size,
         max_chunks_in_flight=r.max_chunks_in_flight,
+        group_affinity=r.group_affinity,
+        request_timeout_s=r.request_timeout_s,
         dynamic_sampling=cfg.algorithm.dynamic_sampling,
         max_additional_prompts=r.max_additional_prompts,
         reward_workers=r.reward_workers,
@@ -515,12 +519,6 @@ def _make_scheduler(
     if r.async_generation_ratio == 0:
         return RolloutScheduler(**common)
     prefix = cfg.actor_infer.backend in PREFIX_CONTINUATION_BACKENDS
-    if not prefix and (r.segment_tokens or r.tail_length_budget):
-        raise ConfigError(
-            f"rollout.segment_tokens / tail_length_budget continue responses from their "
-            f"prefix, which actor_infer.backend={cfg.actor_infer.backend!r} cannot do.",
-            hint="Remove them, or use a backend that continues from a prefix (hf).",
-        )
     return AsyncRolloutScheduler(
         **common,
         async_generation_ratio=r.async_generation_ratio,
@@ -530,9 +528,6 @@ def _make_scheduler(
             partial_rollout=r.partial_rollout,
             allow_fallback=r.partial_rollout_fallback,
         ),
-        segment_tokens=r.segment_tokens,
-        tail_length_budget=r.tail_length_budget,
-        tail_round_size=r.tail_round_size,
     )
 
 

@@ -271,6 +271,8 @@ def build_rl_roles(
                         seed=cfg.seed,
                         train_precision=cfg.actor_train.precision,
                         sleep_mode=sleep_mode,
+                        # fixed batches (vllm.LLM) where a resume must be bit-exact
+                        serving="batch" if cfg.rollout.deterministic else "request",
                     ),
                 ),
             },

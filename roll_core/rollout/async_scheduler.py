@@ -2,8 +2,8 @@
 trainer trains.
 
 A background producer thread runs the same sample-level machinery as the synchronous
-scheduler (prompt replication, chunked least-loaded routing, rewards on a thread pool as
-responses finish, dynamic sampling) without a per-step barrier: it keeps pulling prompts and
+scheduler (prompt replication, requests through the rollout router, each response scored the
+moment it finishes, dynamic sampling) without a per-step barrier: it keeps pulling prompts and
 puts every complete group into a :class:`~roll_core.rollout.buffer.FreshnessBuffer`. The
 trainer's :meth:`AsyncRolloutScheduler.next_batch` takes ``prompts_per_step`` groups from the
 buffer, which only hands out groups generated at most ``async_generation_ratio`` policy
@@ -15,30 +15,24 @@ versions before the one being trained (see ``buffer.py`` for the exact bound).
   prompts_per_step``. A group started under version ``v`` is then normally trained by step
   ``v + ratio`` at the latest, so it is fresh when taken; only a group that finishes late
   (its long-tail sample) can still go stale and be dropped.
-* Segments: a request is generated ``segment_tokens`` tokens per backend call and continued
-  from its prefix (``Request.prefix_ids``) until it stops or reaches ``max_new_tokens``. The
-  segment is the granularity of a weight sync.
-* Weight sync (:meth:`sync`): suspend (no new calls; wait for the calls in flight, each at
-  most one segment) -> update weights -> resume. Requests left unfinished at the sync are,
-  by recipe choice, continued from their prefix with the new weights (``partial_rollout``:
-  the prefix keeps its behaviour log-probs, the sample records the oldest and newest version
-  that generated it, and its ``policy_version`` is the oldest) or aborted and re-queued from
-  the prompt (the default; their tokens are discarded and counted).
+* Weight sync (:meth:`sync`): suspend -> update weights -> resume. With ``partial_rollout``
+  (streaming mode) the suspend *aborts* the requests in flight: each keeps its partial response
+  (tokens, behaviour log-probs, and the policy version of every token), and after the sync it
+  is re-submitted with ``Request.prefix_ids`` = those tokens, so the engine continues it under
+  the new weights. The sample's ``policy_version`` is the oldest version of any of its tokens,
+  ``token_versions`` has one version per token and ``timing["max_policy_version"]`` the
+  newest. Without it (and in deterministic mode) the suspend waits for the requests in flight
+  to finish with the weights they started with.
 * Staleness is counted in weight syncs, not in version labels: the weights the producer
   starts with are update ``start_version``, and each :meth:`sync` is one more update, whatever
   label the pipeline gives it. The buffer's bound and histogram use these counts, so a
   labelling that skips a number (the RLVR loop tags the initial weights ``0`` and those after
   its first step ``2``) does not make on-policy groups look one version older and drop them.
-* Tail batching (RollPacker, arXiv 2509.21009, optional): a response that reaches
-  ``tail_length_budget`` tokens unfinished is set aside; set-aside responses are continued
-  together in a long round once ``tail_round_size`` of them wait (or when nothing else is
-  left to generate), so short rounds do not wait on the long tail. Departure: RollPacker
-  decides the short/long split per prompt with speculative over-provisioning; here it is per
-  response, by a token budget.
 * Checkpoints: :meth:`state_dict` records the prompts of groups not yet handed to the trainer
   (open or buffered); after a resume those prompts are regenerated first, with the restored
   weights, then the prompt stream continues. Async runs are not bit-reproducible across a
-  resume (which group finishes first depends on timing); synchronous runs are.
+  resume (which group finishes first depends on timing); synchronous runs in deterministic
+  mode are (docs/runs.md).
 """
 
 from __future__ import annotations
@@ -47,12 +41,13 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.errors import ConfigError, DataError
 from roll_core.rollout.buffer import BufferClosed, FreshnessBuffer
+from roll_core.rollout.router import Router
 from roll_core.rollout.scheduler import Prompt, RewardFn, RolloutResult, Sample, _result
 
 
@@ -63,14 +58,14 @@ def group_version(group: list[Sample]) -> int:
 
 @dataclass
 class _Job:
-    """One request being generated, possibly over several segments and weight versions."""
+    """One request being generated, possibly continued across weight syncs (partial rollout)."""
 
     uid: int
     group: int
     prompt: Prompt
     response_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
     calls: int = 0
     timing: dict[str, float] = field(default_factory=dict)
 
@@ -155,20 +150,24 @@ class AsyncRolloutScheduler:
         n: int,
         prompts_per_step: int,
         async_generation_ratio: int,
+        deterministic: bool = False,
         chunk_size: int = 16,
         max_chunks_in_flight: int = 2,
+        group_affinity: bool = False,
+        request_timeout_s: float = 1800.0,
         dynamic_sampling: bool = False,
         max_additional_prompts: int = 0,
         reward_workers: int = 4,
         seed: int = 0,
         partial_rollout: bool = False,
-        segment_tokens: int | None = None,
-        tail_length_budget: int | None = None,
-        tail_round_size: int | None = None,
         start_version: int = 0,
     ) -> None:
+        """``chunk_size`` / ``max_chunks_in_flight``: deterministic mode only;
+        ``partial_rollout``: streaming mode only (a fixed-batch call cannot be aborted)."""
         if async_generation_ratio < 1:
             raise ValueError("AsyncRolloutScheduler needs async_generation_ratio >= 1")
+        if partial_rollout and deterministic:
+            raise ValueError("partial rollout aborts requests: not in deterministic mode")
         self.infer = infer
         self.prompts = prompts
         self.reward_fn = reward_fn
@@ -176,15 +175,20 @@ class AsyncRolloutScheduler:
         self.n = n
         self.prompts_per_step = prompts_per_step
         self.ratio = async_generation_ratio
+        self.deterministic = deterministic
         self.chunk_size = chunk_size
-        self.max_chunks_in_flight = max_chunks_in_flight
+        self.group_affinity = group_affinity
         self.dynamic_sampling = dynamic_sampling
         self.max_additional_prompts = max_additional_prompts
         self.seed = seed
         self.partial_rollout = partial_rollout
-        self.segment = min(segment_tokens or params.max_new_tokens, params.max_new_tokens)
-        self.tail_budget = tail_length_budget
-        self.tail_round_size = tail_round_size or chunk_size
+        self.router = Router(
+            infer,
+            deterministic=deterministic,
+            chunk_size=chunk_size,
+            max_chunks_in_flight=max_chunks_in_flight,
+            request_timeout_s=request_timeout_s,
+        )
         self.rewards = ThreadPoolExecutor(max_workers=reward_workers, thread_name_prefix="reward")
         self.buffer: FreshnessBuffer[list[Sample]] = FreshnessBuffer(
             async_generation_ratio, version_of=self._group_updates, current_version=start_version
@@ -199,10 +203,8 @@ class AsyncRolloutScheduler:
         self._open: dict[int, list[Sample]] = {}  # group -> scored samples so far
         self._open_prompts: dict[int, Prompt] = {}
         self._queue: deque[_Job] = deque()
-        self._tail: list[_Job] = []
+        self._parked: list[_Job] = []  # aborted at a sync, continued after it
         self._futures: dict[Future, tuple[str, Any]] = {}
-        self._in_flight = [0] * infer.world_size
-        self._chunks = [0] * infer.world_size
         self._suspend = False
         self._stop = False
         self._drained = threading.Event()
@@ -260,28 +262,29 @@ class AsyncRolloutScheduler:
         return out
 
     def suspend(self) -> None:
-        """Stop dispatching and wait until no generation call is in flight."""
+        """Stop sending requests and return once none is in flight: with partial rollout the
+        ones in flight are aborted (kept as partial responses), else they finish."""
         self.start()
         with self._cond:
             self._suspend = True
             self._drained.clear()
+            in_flight = [job.uid for kind, job in self._futures.values() if kind == "gen"]
             self._cond.notify_all()
+        if self.partial_rollout:
+            self.router.abort(in_flight)
+            self._c["aborted"] += len(in_flight)
         while not self._drained.wait(0.25):
             self._raise_if_failed()
 
     def resume(self, version: int) -> None:
-        """Resume generating with the weights of ``version``: unfinished requests continue from
-        their prefix (partial rollout) or restart from their prompt (abort and re-queue)."""
+        """Resume generating with the weights of ``version``: requests aborted at the suspend
+        continue from their partial response (partial rollout), first."""
         with self._cond:
-            for job in list(self._queue) + self._tail:
-                if not job.response_ids:
-                    continue
-                if self.partial_rollout:
+            for job in self._parked:
+                if job.response_ids:
                     self._c["partial_continued"] += 1
-                else:
-                    self._c["aborted"] += 1
-                    self._c["aborted_tokens"] += len(job.response_ids)
-                    job.response_ids, job.log_probs, job.versions = [], [], []
+            self._queue.extendleft(reversed(self._parked))
+            self._parked = []
             self._updates += 1
             self._update_of[version] = self._updates  # before any call with these weights
             self._suspend = False
@@ -293,6 +296,7 @@ class AsyncRolloutScheduler:
             self._stop = True
             self._cond.notify_all()
         self.buffer.close()
+        self.router.close()
         if self._thread is not None:
             self._thread.join(timeout=60)
         self.rewards.shutdown(wait=True, cancel_futures=True)
@@ -334,7 +338,7 @@ class AsyncRolloutScheduler:
                     for future in done:
                         kind, payload = self._futures.pop(future)
                         if kind == "gen":
-                            self._on_generated(future, *payload)
+                            self._on_generated(future, payload)
                         else:
                             self._on_scored(_result(future))
         except BaseException as err:  # surfaced to the trainer by next_batch / suspend
@@ -376,89 +380,59 @@ class AsyncRolloutScheduler:
                 self._uid += 1
                 self._queue.append(_Job(self._uid, group, prompt))
 
+    def _request(self, job: _Job) -> tuple[Request, SamplingParams]:
+        """The request that continues ``job`` (from its prefix, with the tokens left)."""
+        request = Request(
+            job.uid,
+            job.prompt.prompt_ids,
+            hash((self.seed, job.uid, job.calls)) % 2**31,
+            prefix_ids=list(job.response_ids),
+            vision=job.prompt.vision,
+        )
+        room = self.params.max_new_tokens - len(job.response_ids)
+        return request, replace(self.params, max_new_tokens=room)
+
     def _dispatch(self) -> None:
-        if not self._queue and self._tail and not self._gen_in_flight():
-            self._long_round()  # nothing else to generate: finish the long tail now
-        while self._queue:
-            free = [
-                r for r in range(len(self._chunks)) if self._chunks[r] < self.max_chunks_in_flight
-            ]
-            if not free:
-                return
-            rank = min(free, key=lambda r: (self._in_flight[r], r))  # least loaded
-            jobs = [self._queue.popleft() for _ in range(min(self.chunk_size, len(self._queue)))]
-            requests = [
-                Request(
-                    j.uid,
-                    j.prompt.prompt_ids,
-                    hash((self.seed, j.uid, j.calls)) % 2**31,
-                    prefix_ids=list(j.response_ids),
-                    vision=j.prompt.vision,
-                )
-                for j in jobs
-            ]
-            params = SamplingParams(
-                max_new_tokens=self.segment,
-                temperature=self.params.temperature,
-                top_p=self.params.top_p,
-                top_k=self.params.top_k,
-                stop=self.params.stop,
-            )
-            if not self._gen_in_flight():
-                self._active_since = time.perf_counter()
-            future = self.infer.submit(rank, "generate", requests, params)
-            self._futures[future] = ("gen", (rank, jobs))
-            self._in_flight[rank] += len(jobs)
-            self._chunks[rank] += 1
-
-    def _gen_in_flight(self) -> bool:
-        return any(self._chunks)
-
-    def _long_round(self) -> None:
-        self._c["long_rounds"] += 1
-        self._c["long_round_requests"] += len(self._tail)
-        self._queue.extendleft(reversed(self._tail))
-        self._tail = []
-
-    def _on_generated(self, future: Future, rank: int, jobs: list[_Job]) -> None:
-        completions: list[Completion] = _result(future)
-        self._in_flight[rank] -= len(jobs)
-        self._chunks[rank] -= 1
-        if not self._gen_in_flight():
-            self._c["gen_active_s"] += time.perf_counter() - self._active_since
-        by_id = {c.request_id: c for c in completions}
-        lengths: list[int] = [len(c.response_ids) for c in completions]
-        longest = max(lengths, default=0)
-        if longest:
-            self._c["gen_rows"] += len(lengths)
-            self._c["gen_row_tokens"] += sum(lengths)
-            self._c["gen_row_capacity"] += len(lengths) * longest
-        continued: list[_Job] = []
+        """Send every queued request (the engines batch them; admission control bounds how
+        many there are). Deterministic: in fixed chunks of chunk_size, in queue order."""
+        jobs, self._queue = list(self._queue), deque()
+        if not jobs:
+            return
+        submitted = time.time()
+        if self.deterministic:
+            for i in range(0, len(jobs), self.chunk_size):
+                chunk = jobs[i : i + self.chunk_size]
+                calls = [self._request(j) for j in chunk]
+                futures = self.router.submit_batch([r for r, _ in calls], calls[0][1])
+                self._track(chunk, futures, submitted)
+            return
+        futures = []
         for job in jobs:
-            c = by_id[job.uid]
-            room = self.params.max_new_tokens - len(job.response_ids)
-            new_ids, new_lp = c.response_ids[:room], c.log_probs[:room]
-            job.response_ids += new_ids
-            job.log_probs += new_lp
-            job.versions.append(c.policy_version)
-            job.calls += 1
-            job.timing.setdefault("gen_start", c.timing.get("gen_start", time.time()))
-            job.timing["gen_end"] = c.timing.get("gen_end", time.time())
-            full = len(job.response_ids) >= self.params.max_new_tokens
-            if c.finish_reason == "stop" and len(new_ids) == len(c.response_ids):
-                self._finish(job, "stop")
-            elif full:
-                self._finish(job, "length")
-            elif self.tail_budget is not None and len(job.response_ids) >= self.tail_budget:
-                self._tail.append(job)
-                self._c["tail_set_aside"] += 1
-            else:
-                continued.append(job)
-        self._queue.extendleft(reversed(continued))  # unfinished requests go first
-        if len(self._tail) >= self.tail_round_size:
-            self._long_round()
+            request, params = self._request(job)
+            session = job.group if self.group_affinity else None
+            futures.append(self.router.submit(request, params, session=session))
+        self._track(jobs, futures, submitted)
 
-    def _finish(self, job: _Job, reason: str) -> None:
+    def _track(self, jobs: list[_Job], futures: list[Future], submitted: float) -> None:
+        for job, future in zip(jobs, futures, strict=True):
+            job.calls += 1
+            job.timing.setdefault("gen_start", submitted)
+            self._futures[future] = ("gen", job)
+
+    def _on_generated(self, future: Future, job: _Job) -> None:
+        c: Completion = _result(future)
+        job.response_ids += c.response_ids
+        job.log_probs += c.log_probs
+        job.token_versions += [c.policy_version] * len(c.response_ids)
+        job.timing["gen_end"] = c.timing.get("gen_end", time.time())
+        if c.finish_reason == "abort":
+            self._parked.append(job)  # continued after the sync, from its prefix
+        elif not job.token_versions:  # an empty response: as old as the call's weights
+            self._finish(job, c.finish_reason, c.policy_version)
+        else:
+            self._finish(job, c.finish_reason, min(job.token_versions))
+
+    def _finish(self, job: _Job, reason: str, version: int) -> None:
         sample = Sample(
             uid=job.uid,
             group=job.group,
@@ -466,11 +440,12 @@ class AsyncRolloutScheduler:
             response_ids=job.response_ids,
             log_probs=job.log_probs,
             finish_reason=reason,
-            policy_version=min(job.versions),
+            policy_version=version,
+            token_versions=job.token_versions,
             timing=dict(job.timing),
         )
-        sample.timing["max_policy_version"] = float(max(job.versions))
-        if len(set(job.versions)) > 1:
+        sample.timing["max_policy_version"] = float(max(job.token_versions, default=version))
+        if len(set(job.token_versions)) > 1:
             self._c["partial_samples"] += 1
         self._c["samples"] += 1
         self._futures[self.rewards.submit(self._score, sample)] = ("reward", sample)
@@ -489,6 +464,8 @@ class AsyncRolloutScheduler:
             return
         del self._open[sample.group]
         del self._open_prompts[sample.group]
+        if self.group_affinity:
+            self.router.release(sample.group)
         rewards = [x.reward for x in group]
         if self.dynamic_sampling and max(rewards) == min(rewards):
             self._c["groups_dropped"] += 1
@@ -498,38 +475,29 @@ class AsyncRolloutScheduler:
 
     # ---- metrics ----------------------------------------------------------------------------
     def _reset_counters(self) -> None:
-        keys = (
-            "samples", "groups_dropped", "aborted", "aborted_tokens", "partial_continued",
-            "partial_samples", "tail_set_aside", "long_rounds", "long_round_requests",
-            "gen_active_s", "reward_s", "gen_rows", "gen_row_tokens", "gen_row_capacity",
-        )  # fmt: skip
+        keys = ("samples", "groups_dropped", "aborted", "partial_continued", "partial_samples",
+                "reward_s")  # fmt: skip
         self._c: dict[str, float] = dict.fromkeys(keys, 0.0)
         self._since = time.perf_counter()
-        self._active_since = self._since
+        self._router0 = dict(self.router.stats) | {"active_s": self.router.active_seconds()}
 
     def _step_metrics(self) -> dict[str, float]:
         """Counters since the previous ``next_batch`` (call under ``self._cond``)."""
         now = time.perf_counter()
         c = dict(self._c)
-        if self._gen_in_flight():  # count the running call's share up to now
-            c["gen_active_s"] += now - self._active_since
-            self._active_since = now
         wall = max(1e-9, now - self._since)
+        active = self.router.active_seconds() - self._router0["active_s"]
         out = {
             "rollout/samples_generated": c["samples"],
             "rollout/groups_dropped": c["groups_dropped"],
             "rollout/wall_s": wall,
             "rollout/reward_s": c["reward_s"],
-            "rollout/gen_active_s": c["gen_active_s"],
-            "rollout/gen_idle_fraction": max(0.0, 1.0 - c["gen_active_s"] / wall),
-            "rollout/gen_wait_slowest_share": 1.0
-            - c["gen_row_tokens"] / max(1.0, c["gen_row_capacity"]),
+            "rollout/gen_active_s": active,
+            "rollout/gen_idle_fraction": max(0.0, 1.0 - active / wall),
+            "rollout/gen_calls": self.router.stats["calls"] - self._router0["calls"],
             "async/aborted_requests": c["aborted"],
-            "async/aborted_tokens": c["aborted_tokens"],
             "async/partial_continued": c["partial_continued"],
             "async/partial_samples": c["partial_samples"],
-            "async/tail_set_aside": c["tail_set_aside"],
-            "async/long_rounds": c["long_rounds"],
         }
         out |= self.buffer.metrics("async/")
         self._reset_counters()

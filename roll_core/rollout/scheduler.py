@@ -1,18 +1,22 @@
 """The sample-level RLVR rollout scheduler.
 
-* Prompt replication: every prompt becomes `n` independent requests (one per sample).
-* Requests go out in chunks of `chunk_size` to the least-loaded inference rank (fewest
-  requests in flight); a rank never holds more than `max_chunks_in_flight` chunks.
-* Queue scheduling: as soon as a chunk's responses come back their rewards start on a thread
-  pool while the ranks keep generating; a group is complete when its n samples are scored.
+* Prompt replication: every prompt becomes `n` independent requests (one per sample), each with
+  its own seed.
+* Requests go through the rollout router (:mod:`roll_core.rollout.router`): in streaming mode
+  (the default) each request on its own to the least-loaded inference rank, answered the moment
+  it finishes (optionally every sample of a group on one rank: ``group_affinity``); in
+  deterministic mode (``rollout.deterministic``) in fixed chunks of ``chunk_size`` requests in
+  pull order, at most ``max_chunks_in_flight`` per rank.
+* Queue scheduling: each response is scored on a thread pool the moment it comes back while
+  the ranks keep generating; a group is complete when its n samples are scored.
 * Dynamic sampling: a group whose rewards have zero variance is dropped and another prompt is
   pulled (at most `max_additional_prompts` per step) until `prompts_per_step` groups are kept.
 * Every sample records the policy version of the weights that generated it.
 * This is the synchronous scheduler (``rollout.async_generation_ratio = 0``); the async one,
   which keeps generating while the trainer trains, is ``rollout/async_scheduler.py``.
 
-The scheduler does not know Ray: it talks to a Cluster of ActorInfer workers through
-`cluster.submit(rank, ...)` futures, which both executors provide.
+The scheduler does not know Ray: it talks to a Cluster of ActorInfer workers through the
+router's futures, which both executors provide.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.data.vision import VisionInputs
 from roll_core.errors import RollError
+from roll_core.rollout.router import Router
 
 
 @dataclass
@@ -53,8 +58,11 @@ class Sample:
     reward: float = 0.0
     reward_info: dict[str, Any] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
-    """Wall-clock stamps (gen_start/end, reward_start/end); async partial rollouts also record
+    """Wall-clock stamps (gen_start/end, reward_start/end); async rollouts also record
     ``max_policy_version`` here (``policy_version`` is then the oldest version)."""
+    token_versions: list[int] = field(default_factory=list)
+    """Async rollouts: the policy version of every response token (partial rollout continues a
+    response across weight syncs, so they can differ); empty when not recorded."""
 
 
 RewardFn = Callable[[Sample], tuple[float, dict[str, Any]]]
@@ -90,28 +98,41 @@ class RolloutScheduler:
         params: SamplingParams,
         n: int,
         prompts_per_step: int,
+        deterministic: bool = False,
         chunk_size: int = 16,
         max_chunks_in_flight: int = 2,
+        group_affinity: bool = False,
+        request_timeout_s: float = 1800.0,
         dynamic_sampling: bool = False,
         max_additional_prompts: int = 0,
         reward_workers: int = 4,
         seed: int = 0,
     ) -> None:
+        """``chunk_size`` / ``max_chunks_in_flight``: deterministic mode only."""
         self.infer = infer
         self.prompts = prompts
         self.reward_fn = reward_fn
         self.params = params
         self.n = n
         self.prompts_per_step = prompts_per_step
+        self.deterministic = deterministic
         self.chunk_size = chunk_size
-        self.max_chunks_in_flight = max_chunks_in_flight
+        self.group_affinity = group_affinity
         self.dynamic_sampling = dynamic_sampling
         self.max_additional_prompts = max_additional_prompts
         self.seed = seed
+        self.router = Router(
+            infer,
+            deterministic=deterministic,
+            chunk_size=chunk_size,
+            max_chunks_in_flight=max_chunks_in_flight,
+            request_timeout_s=request_timeout_s,
+        )
         self.rewards = ThreadPoolExecutor(max_workers=reward_workers, thread_name_prefix="reward")
         self._uid = 0
 
     def close(self) -> None:
+        self.router.close()
         self.rewards.shutdown(wait=True, cancel_futures=True)
 
     def next_batch(self, step: int) -> RolloutResult:
@@ -124,6 +145,12 @@ class RolloutScheduler:
     def sync(self, update: Callable[[], dict[str, float]], version: int) -> dict[str, float]:
         """Run the weight sync ``update()`` (nothing to suspend); returns its metrics."""
         return update()
+
+    def suspend(self) -> None:
+        """Nothing to do: between steps nothing is generating."""
+
+    def resume(self, version: int) -> None:
+        """Nothing to do (see :meth:`suspend`)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Empty: every group of a step is trained on in that step (the prompt position is
@@ -140,27 +167,23 @@ class _StepRun:
     def __init__(self, sched: RolloutScheduler, step: int) -> None:
         self.s = sched
         self.step = step
-        self.queue: list[tuple[Request, Prompt, int]] = []
         self.pending_rewards = 0
         self.groups: dict[int, list[Sample]] = {}
         self.kept: list[tuple[int, list[Sample]]] = []
-        self.in_flight = [0] * sched.infer.world_size  # requests per rank
-        self.chunks = [0] * sched.infer.world_size
         self.futures: dict[Future, tuple[str, Any]] = {}
         self.pulled = 0
         self.extra = 0
         self.dropped = 0
         self.samples = 0
-        self.gen_busy_s = 0.0
-        self.wait_slowest_s = 0.0
         self.reward_s = 0.0
         self.reward_starts: list[float] = []
         self.gen_ends: list[float] = []
-        self.gen_active_s = 0.0  # time with at least one generation call in flight
-        self.active_since = 0.0
+        self.router0 = dict(sched.router.stats)
 
     # ---- prompts and requests -------------------------------------------------------------
     def _pull_prompt(self) -> bool:
+        """Pull one prompt and send its n requests (deterministic: in chunks of chunk_size, in
+        pull order)."""
         try:
             prompt = next(self.s.prompts)
         except StopIteration:
@@ -168,65 +191,44 @@ class _StepRun:
         group = self.pulled
         self.pulled += 1
         self.groups[group] = []
+        requests = []
         for k in range(self.s.n):
             self.s._uid += 1
             seed = hash((self.s.seed, self.step, group, k)) % 2**31
-            self.queue.append(
-                (Request(self.s._uid, prompt.prompt_ids, seed, vision=prompt.vision), prompt, group)
-            )
+            requests.append(Request(self.s._uid, prompt.prompt_ids, seed, vision=prompt.vision))
+        router, params = self.s.router, self.s.params
+        if self.s.deterministic:
+            size = self.s.chunk_size
+            futures = []
+            for i in range(0, len(requests), size):
+                futures += router.submit_batch(requests[i : i + size], params)
+        else:
+            session = (self.step, group) if self.s.group_affinity else None
+            futures = [router.submit(r, params, session=session) for r in requests]
+        submitted = time.time()
+        for request, future in zip(requests, futures, strict=True):
+            self.futures[future] = ("gen", (request, prompt, group, submitted))
         return True
 
-    def _dispatch(self) -> None:
-        while self.queue:
-            free = [
-                r
-                for r in range(len(self.in_flight))
-                if self.chunks[r] < self.s.max_chunks_in_flight
-            ]
-            if not free:
-                return
-            rank = min(free, key=lambda r: (self.in_flight[r], r))  # least loaded
-            chunk, self.queue = self.queue[: self.s.chunk_size], self.queue[self.s.chunk_size :]
-            requests = [c[0] for c in chunk]
-            if not any(self.chunks):
-                self.active_since = time.perf_counter()
-            future = self.s.infer.submit(rank, "generate", requests, self.s.params)
-            self.futures[future] = ("gen", (rank, chunk, time.time()))
-            self.in_flight[rank] += len(chunk)
-            self.chunks[rank] += 1
-
     # ---- completions --------------------------------------------------------------------------
-    def _on_generated(self, future: Future, rank: int, chunk: list, submitted: float) -> None:
-        completions: list[Completion] = _result(future)
-        self.in_flight[rank] -= len(chunk)
-        self.chunks[rank] -= 1
-        if not any(self.chunks):
-            self.gen_active_s += time.perf_counter() - self.active_since
-        by_id = {c.request_id: c for c in completions}
-        ends = [c.timing.get("gen_end", time.time()) for c in completions]
-        self.gen_ends.extend(ends)
-        if completions:
-            busy = max(ends) - min(c.timing.get("gen_start", submitted) for c in completions)
-            lengths = [len(c.response_ids) for c in completions]
-            self.gen_busy_s += busy
-            # a batched call runs until its longest response ends: the rest of the rows wait
-            if max(lengths):
-                self.wait_slowest_s += busy * (1 - sum(lengths) / (len(lengths) * max(lengths)))
-        for request, prompt, group in chunk:
-            c = by_id[request.request_id]
-            sample = Sample(
-                uid=request.request_id,
-                group=group,
-                prompt=prompt,
-                response_ids=c.response_ids,
-                log_probs=c.log_probs,
-                finish_reason=c.finish_reason,
-                policy_version=c.policy_version,
-                timing=dict(c.timing),
-            )
-            self.samples += 1
-            self.pending_rewards += 1
-            self.futures[self.s.rewards.submit(self._score, sample)] = ("reward", sample)
+    def _on_generated(
+        self, future: Future, request: Request, prompt: Prompt, group: int, submitted: float
+    ) -> None:
+        c: Completion = _result(future)
+        self.gen_ends.append(c.timing.get("gen_end", time.time()))
+        sample = Sample(
+            uid=request.request_id,
+            group=group,
+            prompt=prompt,
+            response_ids=c.response_ids,
+            log_probs=c.log_probs,
+            finish_reason=c.finish_reason,
+            policy_version=c.policy_version,
+            timing={"gen_start": submitted, **c.timing},
+        )
+        self.samples += 1
+        self.pending_rewards += 1
+        self.futures[self.s.rewards.submit(self._score, sample)] = ("reward", sample)
 
     def _score(self, sample: Sample) -> Sample:
         sample.timing["reward_start"] = time.time()
@@ -242,6 +244,8 @@ class _StepRun:
         group.append(sample)
         if len(group) < self.s.n:
             return
+        if self.s.group_affinity:
+            self.s.router.release((self.step, sample.group))
         rewards = [x.reward for x in group]
         if self.s.dynamic_sampling and max(rewards) == min(rewards):
             self.dropped += 1
@@ -256,7 +260,6 @@ class _StepRun:
         for _ in range(self.s.prompts_per_step):
             if not self._pull_prompt():
                 break
-        self._dispatch()
         while self.futures:
             done, _ = wait(list(self.futures), return_when=FIRST_COMPLETED)
             for future in done:
@@ -265,13 +268,13 @@ class _StepRun:
                     self._on_generated(future, *payload)
                 else:
                     self._on_scored(_result(future))
-            self._dispatch()
         # Keep groups in prompt order (not completion order) so a step is reproducible.
         kept = [g for _, g in sorted(self.kept, key=lambda kg: kg[0])][: self.s.prompts_per_step]
         return RolloutResult(groups=kept, metrics=self._metrics(kept, time.time() - start))
 
     def _metrics(self, kept: list[list[Sample]], wall: float) -> dict[str, float]:
         overlap = sum(1 for t in self.reward_starts if self.gen_ends and t < max(self.gen_ends))
+        stats = self.s.router.stats
         return {
             "rollout/groups_kept": float(len(kept)),
             "rollout/groups_dropped": float(self.dropped),
@@ -280,6 +283,6 @@ class _StepRun:
             "rollout/wall_s": wall,
             "rollout/reward_s": self.reward_s,
             "rollout/rewards_before_last_gen": float(overlap),
-            "rollout/gen_wait_slowest_share": self.wait_slowest_s / max(1e-9, self.gen_busy_s),
-            "rollout/gen_active_s": self.gen_active_s,
+            "rollout/gen_active_s": stats["active_s"] - self.router0["active_s"],
+            "rollout/gen_calls": stats["calls"] - self.router0["calls"],
         }

@@ -31,7 +31,7 @@ def test_rlvr_with_vllm_keeps_sampler_and_trainer_in_sync(roll, tmp_path: Path) 
             "eval": {"path": str(ROOT / "data/tiny-arith/test.jsonl"), "max_rows": 8},
             "max_prompt_length": 64,
         },
-        "rollout": {"n": 4, "prompts_per_step": 4, "max_new_tokens": 6, "chunk_size": 16},
+        "rollout": {"n": 4, "prompts_per_step": 4, "max_new_tokens": 6},
         "algorithm": {"preset": "grpo"},
         # a reward that random responses meet about half the time, so the groups have variance
         # and every step really changes the weights the engine must follow

@@ -74,7 +74,7 @@ def test_the_size_the_engine_derived_is_checked_after_it_starts(tmp_path, monkey
     monkeypatch.setattr(vb, "import_vllm", lambda: types.SimpleNamespace(LLM=FakeLLM))
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match="head size vLLM derived from the model's config: 16"):
-        vb.VLLMInferBackend(model_path=str(tmp_path))
+        vb.VLLMInferBackend(model_path=str(tmp_path), serving="batch")
     assert closed == [True]
 
 

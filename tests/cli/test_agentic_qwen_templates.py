@@ -34,7 +34,7 @@ def recipe(tmp_path: Path, model: Path, **rollout: object) -> Path:
                 "eval_episodes": 1,
             }
         ],
-        "rollout": {"group_size": 2, "max_new_tokens": 4, "chunk_size": 4, **rollout},
+        "rollout": {"group_size": 2, "max_new_tokens": 4, **rollout},
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
         "trainer": {"max_steps": 1, "micro_batch_size": 4},
         "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},

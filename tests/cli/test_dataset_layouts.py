@@ -46,7 +46,7 @@ def recipe(tmp_path: Path, train: Path, eval_path: Path | None = None, **section
         "runs_dir": str(tmp_path / "runs"),
         "model": {"path": "builtin:tiny-qwen3"},
         "data": data,
-        "rollout": {"n": 2, "prompts_per_step": 4, "max_new_tokens": 4, "chunk_size": 8},
+        "rollout": {"n": 2, "prompts_per_step": 4, "max_new_tokens": 4},
         "algorithm": {"preset": "grpo"},
         "trainer": {"max_steps": 1, "micro_batch_size": 8},
         "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},

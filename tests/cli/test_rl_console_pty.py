@@ -57,7 +57,7 @@ def test_rlvr_bar_shows_reward_and_a_time_split(cli_env, tmp_path: Path) -> None
             "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 64},
             "max_prompt_length": 64,
         },
-        "rollout": {"n": 2, "prompts_per_step": 2, "max_new_tokens": 4, "chunk_size": 4},
+        "rollout": {"n": 2, "prompts_per_step": 2, "max_new_tokens": 4},
         "algorithm": {"preset": "grpo"},
         "trainer": {"max_steps": 3, "micro_batch_size": 4},
         "actor_train": {"num_threads": 1},

@@ -30,7 +30,7 @@ def test_rlvr_two_train_ranks_one_infer_rank_on_ray(roll, tmp_path: Path) -> Non
             "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 64},
             "max_prompt_length": 64,
         },
-        "rollout": {"n": 4, "prompts_per_step": 4, "max_new_tokens": 6, "chunk_size": 8},
+        "rollout": {"n": 4, "prompts_per_step": 4, "max_new_tokens": 6},
         "algorithm": {"preset": "grpo"},
         "trainer": {"max_steps": 2, "micro_batch_size": 4},
         "actor_train": {

@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +35,7 @@ def recipe(tmp_path: Path, **sections: object) -> Path:
                 "eval_episodes": 1,
             },
         ],
-        "rollout": {"group_size": 2, "max_new_tokens": 6, "chunk_size": 8},
+        "rollout": {"group_size": 2, "max_new_tokens": 6},
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
         "warm_start": {"steps": 1, "episodes_per_step": 2, "lr": 5.0e-3},
         "trainer": {"max_steps": 2, "micro_batch_size": 8},
@@ -98,7 +100,10 @@ def test_train_agentic_two_steps_mixed_envs(roll, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_resume_continues_with_the_next_env_seeds(roll, tmp_path: Path) -> None:
+def test_killed_run_resumes_with_the_next_env_seeds_bit_for_bit(roll, tmp_path: Path) -> None:
+    # deterministic mode, one request per call: a turn's response never depends on what else
+    # was in flight, so a run killed while saving step 2 and resumed from step 1 ends with the
+    # weights of the run that never stopped (docs/runs.md "What a resume reproduces")
     path = recipe(
         tmp_path,
         envs=[
@@ -110,16 +115,24 @@ def test_resume_continues_with_the_next_env_seeds(roll, tmp_path: Path) -> None:
                 "eval_episodes": 1,
             }
         ],
+        rollout={"group_size": 2, "max_new_tokens": 6, "deterministic": True, "chunk_size": 1},
         warm_start={"steps": 0},
+        trainer={"max_steps": 3, "micro_batch_size": 8},
     )
-    res = roll("train", "agentic", str(path), "--run-id", "ag", timeout=240)
+    res = roll("train", "agentic", str(path), "--run-id", "straight", timeout=240)
     assert res.returncode == 0, res.stderr + res.stdout
-    res = roll("resume", "ag", "--runs-dir", str(tmp_path / "runs"), "trainer.max_steps=3")
+    kill = {"ROLL_DEBUG_KILL_IN_SAVE": "2"}
+    res = roll("train", "agentic", str(path), "--run-id", "ag", timeout=240, env=kill)
+    assert res.returncode != 0
+    res = roll("resume", "ag", "--runs-dir", str(tmp_path / "runs"))
     assert res.returncode == 0, res.stderr + res.stdout
     run = tmp_path / "runs" / "ag"
-    assert [r["step"] for r in rows(run) if r["step"] > 0] == [1, 2, 3]
+    assert [r["step"] for r in rows(run) if r["step"] > 0][-2:] == [2, 3]
     state = json.loads((run / "checkpoints" / "step-000003" / "trainer_state.json").read_text())
     assert state["rollout"]["next_group_seed"] == {"frozen_lake": 3}
+    a = load_file(str(tmp_path / "runs" / "straight" / "final" / "model.safetensors"))
+    b = load_file(str(run / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_dry_run_of_every_agentic_recipe(roll) -> None:

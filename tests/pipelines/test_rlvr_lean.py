@@ -25,7 +25,8 @@ def recipe(tmp_path: Path, name: str = "rl.yaml", **sections: object) -> Path:
             "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 64},
             "max_prompt_length": 64,
         },
-        "rollout": {"n": 4, "prompts_per_step": 4, "max_new_tokens": 6, "chunk_size": 8},
+        # fixed batches: runs of one recipe generate the same responses (bitwise comparisons)
+        "rollout": {"n": 4, "prompts_per_step": 4, "max_new_tokens": 6, "deterministic": True},
         "algorithm": {"preset": "grpo"},
         "trainer": {"max_steps": 3, "micro_batch_size": 8},
         "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},

@@ -106,7 +106,7 @@ def test_rlvr_corrects_after_the_advantages(monkeypatch: pytest.MonkeyPatch, tmp
             "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 8},
             "max_prompt_length": 64,
         },
-        "rollout": {"n": 2, "prompts_per_step": 2, "max_new_tokens": 3, "chunk_size": 8},
+        "rollout": {"n": 2, "prompts_per_step": 2, "max_new_tokens": 3},
         "algorithm": {"preset": "grpo", "rollout_correction": {"preset": "token_mis"}},
         "trainer": {"max_steps": 1, "micro_batch_size": 8},
         "actor_train": {"num_threads": 1},

@@ -26,6 +26,7 @@ ALL_ON = {
 }
 KEPT = {
     "generate",
+    "generate_request",
     "offload",
     "reload",
     "log_probs",
@@ -55,7 +56,9 @@ def _record(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def call(self: Worker, method: str, *args: object, **kwargs: object) -> object:
         if method in KEPT:
-            name = f"{type(self).__name__}.{method}"
+            # streaming requests and deterministic chunks are both "generate" in the order
+            kind = "generate" if method == "generate_request" else method
+            name = f"{type(self).__name__}.{kind}"
             if method in ("offload", "reload") and args:
                 name += f"({','.join(args[0])})"  # type: ignore[arg-type]
             with lock:
@@ -90,7 +93,7 @@ def test_rlvr_phase_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
             "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 32},
             "max_prompt_length": 64,
         },
-        "rollout": {"n": 2, "prompts_per_step": 2, "max_new_tokens": 3, "chunk_size": 8},
+        "rollout": {"n": 2, "prompts_per_step": 2, "max_new_tokens": 3},
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
         "trainer": {"max_steps": 2, "micro_batch_size": 8},
         "checkpoint": {"every_steps": 1},
@@ -135,7 +138,7 @@ def test_agentic_phase_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
                 "groups_per_step": 1,
             }
         ],
-        "rollout": {"group_size": 2, "max_new_tokens": 4, "chunk_size": 8},
+        "rollout": {"group_size": 2, "max_new_tokens": 4},
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
         "trainer": {"max_steps": 2, "micro_batch_size": 8},
         "checkpoint": {"export_final": False},

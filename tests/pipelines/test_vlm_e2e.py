@@ -86,7 +86,14 @@ def test_vlm_sft_then_rlvr_token_in_token_out_and_bitwise_resume(
                 "eval": {"path": str(shapes / "test.jsonl")},
                 "max_prompt_length": 64,
             },
-            "rollout": {"n": 4, "prompts_per_step": 3, "max_new_tokens": 3, "chunk_size": 6},
+            "rollout": {
+                "n": 4,
+                "prompts_per_step": 3,
+                "max_new_tokens": 3,
+                # fixed batches: the resume below is bit-exact
+                "deterministic": True,
+                "chunk_size": 6,
+            },
             "algorithm": {"preset": "grpo"},
             # recompute: the old log-probs come from their own forward, so the gap to the
             # sampler's is logged per token (train_infer/logprob_diff_max)

@@ -18,7 +18,7 @@ import pytest
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.envs import FrozenLakeEnv, TextEnv, Transition, parse_choice
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout
-from roll_core.errors import RollError
+from roll_core.errors import RollError, WorkerDiedError
 from roll_core.models import load_tokenizer, materialize_builtin
 from roll_core.rollout.agentic import (
     EnvRolloutManager,
@@ -46,10 +46,24 @@ class ScriptedInfer:
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.version = 0
         self.batches: list[int] = []
+        self.aborted: list[int] = []
 
-    def submit(self, rank: int, method: str, requests: list[Request], params: SamplingParams):
-        assert method == "generate"
+    # the cluster surface the router uses: infer.at(rank).<method>(...) -> Future
+    def at(self, rank: int) -> ScriptedInfer:
+        assert rank == 0
+        return self
+
+    def generate_request(self, request: Request, params: SamplingParams) -> Future:
+        return self.pool.submit(lambda: self._generate([request])[0])
+
+    def generate(self, requests: list[Request], params: SamplingParams) -> Future:
         return self.pool.submit(self._generate, requests)
+
+    def abort_requests(self, request_ids: list[int]) -> Future:
+        self.aborted.extend(request_ids)
+        done: Future = Future()
+        done.set_result(None)
+        return done
 
     def _generate(self, requests: list[Request]) -> list[Completion]:
         time.sleep(self.delay)
@@ -104,7 +118,6 @@ def settings(**kw: Any) -> RolloutSettings:
         max_context=512,
         step_timeout_s=0.5,
         episode_timeout_s=20,
-        chunk_size=8,
     )
     base.update(kw)
     return RolloutSettings(**base)
@@ -122,9 +135,12 @@ def corridor_spec(faults: dict[int, str], groups: int = 2) -> EnvSpec:
     return EnvSpec("corridor", Env, None, groups)
 
 
-def test_groups_complete_with_the_same_seed_and_token_traces(tokenizer: Any) -> None:
-    infer = ScriptedInfer(tokenizer)
-    mgr = manager(tokenizer, infer, [corridor_spec({}, groups=3)])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_groups_complete_with_the_same_seed_and_token_traces(
+    tokenizer: Any, deterministic: bool
+) -> None:
+    infer = ScriptedInfer(tokenizer, delay=0.002)
+    mgr = manager(tokenizer, infer, [corridor_spec({}, groups=3)], deterministic=deterministic)
     try:
         result = mgr.next_batch(1)
     finally:
@@ -140,8 +156,11 @@ def test_groups_complete_with_the_same_seed_and_token_traces(tokenizer: Any) -> 
             assert len(t.trace.ids) == len(t.trace.mask) == len(t.trace.log_probs)
     assert len({g[0].seed for g in result.groups}) == 3
     assert result.metrics["rollout/env_errors"] == 0
-    # requests of different episodes were batched into shared inference calls
-    assert max(infer.batches) > 1
+    assert sum(infer.batches) == 3 * 2 * 3  # every turn of every episode: one request
+    if deterministic:  # requests of different episodes were batched into shared calls
+        assert max(infer.batches) > 1
+    else:  # streaming: each turn on its own (the engine batches what is in flight)
+        assert max(infer.batches) == 1 and result.metrics["rollout/gen_calls"] == 18
 
 
 def test_failing_and_hanging_envs_are_counted_and_replaced(tokenizer: Any) -> None:
@@ -209,6 +228,21 @@ def test_redundant_groups_cut_the_slow_group_and_keep_whole_groups(tokenizer: An
     assert result.metrics["rollout/groups_redundant_cancelled"] == 1
     assert wall < 0.85
     assert cancelled + result.metrics.get("rollout/corridor/episodes_cancelled", 0) == 2
+
+
+def test_cancelled_episodes_abort_their_request_in_flight(tokenizer: Any) -> None:
+    # one group needed, one redundant; requests are served one at a time (0.05 s each), so
+    # when the first group completes the other group's episodes have requests in flight:
+    # abandoning the group aborts them on the engine instead of letting them run out
+    infer = ScriptedInfer(tokenizer, delay=0.05)
+    spec = corridor_spec({}, groups=1)
+    mgr = manager(tokenizer, infer, [spec], group_size=2, redundant_groups=1)
+    try:
+        result = mgr.next_batch(1)
+    finally:
+        mgr.close()
+    assert result.metrics["rollout/groups_redundant_cancelled"] == 1
+    assert infer.aborted  # the abandoned group's waiting turns
 
 
 def test_redundancy_never_filters_the_episodes_of_a_group(tokenizer: Any) -> None:
@@ -332,9 +366,45 @@ def test_validation_episodes_are_not_counted_as_training(tokenizer: Any) -> None
         mgr.close()
 
 
+def test_an_episode_on_a_dead_rank_is_replaced_on_a_live_one(tokenizer: Any) -> None:
+    class TwoRanks(ScriptedInfer):
+        """Rank 1 dies at its first request; rank 0 serves everything."""
+
+        def __init__(self, tok: Any) -> None:
+            super().__init__(tok)
+            self.world_size = 2
+
+        def at(self, rank: int) -> Any:
+            infer = self
+
+            class Rank:
+                def generate_request(self, request: Request, params: Any) -> Future:
+                    if rank == 0:
+                        return infer.generate_request(request, params)
+                    dead: Future = Future()
+                    dead.set_exception(WorkerDiedError("actor_infer", 1, "killed by the test"))
+                    return dead
+
+                def abort_requests(self, ids: list[int]) -> Future:
+                    return infer.abort_requests(ids)
+
+            return Rank()
+
+    mgr = manager(tokenizer, TwoRanks(tokenizer), [corridor_spec({}, groups=2)])
+    try:
+        result = mgr.next_batch(1)
+    finally:
+        mgr.close()
+    assert len(result.groups) == 2
+    assert all(t.status == "done" for g in result.groups for t in g)
+    assert result.metrics["rollout/corridor/rank_lost"] == 1  # the one request rank 1 got
+    assert result.metrics["rollout/corridor/env_replaced"] == 1
+    assert mgr.router.live_ranks() == [0]
+
+
 def test_generation_failure_is_fatal(tokenizer: Any) -> None:
     class Broken(ScriptedInfer):
-        def submit(self, rank: int, method: str, requests: list, params: Any) -> Future:
+        def generate_request(self, request: Request, params: Any) -> Future:
             future: Future = Future()
             future.set_exception(RollError("model exploded"))
             return future

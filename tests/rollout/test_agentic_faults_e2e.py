@@ -83,7 +83,6 @@ def _recipe(tmp_path: Path, **sections: object) -> Path:
         "rollout": {
             "group_size": 2,
             "max_new_tokens": 4,
-            "chunk_size": 16,
             "step_timeout_s": 0.5,
         },
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},

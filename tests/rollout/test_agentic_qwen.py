@@ -75,7 +75,6 @@ def rollout(infer: Cluster, tok: Any, mode: str) -> list:
         mode=mode,
         history_window=1,
         max_context=4096,
-        chunk_size=2,
     )
     mgr = EnvRolloutManager(
         infer=infer, tokenizer=tok, specs=[EnvSpec("lake", env, SYSTEM, 1)], settings=settings

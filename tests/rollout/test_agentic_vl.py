@@ -62,7 +62,6 @@ def rollout(parts: tuple, mode: str) -> list:
         mode=mode,
         history_window=1,
         max_context=4096,
-        chunk_size=2,
     )
     spec = EnvSpec("lake", env, "Lake.", 1)
     mgr = EnvRolloutManager(

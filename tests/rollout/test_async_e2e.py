@@ -28,8 +28,7 @@ def rl_recipe(tmp_path: Path):
                 "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 128},
                 "max_prompt_length": 64,
             },
-            "rollout": {"n": 4, "prompts_per_step": 2, "max_new_tokens": 6, "chunk_size": 4,
-                        **rollout},
+            "rollout": {"n": 4, "prompts_per_step": 2, "max_new_tokens": 6, **rollout},
             "algorithm": {"preset": "grpo", "policy_loss": "decoupled_ppo"},
             "trainer": {"max_steps": 2, "micro_batch_size": 8},
             "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},
@@ -57,7 +56,7 @@ def numbers(run: Path) -> list[dict]:
 
 
 def test_ratio_zero_is_exactly_the_synchronous_pipeline(roll, rl_recipe, tmp_path: Path) -> None:
-    path = rl_recipe()
+    path = rl_recipe(deterministic=True)  # fixed batches: bit-exact
     assert roll("train", "rlvr", str(path), "--run-id", "sync").returncode == 0
     res = roll("train", "rlvr", str(path), "--run-id", "ratio0", "rollout.async_generation_ratio=0")
     assert res.returncode == 0, res.stderr
@@ -69,7 +68,7 @@ def test_ratio_zero_is_exactly_the_synchronous_pipeline(roll, rl_recipe, tmp_pat
 
 
 def test_async_ratio_one_partial_rollout_runs_and_resumes(roll, rl_recipe, tmp_path: Path) -> None:
-    path = rl_recipe(async_generation_ratio=1, partial_rollout=True, segment_tokens=2)
+    path = rl_recipe(async_generation_ratio=1, partial_rollout=True)
     res = roll("train", "rlvr", str(path), "--run-id", "async")
     assert res.returncode == 0, res.stderr
     logged = [r for r in rows(tmp_path / "runs" / "async") if "perf/step_s" in r]
@@ -95,6 +94,14 @@ def test_async_recipe_errors_and_dry_run_plan(rl_recipe) -> None:
 
     with pytest.raises(ConfigError, match="only applies to async"):
         load_recipe(rl_recipe(partial_rollout=True))
+    # the keys of the chunked / segmented path: what replaced them
+    with pytest.raises(ConfigError, match="segment_tokens: removed: .* aborted and continued"):
+        load_recipe(rl_recipe(segment_tokens=2))
+    with pytest.raises(ConfigError, match="chunk_size only applies with rollout.deterministic"):
+        load_recipe(rl_recipe(chunk_size=8))
+    assert load_recipe(rl_recipe(deterministic=True, chunk_size=8)).rollout.chunk_size == 8
+    with pytest.raises(ConfigError, match="fixed batches of rollout.deterministic"):
+        load_recipe(rl_recipe(async_generation_ratio=1, partial_rollout=True, deterministic=True))
     with pytest.raises(ConfigError, match="async_generation_ratio"):
         load_recipe(rl_recipe(async_generation_ratio=-1))
     with pytest.raises(ConfigError, match="async_generation_ratio"):

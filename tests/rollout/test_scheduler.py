@@ -49,6 +49,7 @@ def make(infer: Cluster, **kw) -> RolloutScheduler:
         params=SamplingParams(max_new_tokens=6, temperature=1.0),
         n=4,
         prompts_per_step=6,
+        deterministic=True,  # streaming over hf: tests/pipelines (end to end)
         chunk_size=4,
         max_chunks_in_flight=1,
         seed=0,

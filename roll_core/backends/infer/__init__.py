@@ -33,12 +33,15 @@ def infer_backend_options(
     train_precision: str = "auto",
     sync_bucket_mb: float = 256,
     sleep_mode: bool = False,
+    serving: str | None = None,
 ) -> dict[str, Any]:
     """The backend-specific keyword arguments of an ActorInferConfig (the `vllm` block for
     the vllm backend, with `sync.bucket_mb` for its `driver` sync path; for hf the model
     dtype and the precision, `auto` meaning the trainer's), for `backend_kwargs`.
     `sleep_mode`: the engine frees its memory between turns (vLLM's sleep mode, colocated
-    offload)."""
+    offload). `serving`: ``request`` (requests answered one by one as they finish, vLLM's
+    async engine) or ``batch`` (``vllm.LLM``, whole lists); None keeps the backend's default
+    (``request``)."""
     if role.backend != "vllm":
         import torch
 
@@ -57,6 +60,7 @@ def infer_backend_options(
         "max_model_len": opts.max_model_len,
         "sync_bucket_mb": sync_bucket_mb,
         **({"sleep_mode": True} if sleep_mode else {}),
+        **({"serving": serving} if serving is not None else {}),
     }
 
 

@@ -1,11 +1,16 @@
 """The `hf` infer backend: transformers `generate` on a local copy of the policy.
 
-A list of requests is generated as one left-padded batch. Sampling is seeded per call from the
+`generate(list)` is the fixed-batch path: a list of requests is generated as one left-padded
+batch (the deterministic rollout mode, evaluation). Sampling is seeded per call from the
 requests' seeds, so a given set of requests gives the same responses on every run (and after a
 resume). Behaviour log-probs are log softmax(raw logits / temperature) of the sampled tokens,
 the quantity the trainer recomputes, so `train_infer/logprob_diff` measures only numerics.
 Vision-language models get each request's `vision` inputs (pixel_values, image_grid_thw),
 concatenated in row order, next to the left-padded ids.
+
+`generate_request` / `abort` / `pause` / `resume` are the request-level engine (RequestEngine,
+backends/infer/base.py): continuous batching on a background thread, hf_engine.py. Both paths
+share the model; a lock lets one forward run at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import torch
 
 from roll_core.backends.infer.base import Completion, Request, SamplingParams
+from roll_core.backends.infer.hf_engine import HFEngine
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data.vision import concat_vision
 from roll_core.errors import ModelError
@@ -29,7 +35,8 @@ _GLOBAL_RNG = threading.Lock()
 
 
 class HFInferBackend:
-    """InferBackend on transformers' generate."""
+    """InferBackend on transformers' generate, and a RequestEngine (continuous batching of
+    at most `max_num_seqs` requests at a time; the rest queue)."""
 
     supports_prefix_continuation = True
     """Continues from ``Request.prefix_ids`` (the prefix is fed as input ids, exactly)."""
@@ -43,6 +50,7 @@ class HFInferBackend:
         dtype: torch.dtype = torch.float32,
         num_threads: int | None = None,
         precision: str = "fp32",
+        max_num_seqs: int = 64,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -59,6 +67,8 @@ class HFInferBackend:
         self.model.eval()
         self.version = 0
         self._targets: dict[str, torch.Tensor] | None = None
+        self._model_lock = threading.Lock()  # one forward at a time: generate and the engine
+        self.engine = HFEngine(self, model_lock=self._model_lock, max_num_seqs=max_num_seqs)
 
     @torch.no_grad()
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
@@ -83,7 +93,7 @@ class HFInferBackend:
                 hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL) for "
                 "image prompts.",
             )
-        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+        with self._model_lock, _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             out = self._generate(ids, attn, params, sampling, vision)
         new_tokens = out.sequences[:, width:].cpu()
@@ -95,6 +105,25 @@ class HFInferBackend:
             self._completion(r, new_tokens[i].tolist(), logp[i].tolist(), params, start, end)
             for i, r in enumerate(requests)
         ]
+
+    # ---- request-level serving (RequestEngine; hf_engine.py) ---------------------------------
+    def generate_request(self, request: Request, params: SamplingParams) -> Completion:
+        """Block until `request` finishes or is aborted; the engine batches it continuously
+        with every other request in flight."""
+        return self.engine.generate_request(request, params)
+
+    def abort(self, request_ids: list[int]) -> None:
+        self.engine.abort(request_ids)
+
+    def pause(self) -> None:
+        self.engine.pause()
+
+    def resume(self) -> None:
+        self.engine.resume()
+
+    def close(self) -> None:
+        """Stop the engine's decoding thread (waiting requests fail)."""
+        self.engine.close()
 
     def _generate(
         self,
@@ -157,7 +186,9 @@ class HFInferBackend:
             n = len(tokens)
             while n > 0 and tokens[n - 1] == pad and pad != eos:
                 n -= 1  # stop string hit: generate pads the rest of the row
-            reason = "stop" if n < len(tokens) else "length"
+            # a stop string: the row stopped before max_new_tokens (if every row stopped,
+            # the batch ended early and there are no pads to trim)
+            reason = "stop" if n < max(len(tokens), params.max_new_tokens) else "length"
         return Completion(
             request_id=request.request_id,
             response_ids=tokens[:n],
@@ -193,8 +224,10 @@ class HFInferBackend:
     # ---- taking turns with a colocated trainer ------------------------------------------------
     def release(self, parts: list[str], *, level: int = 1) -> int:
         """Free `parts`: `weights` (parameters and buffers to CPU memory, storage freed:
-        roll_core/backends/offload.py); `kv_cache` (hf keeps none between calls: on CUDA the
-        allocator's cached blocks are released). Returns the bytes moved."""
+        roll_core/backends/offload.py); `kv_cache` (the fixed-batch path keeps none between
+        calls: on CUDA the allocator's cached blocks are released; the engine's batch of
+        requests still in flight, paused, stays: abort them first to free it). Returns the
+        bytes moved."""
         from roll_core.backends.offload import StorageStash
 
         moved = 0

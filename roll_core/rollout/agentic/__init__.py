@@ -2,7 +2,7 @@
 
 * :mod:`.manager`: :class:`EnvRolloutManager`, which schedules groups of episodes;
 * :mod:`.episode`: one episode's loop (:func:`play_episode`) and what it records;
-* :mod:`.router`: the generation-request router shared by all episodes;
+* the generation requests go through the shared router (:mod:`roll_core.rollout.router`);
 * :mod:`.batch`: trajectories -> the training batch (trajectory or step mode);
 * :mod:`.chat`: the chat template applied incrementally (token-in, token-out).
 """

@@ -91,8 +91,10 @@ class RolloutSettings:
     episode_timeout_s: float = 600.0
     max_replacements: int = 4
     max_concurrent_episodes: int = 64
+    deterministic: bool = False  # fixed-batch calls of <= chunk_size (rollout/router.py)
     chunk_size: int = 8
     max_chunks_in_flight: int = 1
+    request_timeout_s: float = 600.0
     async_generation_ratio: int = 0
     turn_barrier: bool = False  # the lockstep baseline (benchmarks): see _TurnBarrier
     seed: int = 0

@@ -8,11 +8,14 @@ Every episode runs its own loop on its own thread, with no barrier across episod
         response = generate(ids)                          (a request to the actor_infer cluster)
         obs, reward, done = env.step(decode(response))    (with a per-step timeout)
 
-* Generation requests from all episodes go through one router (`Router`): pending requests
-  are sent in chunks of at most ``chunk_size`` to the least-loaded inference rank, at most
-  ``max_chunks_in_flight`` chunks per rank, through the cluster's ``submit`` futures (the
-  routing of the RLVR scheduler). A rank that is busy lets requests queue up, so batches form
-  by themselves; no episode waits for another one's *env* step.
+* Generation requests from all episodes go through the rollout router
+  (:mod:`roll_core.rollout.router`, the one the RLVR schedulers use). Streaming (the default):
+  each turn is its own request, with the episode as its session, so every turn of an episode
+  goes to the rank whose prefix cache holds the conversation (unless that rank is far more
+  loaded); the engine batches the requests in flight continuously. Deterministic
+  (``rollout.deterministic``): requests queue and go out in fixed-batch calls of at most
+  ``chunk_size``, at most ``max_chunks_in_flight`` per rank. No episode waits for another
+  one's *env* step.
 * A *group* is G episodes of one env with the same seed (the group of the group-relative
   advantages). Redundancy is per group: ``redundant_groups`` launches R whole groups per env
   beyond those a step needs; the step takes the groups that finish first (in launch order
@@ -23,18 +26,21 @@ Every episode runs its own loop on its own thread, with no barrier across episod
   ``episode_timeout_s``), ends that episode: it is counted (``env_errors`` / ``env_timeouts``)
   and a fresh env instance replays the group's seed in its place (at most
   ``max_replacements`` times per group; a group that cannot be completed is dropped and
-  another group takes its place).
+  another group takes its place). An episode whose inference rank died is replaced the same
+  way (``rank_lost``; the router sends its replay to a live rank); with no rank left the run
+  fails, naming the rank.
 * Every turn records the policy version of the weights that generated it.
 * Async across training steps (``async_generation_ratio`` k > 0): groups keep running while
   the trainer trains; a group is handed to the trainer only if its oldest turn is at most k
-  versions old (else it is dropped and counted). Weight sync is ``suspend()`` (the router stops
-  sending and waits for chunks in flight) -> update -> ``resume()``; requests queued meanwhile
-  go out with the new weights. ``k = 0`` is the synchronous pipeline: nothing runs while
+  versions old (else it is dropped and counted). Weight sync is ``suspend()`` (the router holds
+  new requests and waits for the ones in flight, each one turn) -> update -> ``resume()``;
+  requests held meanwhile go out with the new weights. A cancelled episode (its group finished
+  or was abandoned) aborts its request in flight. ``k = 0`` is the synchronous pipeline: nothing runs while
   training.
 
-The episode loop is in :mod:`.episode`, the router in :mod:`.router`, the tensors the trainer
+The episode loop is in :mod:`.episode`, the tensors the trainer
 gets in :mod:`.batch`, the chat-template bookkeeping in :mod:`.chat`. This package knows
-nothing about Ray: it only calls ``infer.submit(rank, "generate", ...)``.
+nothing about Ray: it only talks to the router.
 """
 
 from __future__ import annotations
@@ -46,9 +52,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from roll_core.backends.infer import Completion, SamplingParams
+from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.data.vision import VisionInputs
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
+from roll_core.errors import WorkerDiedError
 from roll_core.rollout.agentic.chat import ChatFormat
 from roll_core.rollout.agentic.episode import (
     EnvSpec,
@@ -57,7 +64,7 @@ from roll_core.rollout.agentic.episode import (
     Trajectory,
     play_episode,
 )
-from roll_core.rollout.agentic.router import Router
+from roll_core.rollout.router import Router, RouterClosed
 
 
 class _TurnBarrier:
@@ -92,6 +99,7 @@ class _Episode:
     traj: Trajectory
     cancel: threading.Event
     params: SamplingParams
+    request_id: int | None = None  # its generation request in flight, if any
 
 
 @dataclass
@@ -136,8 +144,13 @@ class EnvRolloutManager:
         self.specs = specs
         self.s = settings
         self.router = Router(
-            infer, settings.params, settings.chunk_size, settings.max_chunks_in_flight
+            infer,
+            deterministic=settings.deterministic,
+            chunk_size=settings.chunk_size,
+            max_chunks_in_flight=settings.max_chunks_in_flight,
+            request_timeout_s=settings.request_timeout_s,
         )
+        self._request_id = 0
         self.pool = ThreadPoolExecutor(
             max_workers=settings.max_concurrent_episodes, thread_name_prefix="episode"
         )
@@ -158,7 +171,7 @@ class EnvRolloutManager:
     def next_batch(self, step: int) -> AgenticResult:
         """``groups_per_step`` complete groups of every env spec (blocks until they are ready)."""
         start = time.perf_counter()
-        busy0, calls0 = self.router.gen_busy_s, self.router.calls
+        busy0, calls0 = self.router.active_seconds(), self.router.stats["calls"]
         stale = 0
         want = {spec.tag: spec.groups_per_step for spec in self.specs}
         taken: dict[str, list[_Group]] = {tag: [] for tag in want}
@@ -193,7 +206,7 @@ class EnvRolloutManager:
         with self.lock:
             self.completed = surplus + self.completed
         redundant = self._abandon_unneeded() if self.s.async_generation_ratio == 0 else 0
-        for tag in want:  # keep the batch in launch order (reproducible with chunk_size 1)
+        for tag in want:  # keep the batch in launch order (reproducible: deterministic, chunk_size 1)
             taken[tag].sort(key=lambda g: g.gid)
         groups = [sorted(g.kept, key=lambda t: t.index) for tag in want for g in taken[tag]]
         metrics = self._counters_metrics()
@@ -201,8 +214,8 @@ class EnvRolloutManager:
         metrics["rollout/groups_dropped_stale"] = float(stale)
         metrics["rollout/groups_redundant_cancelled"] = float(redundant)
         metrics["rollout/wall_s"] = time.perf_counter() - start
-        metrics["rollout/gen_busy_s"] = self.router.gen_busy_s - busy0
-        metrics["rollout/gen_calls"] = float(self.router.calls - calls0)
+        metrics["rollout/gen_busy_s"] = self.router.active_seconds() - busy0
+        metrics["rollout/gen_calls"] = self.router.stats["calls"] - calls0
         staleness = [self.version - t.min_version for g in groups for t in g]
         metrics["rollout/staleness_max"] = float(max(staleness, default=0))
         metrics["rollout/staleness_mean"] = sum(staleness) / max(1, len(staleness))
@@ -229,8 +242,9 @@ class EnvRolloutManager:
         return out
 
     def suspend(self) -> None:
-        """Before a weight sync: no generation runs until :meth:`resume`."""
-        self.router.suspend()
+        """Before a weight sync: the requests in flight (one turn each) finish, new ones are
+        held until :meth:`resume`."""
+        self.router.pause()
 
     def resume(self, version: int) -> None:
         self.version = version
@@ -248,7 +262,7 @@ class EnvRolloutManager:
             episodes = list(self.running.values())
         for ep in episodes:
             ep.cancel.set()
-        self.router.close()
+        self.router.close()  # waiting episodes: RouterClosed -> cancelled
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _abandon_unneeded(self) -> int:
@@ -260,7 +274,7 @@ class EnvRolloutManager:
             for group in running:
                 group.abandoned = True
                 for ep in group.running:
-                    ep.cancel.set()
+                    self._cancel(ep)
             finished = [g for g in self.completed if g.counted]
             self.completed = [g for g in self.completed if not g.counted]
         return len(running) + len(finished)
@@ -341,6 +355,8 @@ class EnvRolloutManager:
             ep.traj.status = "cancelled"
         except EnvTimeout as err:
             ep.traj.status, ep.traj.error = "timeout", describe_fault(err)
+        except _RankLost as err:  # replaced like a failed env episode (the fault budget)
+            ep.traj.status, ep.traj.error = "rank_lost", str(err.cause)
         except _GenerationFailed as err:
             ep.traj.status, ep.traj.error = "gen_error", str(err.cause)
             with self.cond:
@@ -370,34 +386,60 @@ class EnvRolloutManager:
             if self.barrier is not None and group.counted:
                 self.barrier.wait(id(ep), turn, ep.cancel)
             seed = hash((group.seed, ep.traj.index, turn, s.seed)) % 2**31
-            future = self.router.generate(prompt, seed, ep.params, vision)
-            completion = self._wait(future, ep, remaining)
-            if ep.cancel.is_set():
+            with self.lock:
+                self._request_id += 1
+                ep.request_id = self._request_id
+            request = Request(ep.request_id, prompt, seed, vision=vision)
+            future = self.router.submit(request, ep.params, session=id(ep))
+            try:
+                completion = self._wait(future, ep, remaining)
+            except BaseException:
+                self.router.abort([request.request_id])  # e.g. the episode timed out
+                raise
+            finally:
+                ep.request_id = None
+            if ep.cancel.is_set() or completion.finish_reason == "abort":
                 raise EpisodeCancelled()
             return completion
 
+        try:
+            self._play_turns(group, ep, generate, env_call)
+        finally:
+            self.router.release(id(ep))
+
+    def _play_turns(self, group: _Group, ep: _Episode, generate: Any, env_call: Any) -> None:
         play_episode(
             ep.traj,
             group.spec,
             chat=self.chat,
-            settings=s,
+            settings=self.s,
             max_new_tokens=ep.params.max_new_tokens,
             generate=generate,
             env_call=env_call,
         )
 
+    def _cancel(self, ep: _Episode) -> None:
+        """(lock held) End episode ``ep``: its request in flight is aborted at once."""
+        ep.cancel.set()
+        if ep.request_id is not None:
+            self.router.abort([ep.request_id])
+
     def _wait(self, future: Future, ep: _Episode, remaining: Callable[[], float]) -> Completion:
         while True:
-            if ep.cancel.is_set():
-                future.cancel()
-                raise EpisodeCancelled()
+            if ep.cancel.is_set() and ep.request_id is not None:
+                self.router.abort([ep.request_id])  # resolves the future with a partial
+            wait_s = min(0.5, remaining())  # EnvTimeout past the episode's deadline
             try:
-                result: Completion = future.result(timeout=min(0.5, remaining()))
+                result: Completion = future.result(timeout=wait_s)
                 return result
             except TimeoutError:
                 continue
-            except EpisodeCancelled:
-                raise
+            except (EpisodeCancelled, RouterClosed):
+                raise EpisodeCancelled() from None
+            except WorkerDiedError as err:
+                if not self.router.live_ranks():  # no rank left to replay the episode on
+                    raise _GenerationFailed(err) from err
+                raise _RankLost(err) from err
             except BaseException as err:  # noqa: BLE001 - generation failure: fatal for the run
                 raise _GenerationFailed(err) from err
 
@@ -411,7 +453,7 @@ class EnvRolloutManager:
             group.ended.append(traj)
             if group.counted:
                 self._count(traj)
-                if traj.status in ("error", "timeout"):
+                if traj.status in _REPLACEABLE:
                     self.first_fault.setdefault(traj.tag, traj.error)
             if group.finished:
                 pass
@@ -420,8 +462,8 @@ class EnvRolloutManager:
                 if len(group.kept) == group.target:
                     group.finished = True
                     for other in group.running:
-                        other.cancel.set()
-            elif traj.status in ("error", "timeout") and group.replacements < 0:
+                        self._cancel(other)
+            elif traj.status in _REPLACEABLE and group.replacements < 0:
                 group.replacements += 1
                 self._count_key(f"rollout/{traj.tag}/env_replaced")
                 self._launch_episode(group)
@@ -463,6 +505,8 @@ class EnvRolloutManager:
             self._count_key(f"rollout/{tag}/env_errors")
         elif traj.status == "timeout":
             self._count_key(f"rollout/{tag}/env_timeouts")
+        elif traj.status == "rank_lost":
+            self._count_key(f"rollout/{tag}/rank_lost")
         elif traj.status == "cancelled":
             self._count_key(f"rollout/{tag}/episodes_cancelled")
         elif traj.ok:
@@ -477,6 +521,18 @@ class EnvRolloutManager:
         out["rollout/env_errors"] = errors
         out["rollout/env_timeouts"] = timeouts
         return out
+
+
+_REPLACEABLE = ("error", "timeout", "rank_lost")
+"""Episode endings replaced by a fresh episode on the same seed (``max_replacements``)."""
+
+
+class _RankLost(Exception):
+    """The inference rank serving the episode died (other ranks live): replace the episode."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _GenerationFailed(Exception):
