@@ -130,11 +130,11 @@ class MegatronTrainBackend(TorchTrainBackend):
                 hint="Use actor_train.backend=torch for LoRA.",
             )
         opts = megatron or MegatronConfig()
-        try:
-            import megatron.core  # noqa: F401
-        except ImportError as err:
+        import importlib.util
+
+        if importlib.util.find_spec("megatron") is None:
             raise ConfigError(
-                f"actor_train.backend is megatron but megatron-core cannot be imported ({err}).",
+                "actor_train.backend is megatron but megatron-core is not installed.",
                 hint="pip install 'megatron-core==0.16.*' (or the project's dev extra), or pick "
                 "actor_train.backend: fsdp2 / deepspeed.",
             ) from None
@@ -222,7 +222,7 @@ class MegatronTrainBackend(TorchTrainBackend):
                 )
             )
         self.chunks = wrapped
-        self.model = torch.nn.ModuleList(wrapped)
+        self.model = torch.nn.ModuleList(wrapped)  # type: ignore[assignment]
         # the objectives' losses are shares of the global loss: never divide by token counts
         self.config.finalize_model_grads_func = functools.partial(_finalize, finalize_model_grads)
         no_sync = [c.no_sync for c in wrapped]
@@ -243,7 +243,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         )
         # config_overrides={}: weight decay on every parameter, as roll's other backends
         self.optimizer = get_megatron_optimizer(opt_config, wrapped, config_overrides={})
-        self.scheduler = LRSchedule(self.optimizer, optim, total_steps)
+        self.scheduler = LRSchedule(self.optimizer, optim, total_steps)  # type: ignore[assignment]
 
     # ---- data: this replica's rows, in lock-step micro-batches ------------------------------
     def _replica_batch(self, batch: Batch) -> Batch:

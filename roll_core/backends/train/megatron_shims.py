@@ -39,14 +39,14 @@ def _cuda_runtime() -> None:
     # torch.cuda.current_device()`: rotary frequencies, DDP's grad buffers, the schedules' p2p
     # buffers, the optimizer's norm tensors), synchronizes around checkpoints and timers, and
     # records events / waits on streams in the DDP buffers and the MoE dispatchers.
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment, return-value]
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
-    torch.cuda.current_stream = lambda device=None: _NullStream()  # type: ignore[assignment]
-    torch.cuda.default_stream = lambda device=None: _NullStream()  # type: ignore[assignment]
+    torch.cuda.current_stream = lambda device=None: _NullStream()  # type: ignore[assignment, return-value]
+    torch.cuda.default_stream = lambda device=None: _NullStream()  # type: ignore[assignment, return-value]
     torch.cuda.Stream = _NullStream  # type: ignore[assignment, misc]
     torch.cuda.Event = _NullEvent  # type: ignore[assignment, misc]
-    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[assignment]
-    torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign]
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[assignment, misc]
+    torch.Tensor.record_stream = lambda self, s: None  # type: ignore[method-assign]
 
 
 class _NullStream:
@@ -247,9 +247,9 @@ def _gloo_collectives() -> None:
 
     dist.all_gather = all_gather  # type: ignore[assignment]
     dist.all_gather_into_tensor = all_gather_into_tensor  # type: ignore[assignment]
-    dist._all_gather_base = all_gather_into_tensor  # type: ignore[attr-defined]
+    dist._all_gather_base = all_gather_into_tensor  # type: ignore[attr-defined, assignment]
     dist.reduce_scatter_tensor = reduce_scatter_tensor  # type: ignore[assignment]
-    dist._reduce_scatter_base = reduce_scatter_tensor  # type: ignore[attr-defined]
+    dist._reduce_scatter_base = reduce_scatter_tensor  # type: ignore[attr-defined, assignment]
     dist.reduce_scatter = reduce_scatter  # type: ignore[assignment]
 
 
