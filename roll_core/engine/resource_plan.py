@@ -304,7 +304,7 @@ def check_megatron_layout(cfg: Any) -> None:
 
         if cfg.model.path.startswith(BUILTIN_PREFIX):
             config["model_type"] = get_builtin(cfg.model.path).model_type
-    if config is not None:
+    if config is not None and "model_type" in config:  # the offline table may not say
         check_recipe_layout(config, train.megatron or MegatronConfig(), train.world_size)
 
 

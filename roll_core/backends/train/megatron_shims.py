@@ -199,16 +199,17 @@ def _norm_under_sequence_parallel() -> None:
 
 
 def _gloo_collectives() -> None:
-    # gloo has no all_gather of unequal sizes nor list reduce_scatter (sequence-parallel
-    # gathers, the distributed optimizer, the allgather MoE dispatcher): express them by
-    # all_reduce / all_gather of equal sizes, which gloo has.
+    # gloo has no all_gather of unequal sizes: the MoE dispatcher gathers each tensor-parallel
+    # rank's routed tokens with `gather_from_sequence_parallel_region(output_split_sizes=...)`
+    # (experts with tp > 1 and sp), and gloo refuses ("allgather: invalid tensor size").
+    # Pad to the largest, gather, cut. (Tensor all-gather and reduce-scatter of equal sizes,
+    # used by sequence parallelism and the distributed optimizer, gloo has.)
     original_all_gather = dist.all_gather
 
     def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
                    async_op: bool = False) -> Any:  # fmt: skip
         if all(t.shape == tensor.shape for t in tensor_list):
             return original_all_gather(tensor_list, tensor, group=group, async_op=async_op)
-        # unequal: pad to the largest, gather, cut
         rows = max(t.numel() for t in tensor_list)
         padded = torch.zeros(rows, dtype=tensor.dtype)
         padded[: tensor.numel()] = tensor.reshape(-1)
@@ -218,39 +219,7 @@ def _gloo_collectives() -> None:
             out.copy_(part[: out.numel()].view_as(out))
         return _Done() if async_op else None
 
-    def all_gather_into_tensor(output: torch.Tensor, tensor: torch.Tensor, group: Any = None,
-                               async_op: bool = False) -> Any:  # fmt: skip
-        n = dist.get_world_size(group)
-        parts = list(output.chunk(n, dim=0))
-        original_all_gather(parts, tensor.contiguous(), group=group)
-        return _Done() if async_op else None
-
-    def reduce_scatter_tensor(output: torch.Tensor, tensor: torch.Tensor,
-                              op: Any = dist.ReduceOp.SUM, group: Any = None,
-                              async_op: bool = False) -> Any:  # fmt: skip
-        full = tensor.clone()
-        dist.all_reduce(full, op=op, group=group)
-        rank = dist.get_rank(group)
-        output.copy_(full.chunk(dist.get_world_size(group), dim=0)[rank])
-        return _Done() if async_op else None
-
-    def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
-                       op: Any = dist.ReduceOp.SUM, group: Any = None,
-                       async_op: bool = False) -> Any:  # fmt: skip
-        rank = dist.get_rank(group)
-        for i, t in enumerate(input_list):
-            full = t.clone()
-            dist.all_reduce(full, op=op, group=group)
-            if i == rank:
-                output.copy_(full)
-        return _Done() if async_op else None
-
     dist.all_gather = all_gather  # type: ignore[assignment]
-    dist.all_gather_into_tensor = all_gather_into_tensor  # type: ignore[assignment]
-    dist._all_gather_base = all_gather_into_tensor  # type: ignore[attr-defined, assignment]
-    dist.reduce_scatter_tensor = reduce_scatter_tensor  # type: ignore[assignment]
-    dist._reduce_scatter_base = reduce_scatter_tensor  # type: ignore[attr-defined, assignment]
-    dist.reduce_scatter = reduce_scatter  # type: ignore[assignment]
 
 
 class _Done:
