@@ -9,8 +9,9 @@ log-probs match; the HF export (`final/`) equals the trained weights; a checkpoi
 for bit. The global batch has 8 rows of unequal length (padding inside micro-batches, an
 uneven token-balanced split over the ranks).
 
-Costs (2 cores, idle): about 20-40 s per 2-rank launch; the 8-rank TP2 x PP2 (x2 virtual
-stages) x EP2 x SP layout takes minutes and runs only with ROLL_TEST_MEGATRON_8=1.
+Costs (2 shared cores, load ~1.5-3): 18-21 s per 2-rank layout, 39 s for the 4-rank one,
+27 s for the CLI run; the 8-rank TP2 x PP2 x EP2 x DP2 + SP layout takes 65 s at load 1.5 and
+several minutes on a busy machine: it runs only with ROLL_TEST_MEGATRON_8=1.
 """
 
 from __future__ import annotations
@@ -286,7 +287,8 @@ def test_combined_layout_moe(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not os.environ.get("ROLL_TEST_MEGATRON_8"), reason="8 ranks: minutes on 2 cores (opt in)"
+    not os.environ.get("ROLL_TEST_MEGATRON_8"),
+    reason="8 ranks: 1 min idle, minutes loaded (opt in)",
 )
 def test_tp_pp_ep_dp_on_eight_ranks(tmp_path: Path) -> None:
     """TP2 x PP2 x EP2 x DP2 + SP on 8 ranks, Qwen3-MoE."""
@@ -299,9 +301,16 @@ def test_tp_pp_ep_dp_on_eight_ranks(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="pipelines/roles.py (backend_options) does not pass actor_train.megatron to the "
+    "backend yet: the ranks train with the default layout (data parallel only). Drop this "
+    "mark when it does (TrainBackendSpec).",
+)
 def test_roll_sft_with_the_megatron_backend(roll, tiny_recipe, tmp_path: Path) -> None:
-    """`roll sft` on tiny-qwen3 with actor_train.backend megatron (TP=2, 2 ranks): it trains,
-    checkpoints, and `final/` is a Hugging Face model transformers loads."""
+    """`roll sft` on tiny-qwen3 with actor_train.backend megatron (TP=2 + SP, 2 ranks): it
+    trains, checkpoints with the recipe's layout, and `final/` is a Hugging Face model
+    transformers loads."""
     import json
 
     from transformers import AutoModelForCausalLM
@@ -327,3 +336,6 @@ def test_roll_sft_with_the_megatron_backend(roll, tiny_recipe, tmp_path: Path) -
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step-000004"]
     model = AutoModelForCausalLM.from_pretrained(run / "final")
     assert model.config.model_type == "qwen3"
+    (rank0,) = (run / "checkpoints").rglob("megatron-rank00000.pt")
+    layout = torch.load(rank0, weights_only=False)["layout"]
+    assert (layout["tp"], layout["sp"]) == (2, True), layout  # the recipe's section was used
