@@ -166,14 +166,74 @@ class DeepSpeedConfig(Strict):
         return self
 
 
+class MegatronConfig(Strict):
+    """The parallel layout of the `megatron` train backend (megatron-core). The ranks of
+    actor_train (`world_size`) are split into tp x pp x ep x data parallel: `world_size` must be
+    a multiple of tp * pp * ep (expert parallelism is carved out of data parallelism)."""
+
+    tp: int = Field(
+        default=1,
+        ge=1,
+        description="Tensor-parallel size: each layer's weights split over tp ranks.",
+    )
+    pp: int = Field(
+        default=1, ge=1, description="Pipeline-parallel size: the layers split into pp stages."
+    )
+    ep: int = Field(
+        default=1,
+        ge=1,
+        description="Expert-parallel size (mixture-of-experts models): the experts of each "
+        "layer split over ep ranks.",
+    )
+    sp: bool = Field(
+        default=False,
+        description="Sequence parallelism: activations outside attention and MLP split along "
+        "the sequence over the tp ranks (needs tp > 1).",
+    )
+    vpp: int | None = Field(
+        default=None,
+        ge=2,
+        description="Virtual pipeline stages per rank (the interleaved 1F1B schedule; needs "
+        "pp > 1). None: one stage per rank.",
+    )
+    cp: int = Field(
+        default=1,
+        ge=1,
+        description="Context parallelism. Only 1: megatron-core's context parallel attention "
+        "needs Transformer Engine (CUDA).",
+    )
+
+    @model_validator(mode="after")
+    def _layout(self) -> MegatronConfig:
+        if self.cp != 1:
+            raise ValueError(
+                f"actor_train.megatron.cp={self.cp}: context parallelism needs Transformer "
+                "Engine's attention (CUDA builds of megatron-core with transformer-engine), "
+                "which roll does not use. Set cp: 1 and split long sequences with tp + sp"
+            )
+        if self.sp and self.tp == 1:
+            raise ValueError(
+                "actor_train.megatron.sp needs tp > 1 (sequence parallelism splits the "
+                "sequence over the tensor-parallel ranks). Set tp: 2 or more, or sp: false"
+            )
+        if self.vpp is not None and self.pp == 1:
+            raise ValueError(
+                f"actor_train.megatron.vpp={self.vpp} needs pp > 1 (virtual stages interleave "
+                "a pipeline). Set pp: 2 or more, or remove vpp"
+            )
+        return self
+
+
 class ActorTrainConfig(Strict):
     """The role that trains the policy: its backend, devices and optimizer."""
 
-    backend: Literal["torch", "fsdp2", "deepspeed"] = Field(
+    backend: Literal["torch", "fsdp2", "deepspeed", "megatron"] = Field(
         default="torch",
         description="Train backend. `torch`: one process, CPU or one CUDA device. `fsdp2`: "
         "PyTorch FSDP2, parameters/gradients/optimizer sharded over `world_size` ranks. "
-        "`deepspeed`: DeepSpeed ZeRO stage 1/2/3 (the `deepspeed` extra).",
+        "`deepspeed`: DeepSpeed ZeRO stage 1/2/3 (the `deepspeed` extra). `megatron`: "
+        "megatron-core with tensor, pipeline, expert and data parallelism (the `megatron` "
+        "section; needs megatron-core 0.16, in the `dev` extra).",
     )
     world_size: int = Field(
         default=1,
@@ -187,6 +247,11 @@ class ActorTrainConfig(Strict):
     )
     deepspeed: DeepSpeedConfig | None = Field(
         default=None, description="DeepSpeed options (backend deepspeed; None: the defaults)."
+    )
+    megatron: MegatronConfig | None = Field(
+        default=None,
+        description="Megatron-core layout: tp, pp, ep, sp, vpp (backend megatron; None: all 1, "
+        "pure data parallelism).",
     )
     device_mapping: list[int] | None = Field(
         default=None,
@@ -241,13 +306,21 @@ class ActorTrainConfig(Strict):
         if self.world_size > 1 and self.backend == "torch":
             raise ValueError(
                 f"actor_train.world_size={self.world_size} needs a multi-rank backend: set "
-                "actor_train.backend to fsdp2 or deepspeed (torch runs one process)"
+                "actor_train.backend to fsdp2 or deepspeed, or megatron (torch runs one process)"
             )
-        for name in ("fsdp2", "deepspeed"):
+        for name in ("fsdp2", "deepspeed", "megatron"):
             if getattr(self, name) is not None and self.backend != name:
                 raise ValueError(
                     f"actor_train.{name} options are set but actor_train.backend is "
                     f"{self.backend}: set backend: {name} or remove the {name} section"
+                )
+        if self.megatron is not None:
+            m = self.megatron
+            if self.world_size % (m.tp * m.pp * m.ep):
+                raise ValueError(
+                    f"actor_train.world_size={self.world_size} is not a multiple of "
+                    f"megatron tp x pp x ep = {m.tp} x {m.pp} x {m.ep} = {m.tp * m.pp * m.ep}: "
+                    "set world_size to a multiple of it (the rest is data parallelism)"
                 )
         if self.lora is not None and self.backend != "torch":
             raise ValueError(

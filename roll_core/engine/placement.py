@@ -181,7 +181,7 @@ def place(
 
 @dataclass(frozen=True)
 class TrainMemorySpec:
-    backend: str  # torch | fsdp2 | deepspeed
+    backend: str  # torch | fsdp2 | deepspeed | megatron
     world_size: int
     param_bytes: int = 4  # model.dtype: 4 float32, 2 bfloat16
     zero_stage: int = 0  # deepspeed only
@@ -189,6 +189,9 @@ class TrainMemorySpec:
     offload_param: bool = False
     cpu_offload: bool = False  # fsdp2: params, grads and optimizer state on the CPU
     lora: bool = False
+    tp: int = 1  # megatron: tensor, pipeline and expert parallel sizes
+    pp: int = 1
+    ep: int = 1
 
 
 def train_memory(shape: ModelShape, spec: TrainMemorySpec) -> dict[str, float]:
@@ -196,7 +199,8 @@ def train_memory(shape: ModelShape, spec: TrainMemorySpec) -> dict[str, float]:
     plus an fp32 master copy when the parameters are lower precision).
 
     Sharding over world_size N: fsdp2 shards all three; ZeRO-1 the optimizer, ZeRO-2 also
-    grads, ZeRO-3 also params; torch shards nothing. LoRA trains ~no parameters (gradient and
+    grads, ZeRO-3 also params; torch shards nothing; megatron splits params and grads over
+    tp x pp (experts also over ep) and the optimizer over all N (distributed optimizer). LoRA trains ~no parameters (gradient and
     optimizer state of the adapters is neglected)."""
     n = shape.params
     params = float(n * spec.param_bytes)
@@ -218,6 +222,13 @@ def train_memory(shape: ModelShape, spec: TrainMemorySpec) -> dict[str, float]:
             optim = 0.0
         if spec.offload_param:
             params = 0.0
+    elif spec.backend == "megatron":
+        # dense weights split over tp x pp, each expert over tp x pp and the experts over ep;
+        # the distributed optimizer shards the AdamW state over every rank
+        experts = shape.num_layers * shape.num_experts * 3 * shape.hidden_size
+        experts *= shape.moe_intermediate_size
+        share = ((n - experts) + experts / spec.ep) / (n * spec.tp * spec.pp)
+        params, grads, optim = params * share, grads * share, optim / w
     return {"params": params, "grads": grads, "optimizer": optim}
 
 

@@ -207,6 +207,14 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
             note += f", {shape.active_params / 1e9:.2f}B active (MoE)"
         ds = getattr(train, "deepspeed", None)
         fsdp = getattr(train, "fsdp2", None)
+        mg = getattr(train, "megatron", None)
+        if train.backend == "megatron":
+            tp, pp, ep = (mg.tp, mg.pp, mg.ep) if mg else (1, 1, 1)
+            note += (
+                f"; megatron tp{tp} x pp{pp} x ep{ep}, data parallel {train.world_size // (tp * pp)}"
+                + (f", {mg.vpp} virtual stages" if mg and mg.vpp else "")
+                + (", sequence parallel" if mg and mg.sp else "")
+            )
         per_role["actor_train"] = train_memory(
             shape,
             TrainMemorySpec(
@@ -218,6 +226,7 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
                 offload_param=bool(ds and ds.offload_param),
                 cpu_offload=bool(fsdp and fsdp.cpu_offload),
                 lora=train.lora is not None,
+                **({"tp": mg.tp, "pp": mg.pp, "ep": mg.ep} if mg else {}),
             ),
         )
         note += _add_activations(cfg, shape, per_role["actor_train"])
@@ -280,6 +289,25 @@ def _ranks(rows: list[Any], *, process_groups_only: bool) -> list[tuple[str, int
     return out
 
 
+def check_megatron_layout(cfg: Any) -> None:
+    """actor_train.megatron against the model (see backends/train/megatron_model.py)."""
+    train = getattr(cfg, "actor_train", None)
+    if train is None or train.backend != "megatron":
+        return
+    from roll_core.backends.train.megatron_model import check_recipe_layout
+    from roll_core.config.schema import MegatronConfig
+    from roll_core.engine.model_sizes import model_config
+
+    config = model_config(cfg.model.path)
+    if config is not None and "model_type" not in config:  # a builtin's table entry
+        from roll_core.models.builtin import BUILTIN_PREFIX, get_builtin
+
+        if cfg.model.path.startswith(BUILTIN_PREFIX):
+            config["model_type"] = get_builtin(cfg.model.path).model_type
+    if config is not None and "model_type" in config:  # the offline table may not say
+        check_recipe_layout(config, train.megatron or MegatronConfig(), train.world_size)
+
+
 def check_capacity(cfg: Any, rows: list[Any]) -> None:
     """Refuse a CPU recipe whose ranks the executor cannot place, before anything starts.
 
@@ -289,7 +317,11 @@ def check_capacity(cfg: Any, rows: list[Any]) -> None:
     together must fit in `executor.num_cpus` (or this machine's CPUs); more would wait for
     resources forever. A joined cluster (`executor.ray_address`) is checked against its
     resources when it is joined (RayExecutor). GPU recipes are placed by gpu_plan.
+
+    A `megatron` layout is checked against the model's config.json first (when it is known
+    offline): layers, experts and heads it cannot split are recipe errors here.
     """
+    check_megatron_layout(cfg)
     ex = cfg.executor
     if ex.num_gpus or any(row.device == "cuda" for row in rows):
         return

@@ -1,6 +1,6 @@
 """Train backends behind one interface, chosen by `actor_train.backend`.
 
-`torch` is imported eagerly; `fsdp2` and `deepspeed` are imported when chosen, so a missing
+`torch` is imported eagerly; `fsdp2`, `deepspeed` and `megatron` are imported when chosen, so a missing
 optional dependency only matters to the recipes that use it."""
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ TRAIN_BACKENDS: dict[str, str] = {
     "torch": "roll_core.backends.train.torch_backend:TorchTrainBackend",
     "fsdp2": "roll_core.backends.train.fsdp2:FSDP2TrainBackend",
     "deepspeed": "roll_core.backends.train.deepspeed_backend:DeepSpeedTrainBackend",
+    "megatron": "roll_core.backends.train.megatron_backend:MegatronTrainBackend",
 }
 """Backend name -> "module:class". The schema's Literal keeps the names in step with this."""
 
-MULTI_RANK_BACKENDS = ("fsdp2", "deepspeed")
+MULTI_RANK_BACKENDS = ("fsdp2", "deepspeed", "megatron")
 """Backends whose ranks form a torch.distributed group (one process per rank)."""
 
 

@@ -1,0 +1,114 @@
+"""Recipe errors of the `megatron` train backend, found before anything starts: the
+`actor_train.megatron` section alone (schema) and against the model's config.json
+(`check_recipe_layout`, what `roll validate` / `--dry-run` run). No processes, milliseconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from roll_core.backends.train.megatron_model import check_recipe_layout
+from roll_core.config.schema import ActorTrainConfig, MegatronConfig
+from roll_core.errors import ConfigError
+from roll_core.models import resolve_model_path
+
+
+def role(world_size: int = 1, backend: str = "megatron", **megatron: object) -> ActorTrainConfig:
+    return ActorTrainConfig.model_validate(
+        {"backend": backend, "world_size": world_size, "megatron": megatron}
+    )
+
+
+def test_a_valid_layout() -> None:
+    r = role(16, tp=2, pp=2, ep=2, sp=True, vpp=2)
+    assert r.megatron == MegatronConfig(tp=2, pp=2, ep=2, sp=True, vpp=2)
+
+
+@pytest.mark.parametrize(
+    ("world", "layout", "message"),
+    [
+        (6, {"tp": 2, "pp": 2}, r"world_size=6 is not a multiple of megatron tp x pp x ep = "
+         r"2 x 2 x 1 = 4"),
+        (8, {"tp": 2, "pp": 2, "ep": 4}, r"not a multiple of .* = 16"),
+        (2, {"sp": True}, r"sp needs tp > 1"),
+        (4, {"tp": 2, "cp": 2}, r"cp=2: context parallelism needs Transformer Engine"),
+        (2, {"vpp": 2}, r"vpp=2 needs pp > 1"),
+    ],
+)  # fmt: skip
+def test_layout_errors_name_the_sizes(world: int, layout: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        role(world, **layout)
+
+
+def test_megatron_options_need_the_megatron_backend() -> None:
+    with pytest.raises(ValidationError, match="actor_train.megatron options are set but"):
+        role(2, backend="fsdp2", tp=2)
+
+
+def dense() -> dict:
+    """tiny-qwen3's config.json: Qwen3 dense, 2 layers, 4 heads, 2 key/value heads."""
+    return json.loads((Path(resolve_model_path("builtin:tiny-qwen3")) / "config.json").read_text())
+
+
+def moe(experts: int = 4, layers: int = 4) -> dict:
+    """The same as Qwen3-MoE with `experts` experts and `layers` layers."""
+    config = dense()
+    config.update(
+        model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=experts,
+        num_experts_per_tok=2, moe_intermediate_size=32, num_hidden_layers=layers,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+    )  # fmt: skip
+    return config
+
+
+@pytest.mark.parametrize(
+    ("layout", "world", "message"),
+    [
+        ({"pp": 4}, 4, r"2 layers do not split into pp x vpp = 4"),  # tiny-qwen3: 2 layers
+        ({"ep": 2}, 2, r"ep=2 needs a mixture-of-experts model; this one is dense"),
+        ({"tp": 8}, 8, r"4 attention heads do not split over tp=8"),
+    ],
+)
+def test_dense_model_errors(layout: dict, world: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_recipe_layout(dense(), MegatronConfig(**layout), world)
+
+
+def test_moe_model_errors() -> None:
+    path = moe()
+    with pytest.raises(ConfigError, match=r"4 experts do not split over ep=8"):
+        check_recipe_layout(path, MegatronConfig(ep=8), 8)
+    with pytest.raises(ConfigError, match=r"tp > 1 needs sp: true"):
+        check_recipe_layout(path, MegatronConfig(tp=2), 2)
+    check_recipe_layout(path, MegatronConfig(tp=2, sp=True, ep=2, pp=2, vpp=2), 8)  # fits
+
+
+def test_dry_run_refuses_a_layout_the_model_cannot_take(roll, tiny_recipe) -> None:
+    """`roll sft --dry-run` (no process started): pp=4 on tiny-qwen3's 2 layers."""
+    recipe = tiny_recipe(
+        actor_train={"backend": "megatron", "world_size": 4, "megatron": {"pp": 4}},
+    )
+    r = roll("sft", str(recipe), "--dry-run")
+    assert r.returncode != 0
+    assert "2 layers do not split into pp x vpp = 4 pipeline stages" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_scale_recipe_memory() -> None:
+    """recipes/qwen3-30b-a3b-megatron-rlvr.yaml: tp 2 x pp 2 x ep 4 on 16 GPUs. Dense weights
+    split 4 ways, experts 16 ways, AdamW state (12 bytes per bf16 parameter) 16 ways."""
+    from roll_core.config import load_recipe
+    from roll_core.engine.model_sizes import model_shape
+    from roll_core.engine.resource_plan import gpu_plan
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_recipe(root / "recipes" / "qwen3-30b-a3b-megatron-rlvr.yaml", [])
+    shape = model_shape(cfg.model.path)
+    experts = shape.num_layers * shape.num_experts * 3 * shape.hidden_size
+    experts *= shape.moe_intermediate_size
+    train = gpu_plan(cfg).memory[0].roles["actor_train"]
+    assert train["params"] == pytest.approx(((shape.params - experts) / 4 + experts / 16) * 2)
+    assert train["optimizer"] == pytest.approx(shape.params * 12 / 16)
