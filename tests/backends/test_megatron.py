@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 pytest.importorskip("megatron.core")
 
 from roll_core.backends.train import TorchTrainBackend  # noqa: E402
+from roll_core.backends.train.base import TrainBackendSpec  # noqa: E402
 from roll_core.config.algorithm import AlgorithmConfig  # noqa: E402
 from roll_core.config.schema import MegatronConfig, OptimConfig  # noqa: E402
 from roll_core.data import Batch  # noqa: E402
@@ -158,7 +159,7 @@ def reference(model: str) -> dict[str, Any]:
     """2 SFT steps and 1 RL step of the torch backend: per-step metrics, the gradients of the
     first step (before clipping) and of the RL step, the final weights and log-probs."""
     threads = torch.get_num_threads()
-    backend = TorchTrainBackend(**backend_kwargs(model))
+    backend = TorchTrainBackend(TrainBackendSpec(**backend_kwargs(model)))
     torch.set_num_threads(threads)
     grads: list[dict[str, torch.Tensor]] = []
     clip = torch.nn.utils.clip_grad_norm_
@@ -196,8 +197,8 @@ def check_layout(model: str, layout: dict[str, Any], world: int, tmp: Path) -> N
     try:
         actor = Cluster(
             "actor_train", GradActorTrain, ex, world_size=world,
-            worker_kwargs={"backend": "megatron", "backend_kwargs": {
-                **backend_kwargs(model), "megatron": MegatronConfig(**layout)}},
+            worker_kwargs={"spec": TrainBackendSpec(
+                backend="megatron", **backend_kwargs(model), megatron=MegatronConfig(**layout))},
         )  # fmt: skip
         actor.run("setup")
         assert actor.dist_backend == "gloo"
@@ -301,12 +302,6 @@ def test_tp_pp_ep_dp_on_eight_ranks(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipelines/roles.py (backend_options) does not pass actor_train.megatron to the "
-    "backend yet: the ranks train with the default layout (data parallel only). Drop this "
-    "mark when it does (TrainBackendSpec).",
-)
 def test_roll_sft_with_the_megatron_backend(roll, tiny_recipe, tmp_path: Path) -> None:
     """`roll sft` on tiny-qwen3 with actor_train.backend megatron (TP=2 + SP, 2 ranks): it
     trains, checkpoints with the recipe's layout, and `final/` is a Hugging Face model

@@ -9,7 +9,13 @@ from typing import Any, Protocol
 
 import torch
 
-from roll_core.config.schema import DeepSpeedConfig, FSDP2Config, LoraConfig, OptimConfig
+from roll_core.config.schema import (
+    DeepSpeedConfig,
+    FSDP2Config,
+    LoraConfig,
+    MegatronConfig,
+    OptimConfig,
+)
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
 
@@ -23,7 +29,7 @@ class TrainBackendSpec:
     model_path: str
     """Hugging Face checkpoint directory (or a builtin model name already resolved)."""
     backend: str = "torch"
-    """`torch`, `fsdp2` or `deepspeed` (roll_core/backends/train/__init__.py)."""
+    """`torch`, `fsdp2`, `deepspeed` or `megatron` (roll_core/backends/train/__init__.py)."""
     tokenizer_path: str | None = None
     """Tokenizer directory; None: `model_path`'s."""
     dtype: str = "float32"
@@ -48,6 +54,8 @@ class TrainBackendSpec:
     """FSDP2 options (backend fsdp2 only)."""
     deepspeed: DeepSpeedConfig | None = None
     """DeepSpeed options (backend deepspeed only)."""
+    megatron: MegatronConfig | None = None
+    """The megatron layout: tp, pp, ep, sp, vpp (backend megatron only)."""
     packing: bool = True
     """Rows of a micro-batch concatenated into one sequence (per-row position ids, attention
     confined to each row): no compute on padding. False: right-padded micro-batches."""
@@ -68,7 +76,7 @@ class TrainBackendSpec:
                 hint="Set it to at least the longest row (prompt + response tokens), or "
                 "remove it to count micro-batches in rows.",
             )
-        for name in ("fsdp2", "deepspeed"):
+        for name in ("fsdp2", "deepspeed", "megatron"):
             if getattr(self, name) is not None and self.backend != name:
                 raise ConfigError(
                     f"{name} options are given to the {self.backend} train backend.",
@@ -104,6 +112,7 @@ def spec_from_config(
         lora=role.lora,
         fsdp2=role.fsdp2 if role.backend == "fsdp2" else None,
         deepspeed=role.deepspeed if role.backend == "deepspeed" else None,
+        megatron=role.megatron if role.backend == "megatron" else None,
         packing=role.packing,
         max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
     )

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from roll_core.backends.train.base import add_metrics
+from roll_core.backends.train.base import TrainBackendSpec, add_metrics
 from roll_core.backends.train.megatron_model import (
     Layout,
     ShardMap,
@@ -107,7 +107,35 @@ class MegatronTrainBackend(TorchTrainBackend):
     checkpoint_layout = "shared"
     """`save(path)` gets one directory every rank writes its own files into."""
 
-    def __init__(
+    def __init__(self, spec: TrainBackendSpec) -> None:
+        """Built from the typed spec like every train backend. Rows are right-padded per
+        micro-batch (megatron's schedule takes fixed-shape micro-batches): a token budget
+        cannot take effect here and is refused; `packing` does not apply."""
+        if spec.max_tokens_per_micro_batch is not None:
+            raise ConfigError(
+                "actor_train.max_tokens_per_micro_batch is not supported by the megatron "
+                "backend (its pipeline schedule takes micro-batches of micro_batch_size rows).",
+                hint="Remove actor_train.max_tokens_per_micro_batch and set "
+                "trainer.micro_batch_size, or use actor_train.backend: torch / fsdp2 / "
+                "deepspeed.",
+            )
+        self._build(
+            model_path=spec.model_path,
+            tokenizer_path=spec.tokenizer_path,
+            dtype=spec.dtype,
+            device=spec.device,
+            precision=spec.precision,
+            optim=spec.optim,
+            total_steps=spec.total_steps,
+            micro_batch_size=spec.micro_batch_size,
+            seed=spec.seed,
+            num_threads=spec.num_threads,
+            gradient_checkpointing=spec.gradient_checkpointing,
+            lora=spec.lora,
+            megatron=spec.megatron,
+        )
+
+    def _build(
         self,
         *,
         model_path: str,
