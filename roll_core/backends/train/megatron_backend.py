@@ -452,7 +452,10 @@ class MegatronTrainBackend(TorchTrainBackend):
         rows = self._from_last_stage(
             torch.cat([F.pad(t, (0, width - t.shape[1])) for t in out]) if out else None
         )
-        return self._own_rows(batch, rows)
+        own = self._own_rows(batch, rows)
+        # 0 where a row has no next token (padding), as every train backend reports it
+        valid = batch.tensors["attention_mask"][:, 1:].to(own.device).bool()
+        return own.masked_fill(~valid, 0.0)
 
     def _own_rows(self, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
         """This rank's part of its replica's rows (the replica concatenated its ranks' shards
