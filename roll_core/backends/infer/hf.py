@@ -16,6 +16,7 @@ share the model; a lock lets one forward run at a time.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from typing import Any
@@ -32,6 +33,28 @@ from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import vision_token_ids
 
 _GLOBAL_RNG = threading.Lock()
+
+_EXPERT = re.compile(r"^(?P<base>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
+
+
+def fused_expert_view(targets: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """The slice of a fused mixture-of-experts tensor that checkpoint name `name` stands for,
+    or None. Checkpoints (and the megatron backend's sync) name every expert's weights
+    (``...experts.{e}.gate_proj.weight`` [I, H], ``up_proj`` [I, H], ``down_proj`` [H, I]);
+    transformers 5 fuses them into ``...experts.gate_up_proj`` [E, 2I, H] (gate rows first)
+    and ``...experts.down_proj`` [E, H, I]."""
+    m = _EXPERT.match(name)
+    if m is None:
+        return None
+    e, proj = int(m["e"]), m["proj"]
+    if proj == "down":
+        fused = targets.get(f"{m['base']}.down_proj")
+        return None if fused is None else fused[e]
+    fused = targets.get(f"{m['base']}.gate_up_proj")
+    if fused is None:
+        return None
+    half = fused.shape[1] // 2
+    return fused[e, :half] if proj == "gate" else fused[e, half:]
 
 
 class HFInferBackend:
@@ -213,6 +236,8 @@ class HFInferBackend:
             self._targets = self.model.state_dict(keep_vars=True)  # tied: under both names
         for name, value in items:
             target = self._targets.get(name)
+            if target is None:
+                target = fused_expert_view(self._targets, name)
             if target is None:
                 raise KeyError(f"weight sync: the inference model has no tensor {name!r}")
             target.copy_(torch.as_tensor(value), non_blocking=False)
