@@ -15,8 +15,10 @@ from roll_core.errors import ConfigError
 
 def test_registry_lists_valid_names() -> None:
     assert get_train_backend("fsdp2").__name__ == "FSDP2TrainBackend"
-    with pytest.raises(ConfigError, match="unknown train backend 'megatron'; valid: torch, fsdp2"):
-        get_train_backend("megatron")
+    with pytest.raises(
+        ConfigError, match="unknown train backend 'jax'; valid: torch, fsdp2, deepspeed, megatron"
+    ):
+        get_train_backend("jax")
 
 
 def test_missing_deepspeed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
