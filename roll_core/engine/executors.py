@@ -186,7 +186,7 @@ class RayExecutor:
         # concurrency groups cannot be given in `.options()`: only to `ray.remote`
         groups = {_CONCURRENT_GROUP: CONCURRENT_CALLS} if has_concurrent_methods(worker_cls) else {}
         actor_cls = (
-            self._ray.remote(concurrency_groups=groups)(worker_cls)
+            self._ray.remote(concurrency_groups=groups)(worker_cls)  # type: ignore[call-overload]
             if groups
             else self._ray.remote(worker_cls)
         )

@@ -118,7 +118,7 @@ def _logits_spec(cfg: Any, dtype_bytes: int) -> LogitsSpec | None:
     agentic: rollout.max_context positions, max_new_tokens of them responses in step mode,
     all of them in trajectory mode."""
     rollout, trainer = getattr(cfg, "rollout", None), getattr(cfg, "trainer", None)
-    if rollout is None or not hasattr(trainer, "micro_batch_size"):
+    if rollout is None or trainer is None or not hasattr(trainer, "micro_batch_size"):
         return None
     prompt = getattr(getattr(cfg, "data", None), "max_prompt_length", None)
     if prompt is not None:

@@ -206,7 +206,9 @@ class EnvRolloutManager:
         with self.lock:
             self.completed = surplus + self.completed
         redundant = self._abandon_unneeded() if self.s.async_generation_ratio == 0 else 0
-        for tag in want:  # keep the batch in launch order (reproducible: deterministic, chunk_size 1)
+        for (
+            tag
+        ) in want:  # keep the batch in launch order (reproducible: deterministic, chunk_size 1)
             taken[tag].sort(key=lambda g: g.gid)
         groups = [sorted(g.kept, key=lambda t: t.index) for tag in want for g in taken[tag]]
         metrics = self._counters_metrics()
