@@ -14,7 +14,8 @@ class EnvEntry(Strict):
     """One environment of the run (several may be mixed; metrics are reported per tag)."""
 
     env: str = Field(
-        description="Registered env name (sokoban, frozen_lake, tool_use) or a user env as "
+        description="Registered env name (sokoban, frozen_lake, tool_use), a GEM env as "
+        "gem:ID (the `gem` extra, e.g. gem:game:GuessTheNumber-v0-easy), or a user env as "
         "package.module:Class."
     )
     tag: str | None = Field(default=None, description="Name in metrics (default: `env`).")
