@@ -160,6 +160,39 @@ def _add_activations(cfg: Any, shape: Any, train_mem: dict[str, float]) -> str:
     )
 
 
+def _megatron_note(train: Any) -> str:
+    """The megatron layout for the plan's note ("" for other backends)."""
+    if train.backend != "megatron":
+        return ""
+    mg = getattr(train, "megatron", None)
+    tp, pp, ep = (mg.tp, mg.pp, mg.ep) if mg else (1, 1, 1)
+    return (
+        f"; megatron tp{tp} x pp{pp} x ep{ep}, data parallel {train.world_size // (tp * pp)}"
+        + (f", {mg.vpp} virtual stages" if mg and mg.vpp else "")
+        + (", sequence parallel" if mg and mg.sp else "")
+    )
+
+
+def _train_memory_spec(cfg: Any) -> TrainMemorySpec:
+    """What actor_train's memory estimate depends on: backend, ranks, dtype, ZeRO / FSDP2
+    offload, LoRA, the megatron layout."""
+    train = cfg.actor_train
+    ds = getattr(train, "deepspeed", None)
+    fsdp = getattr(train, "fsdp2", None)
+    mg = getattr(train, "megatron", None)
+    return TrainMemorySpec(
+        backend=train.backend,
+        world_size=train.world_size,
+        param_bytes=_BYTES[cfg.model.dtype],
+        zero_stage=(ds.zero_stage if ds else 2) if train.backend == "deepspeed" else 0,
+        offload_optimizer=bool(ds and ds.offload_optimizer),
+        offload_param=bool(ds and ds.offload_param),
+        cpu_offload=bool(fsdp and fsdp.cpu_offload),
+        lora=train.lora is not None,
+        **({"tp": mg.tp, "pp": mg.pp, "ep": mg.ep} if mg else {}),
+    )
+
+
 def gpu_plan(cfg: Any) -> GpuPlan | None:
     """Placement and memory of a recipe's GPU roles; None for a CPU recipe. Raises
     ConfigError for an impossible plan."""
@@ -205,30 +238,8 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
             note += f" ({shape.vision_params / 1e9:.2f}B of them the vision tower)"
         if shape.num_experts:
             note += f", {shape.active_params / 1e9:.2f}B active (MoE)"
-        ds = getattr(train, "deepspeed", None)
-        fsdp = getattr(train, "fsdp2", None)
-        mg = getattr(train, "megatron", None)
-        if train.backend == "megatron":
-            tp, pp, ep = (mg.tp, mg.pp, mg.ep) if mg else (1, 1, 1)
-            note += (
-                f"; megatron tp{tp} x pp{pp} x ep{ep}, data parallel {train.world_size // (tp * pp)}"
-                + (f", {mg.vpp} virtual stages" if mg and mg.vpp else "")
-                + (", sequence parallel" if mg and mg.sp else "")
-            )
-        per_role["actor_train"] = train_memory(
-            shape,
-            TrainMemorySpec(
-                backend=train.backend,
-                world_size=train.world_size,
-                param_bytes=_BYTES[cfg.model.dtype],
-                zero_stage=(ds.zero_stage if ds else 2) if train.backend == "deepspeed" else 0,
-                offload_optimizer=bool(ds and ds.offload_optimizer),
-                offload_param=bool(ds and ds.offload_param),
-                cpu_offload=bool(fsdp and fsdp.cpu_offload),
-                lora=train.lora is not None,
-                **({"tp": mg.tp, "pp": mg.pp, "ep": mg.ep} if mg else {}),
-            ),
-        )
+        note += _megatron_note(train)
+        per_role["actor_train"] = train_memory(shape, _train_memory_spec(cfg))
         note += _add_activations(cfg, shape, per_role["actor_train"])
         if infer is not None:
             kv_tokens = _kv_tokens(cfg, infer.world_size)

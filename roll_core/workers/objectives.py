@@ -69,17 +69,7 @@ def rl(
     algo = algorithm
     t = mb.tensors
     mask = t["response_mask"]
-    # Only response positions carry a loss: the softmax over the vocabulary (and the entropy)
-    # is computed on those N rows, not on every prompt and padding position ([N, V], N << B*T).
-    # A backend may compute the logits of the last columns only (`response_logits_from`):
-    # column j of `logits` is then position `offset + j`; earlier positions carry no response.
-    offset = t["input_ids"].shape[1] - logits.shape[1]
-    picked = mask[:, offset:].bool()
-    scaled = logits[:, :-1][picked].float() / temperature  # [N, V]
-    targets = t["input_ids"][:, 1 + offset :][picked]
-    picked_log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-    log_probs = torch.zeros(mask.shape, dtype=picked_log_probs.dtype, device=mask.device)
-    log_probs[:, offset:] = log_probs[:, offset:].masked_scatter(picked, picked_log_probs)
+    scaled, picked, offset, log_probs = _response_log_probs(logits, mb, temperature)
     loss_kwargs = algo.policy_loss_kwargs(max_len=int(mb.meta["max_response_length"]))
     globals_ = {
         "global_num_tokens": mb.meta["response_tokens"],
@@ -138,6 +128,28 @@ def rl(
         k: float(v) * (1.0 if is_max_metric(k) or k in LOSS_SHARE_METRICS else share)
         for k, v in metrics.items()
     }
+
+
+def _response_log_probs(
+    logits: torch.Tensor, mb: Batch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """(scaled logits of the N response positions [N, V], which positions those are, the
+    column offset of `logits`, log-probs [B, T-1] with 0 off the responses).
+
+    Only response positions carry a loss: the softmax over the vocabulary (and the entropy)
+    is computed on those N rows, not on every prompt and padding position ([N, V], N << B*T).
+    A backend may compute the logits of the last columns only (`response_logits_from`):
+    column j of `logits` is then position `offset + j`; earlier positions carry no response."""
+    t = mb.tensors
+    mask = t["response_mask"]
+    offset = t["input_ids"].shape[1] - logits.shape[1]
+    picked = mask[:, offset:].bool()
+    scaled = logits[:, :-1][picked].float() / temperature  # [N, V]
+    targets = t["input_ids"][:, 1 + offset :][picked]
+    picked_log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    log_probs = torch.zeros(mask.shape, dtype=picked_log_probs.dtype, device=mask.device)
+    log_probs[:, offset:] = log_probs[:, offset:].masked_scatter(picked, picked_log_probs)
+    return scaled, picked, offset, log_probs
 
 
 LOSS_SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss"})

@@ -112,3 +112,15 @@ def test_scale_recipe_memory() -> None:
     train = gpu_plan(cfg).memory[0].roles["actor_train"]
     assert train["params"] == pytest.approx(((shape.params - experts) / 4 + experts / 16) * 2)
     assert train["optimizer"] == pytest.approx(shape.params * 12 / 16)
+
+
+def test_megatron_tp_does_not_change_the_inference_engines_plan() -> None:
+    """The trainer's tensor parallelism (megatron.tp) and vLLM's (tensor_parallel_size 2 in
+    the recipe) are separate: changing the first leaves actor_infer's memory as it is."""
+    from roll_core.config import load_recipe
+    from roll_core.engine.resource_plan import gpu_plan
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-megatron-rlvr.yaml"
+    layouts = [[], ["actor_train.megatron.tp=1", "actor_train.megatron.sp=false"]]
+    infer = [gpu_plan(load_recipe(recipe, o)).memory[0].roles["actor_infer"] for o in layouts]
+    assert infer[0]["params"] == infer[1]["params"] > 0

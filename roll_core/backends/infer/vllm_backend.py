@@ -169,6 +169,19 @@ def _start_async_engine(settings: dict[str, Any], *, model_path: str) -> AsyncEn
     return AsyncEngine(args, name=f"the vLLM engine (AsyncLLM) serving {model_path}")
 
 
+def _cpu_engine_env(num_threads: int | None, enforce_eager: bool) -> dict[str, str]:
+    """Environment of a CPU engine's processes while it starts."""
+    # roll shares the cores with the trainer: do not pin OpenMP threads to cores.
+    env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
+    if num_threads is not None:
+        env["OMP_NUM_THREADS"] = str(num_threads)
+    if enforce_eager:
+        # no torch.compile at all: the sampler's compiled helpers would otherwise compile C++
+        # kernels on the first request (seconds to a minute on CPU)
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    return env
+
+
 class VLLMInferBackend:
     """InferBackend on `vllm.LLM` (``serving="batch"``), and a RequestEngine on vLLM's
     ``AsyncLLM`` (``serving="request"``, the default). ``self.llm`` is the engine either way:
@@ -221,19 +234,11 @@ class VLLMInferBackend:
         if enforce_eager is None:
             enforce_eager = self.on_cpu
         self.bucket_bytes = max(1, int(sync_bucket_mb * 2**20))  # the `driver` sync path
-        env: dict[str, str] = {}
+        env = _cpu_engine_env(num_threads, enforce_eager) if self.on_cpu else {}
         if self.on_cpu:
             # On the CPU build the KV cache is a fixed amount of host memory.
             extra["kv_cache_memory_bytes"] = int(cpu_kv_cache_gb * 2**30)
-            # roll shares the cores with the trainer: do not pin OpenMP threads to cores.
-            env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            if num_threads is not None:
-                env["OMP_NUM_THREADS"] = str(num_threads)
-            if enforce_eager:
-                # no torch.compile at all: the sampler's compiled helpers would otherwise
-                # compile C++ kernels on the first request (seconds to a minute on CPU)
-                env["TORCHDYNAMO_DISABLE"] = "1"
-        if self.on_cpu:  # the engine would die at its first forward: say why, before it starts
+            # the engine would die at its first forward: say why, before it starts
             refused = cpu_head_size_error(head_dim_of(_local_config(model_path)), model=model_path)
             if refused is not None:
                 raise refused
@@ -256,15 +261,20 @@ class VLLMInferBackend:
             else:
                 self.llm = _start_async_engine(settings, model_path=model_path)
         self.version = 0
-        if self.on_cpu:  # the size the engine itself derived (what config.json did not say)
-            head = int(self.llm.model_config.get_head_size())
-            refused = cpu_head_size_error(
-                (head, f"the head size vLLM derived from the model's config: {head}"),
-                model=model_path,
-            )
-            if refused is not None:
-                self.close()
-                raise refused
+        if self.on_cpu:
+            self._check_served_head_size(model_path)
+
+    def _check_served_head_size(self, model_path: str) -> None:
+        """The head size the engine itself derived (what config.json did not say) is one the
+        CPU build can run; else the engine is stopped and the limit named."""
+        head = int(self.llm.model_config.get_head_size())
+        refused = cpu_head_size_error(
+            (head, f"the head size vLLM derived from the model's config: {head}"),
+            model=model_path,
+        )
+        if refused is not None:
+            self.close()
+            raise refused
 
     # ---- generation ---------------------------------------------------------------------------
     def _sampling(self, request: Request, params: SamplingParams) -> Any:
