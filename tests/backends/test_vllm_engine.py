@@ -489,7 +489,16 @@ def test_a_killed_engine_fails_every_waiting_request(model_dir: str) -> None:
         threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        # kill while all three are mid-generation (a fixed sleep let a fast machine finish them)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with backend.llm._lock:
+                parts = [p for ps in backend.llm._inflight.values() for p in ps]
+            if len(parts) == 3 and all(p.token_ids and p.finish_reason is None for p in parts):
+                break
+            time.sleep(0.005)
+        else:
+            pytest.fail("three requests never were in flight together")
         os.kill(pids[0], signal.SIGKILL)
         start = time.time()
         for t in threads:
