@@ -141,8 +141,7 @@ class Critic(Worker):
         )
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         causal_lm = load_causal_lm(self.model_path)
-        if self.packing:
-            check_packing_support(causal_lm, role="critic")
+        self._varlen = check_packing_support(causal_lm, role="critic") if self.packing else False
         self.model = ValueModel(causal_lm).to(self.device)
         cfg = self.optim_cfg
         self.optimizer, self.scheduler = make_optimizer(
@@ -166,7 +165,7 @@ class Critic(Worker):
         `every_position`: all ``T`` input positions (a micro-batch trimmed to its longest row
         keeps that row's last state, the ``T``-th)."""
         if self.packing:
-            kwargs, layout = packed_inputs(mb, self.device)
+            kwargs, layout = packed_inputs(mb, self.device, varlen=self._varlen)
             with self._autocast():
                 packed = self._m()(kwargs["input_ids"], None, kwargs["position_ids"])
             values = layout.unpack(packed[..., None])[..., 0]

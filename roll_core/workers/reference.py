@@ -50,8 +50,9 @@ class Reference(Worker):
             torch.set_num_threads(self.num_threads)
         self.device = resolve_device(self.device_name)
         self.model = load_causal_lm(self.model_path, device=self.device)
-        if self.packing:
-            check_packing_support(self.model, role="reference")
+        self._varlen = (
+            check_packing_support(self.model, role="reference") if self.packing else False
+        )
         self._rope = rope_module(self.model) if self.packing else None
         self.model.eval()
         return {"device": str(self.device)}
@@ -74,6 +75,7 @@ class Reference(Worker):
                 packing=self.packing,
                 rope=self._rope,
                 vision=vision_model_inputs(mb, self.device),  # VLM rows: their images
+                varlen=self._varlen,
             ).logits
             ids = mb.tensors["input_ids"]
             out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))

@@ -57,8 +57,7 @@ class Teacher(Worker):
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.tokenizer = load_tokenizer(spec.tokenizer_path or spec.model_path)
         self.model = load_causal_lm(spec.model_path, dtype=_DTYPES[spec.dtype], device=self.device)
-        if spec.packing:
-            check_packing_support(self.model, role="teacher")
+        self._varlen = check_packing_support(self.model, role="teacher") if spec.packing else False
         self._rope = rope_module(self.model) if spec.packing else None
         self.model.eval()
         self.model.requires_grad_(False)
@@ -85,6 +84,7 @@ class Teacher(Worker):
                 packing=self.spec.packing,
                 rope=self._rope,
                 vision=vision,
+                varlen=self._varlen,
             )
             return out.logits.float()
 

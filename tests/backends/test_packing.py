@@ -70,9 +70,9 @@ def test_groups_stay_together_and_too_long_rows_are_recipe_errors() -> None:
         plan_micro_batches([2, 5], micro_batch_size=1, max_tokens=4, packed=True)
 
 
-def test_packed_layout_positions_and_round_trip() -> None:
+def test_varlen_layout_is_one_sequence() -> None:
     attn = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    layout = PackedRows.from_mask(attn)
+    layout = PackedRows.from_mask(attn, varlen=True)
     assert layout.rows.tolist() == [0, 0, 0, 1, 1]
     assert layout.position_ids().tolist() == [[0, 1, 2, 0, 1]]  # restart at each row
     values = torch.arange(8.0).view(2, 4)
@@ -83,6 +83,43 @@ def test_packed_layout_positions_and_round_trip() -> None:
     assert layout.keep_indices(1).tolist() == [1, 2, 4]
     kept = packed[:, layout.keep_indices(1)]
     assert layout.unpack(kept[..., None], first_col=1)[..., 0].tolist() == [[1, 2, 0], [5, 0, 0]]
+
+
+def test_dense_layout_packs_rows_into_bins_of_the_longest_row() -> None:
+    # lengths 4, 1, 2, 3 in bins of 4 (first fit, longest first): row 0 alone; row 3 then
+    # row 1; row 2 then 2 filler tokens (positions restarting at 0: a segment of their own)
+    attn = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]])
+    layout = PackedRows.from_mask(attn)
+    assert (layout.n_bins, layout.bin_width) == (3, 4)
+    assert layout.position_ids().tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 1]]
+    values = torch.arange(16.0).view(4, 4)
+    packed = layout.pack(values)
+    assert packed.tolist() == [[0, 1, 2, 3], [12, 13, 14, 4], [8, 9, 0, 0]]
+    assert layout.unpack(packed[..., None])[..., 0].tolist() == [
+        [0, 1, 2, 3],
+        [4, 0, 0, 0],
+        [8, 9, 0, 0],
+        [12, 13, 14, 0],
+    ]
+    # columns >= 1 sit in packed columns 1, 2, 3 of some bin: the logits kept for all bins
+    assert layout.keep_indices(1).tolist() == [1, 2, 3]
+    kept = packed[:, layout.keep_indices(1)]
+    assert layout.unpack(kept[..., None], first_col=1)[..., 0].tolist() == [
+        [1, 2, 3],
+        [0, 0, 0],
+        [9, 0, 0],
+        [13, 14, 0],
+    ]
+
+
+def test_ordered_layout_keeps_the_token_order_for_images() -> None:
+    # next fit in row order (a VLM's image features are placed in token order): row 0 alone,
+    # rows 1 and 2 share a bin, row 3 starts a new one since 3 + 3 > 4
+    attn = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]])
+    layout = PackedRows.from_mask(attn, ordered=True)
+    assert layout.position_ids().tolist() == [[0, 1, 2, 3], [0, 0, 1, 0], [0, 1, 2, 0]]
+    packed = layout.pack(torch.arange(16.0).view(4, 4))
+    assert packed.tolist() == [[0, 1, 2, 3], [4, 8, 9, 0], [12, 13, 14, 0]]
 
 
 def test_trim_cuts_input_and_target_columns_only() -> None:

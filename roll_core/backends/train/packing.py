@@ -10,12 +10,15 @@ Two independent switches of a train role (`actor_train.packing`,
   `batch.meta` and never split a row, so the loss and gradients do not depend on how rows
   are grouped (every mode of roll_core/algorithms/aggregation.py).
 * **Packing** (:class:`PackedRows`): the rows of a micro-batch (right-padded, as every roll
-  batch is) become one sequence ``[1, S]``, ``S`` = the real tokens, with per-row position ids
-  ``0 .. len-1``. transformers builds the block-diagonal causal mask from position ids that
-  restart at 0 when no 2-D attention mask is given (`masking_utils.find_packed_sequence_indices`:
-  sdpa / eager / flex build the mask; flash-attention takes ``cu_seqlens`` from the same position
-  ids), so no row attends to another. The logits are scattered back to the padded layout
-  ``[B, T, V]`` (zeros on padding), so objectives see exactly what the padded path gives them.
+  batch is) are concatenated with per-row position ids ``0 .. len-1``. transformers builds the
+  block-diagonal causal mask from position ids that restart at 0 when no 2-D attention mask is
+  given (`masking_utils.find_packed_sequence_indices`), so no row attends to another. With
+  flash-attention (``cu_seqlens`` from the same position ids: no mask is built) all rows form
+  one sequence ``[1, S]``, ``S`` = the real tokens; sdpa / eager / flex build a dense
+  ``S x S`` mask, so there rows are packed into bins as long as the longest row (first fit
+  decreasing): never more attention than the padded micro-batch, and most of its padding
+  gone. The logits are scattered back to the padded layout ``[B, T, V]`` (zeros on padding),
+  so objectives see exactly what the padded path gives them.
   Vision-language models (Qwen2.5-VL): the 3-D rope position ids are computed per row on the
   padded micro-batch, exactly as the padded forward computes them, then packed, with the text
   position ids as a fourth row (the layout transformers reads packing from).
@@ -36,9 +39,11 @@ PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "fl
 """Attention implementations that confine attention to each packed row (from position ids)."""
 
 
-def check_packing_support(model: Any, *, role: str = "actor_train") -> None:
-    """A ConfigError (before the first step) when the model's attention cannot take packed
-    input: an attention implementation outside :data:`PACKING_ATTENTION`."""
+def check_packing_support(model: Any, *, role: str = "actor_train") -> bool:
+    """Whether the model's attention takes packed rows as one variable-length sequence
+    (flash-attention: True) or as bins of a dense mask (sdpa / eager / flex: False); a
+    ConfigError (before the first step) when it cannot take packed input at all (an
+    attention implementation outside :data:`PACKING_ATTENTION`)."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
     if impl not in PACKING_ATTENTION:
@@ -48,6 +53,7 @@ def check_packing_support(model: Any, *, role: str = "actor_train") -> None:
             hint=f"Set {role}.packing: false (right-padded micro-batches), or load the model "
             f"with one of {', '.join(PACKING_ATTENTION)}.",
         )
+    return str(impl).startswith("flash_attention")
 
 
 def row_lengths(batch: Batch) -> list[int]:
@@ -186,39 +192,107 @@ def scatter_rows(
 
 @dataclass
 class PackedRows:
-    """Where each token of a packed sequence comes from: ``rows[k], cols[k]`` of the padded
-    micro-batch (row-major order, padding left out)."""
+    """Where each token of a packed micro-batch comes from and goes to: the token at
+    ``rows[k], cols[k]`` of the padded micro-batch sits at ``bins[k], slots[k]`` of the packed
+    ``[n_bins, width]`` layout (row-major order, padding left out).
+
+    Two layouts (:meth:`from_mask`): one sequence ``[1, S]`` (``S`` = the real tokens) for
+    attention kernels that read row boundaries from the position ids as variable-length
+    sequences (flash-attention's ``cu_seqlens``), and *bins* for kernels that build a dense
+    mask from them (sdpa, eager, flex): rows placed first fit in decreasing length order into
+    sequences as long as the longest row, so the attention costs at most what the padded
+    micro-batch costs (``S x S`` over one long sequence would cost many times more). A bin's
+    unused tail is filler: its own segment (positions restarting at 0), never attended to by
+    the rows and dropped on unpacking.
+    """
 
     rows: torch.Tensor
     cols: torch.Tensor
+    bins: torch.Tensor
+    slots: torch.Tensor
     batch_size: int
     width: int
+    n_bins: int
+    bin_width: int
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor) -> PackedRows:
+    def from_mask(
+        cls, attention_mask: torch.Tensor, *, varlen: bool = False, ordered: bool = False
+    ) -> PackedRows:
+        """The layout of a right-padded micro-batch. `ordered`: bins filled in row order
+        (next fit), so the packed tokens keep the batch's order: a vision-language model
+        places the images' features in token order."""
         rows, cols = attention_mask.bool().nonzero(as_tuple=True)
-        return cls(rows, cols, attention_mask.shape[0], attention_mask.shape[1])
+        batch_size, width = attention_mask.shape
+        lengths = attention_mask.sum(-1).tolist()
+        if varlen or batch_size == 0:
+            total = int(rows.numel())
+            slots = torch.arange(total, device=rows.device)
+            return cls(rows, cols, torch.zeros_like(rows), slots, batch_size, width, 1, total)
+        capacity = max(1, int(max(lengths)))
+        fill: list[int] = []  # tokens placed in each bin
+        start = [0] * batch_size  # (bin, first slot) of each row
+        where = [0] * batch_size
+        order = (
+            range(batch_size) if ordered else sorted(range(batch_size), key=lambda r: -lengths[r])
+        )
+        for r in order:
+            n = int(lengths[r])
+            if ordered:
+                b = len(fill) - 1 if fill and fill[-1] + n <= capacity else len(fill)
+            else:
+                b = next((k for k, used in enumerate(fill) if used + n <= capacity), len(fill))
+            if b == len(fill):
+                fill.append(0)
+            where[r], start[r] = b, fill[b]
+            fill[b] += n
+        bins = torch.tensor(where, dtype=torch.long, device=rows.device)[rows]
+        slots = torch.tensor(start, dtype=torch.long, device=rows.device)[rows] + cols
+        return cls(rows, cols, bins, slots, batch_size, width, len(fill), capacity)
 
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
-        """``[B, T, ...]`` -> ``[1, S, ...]``."""
-        return padded[self.rows, self.cols][None]
+        """``[B, T, ...]`` -> ``[n_bins, bin_width, ...]`` (filler: zeros)."""
+        out = padded.new_zeros((self.n_bins, self.bin_width, *padded.shape[2:]))
+        out[self.bins, self.slots] = padded[self.rows, self.cols]
+        return out
 
     def position_ids(self) -> torch.Tensor:
-        """``[1, S]``: 0 .. len-1 within each row."""
-        return self.cols[None]
+        """``[n_bins, bin_width]``: 0 .. len-1 within each row; a bin's filler restarts at 0."""
+        device = self.rows.device
+        free = torch.ones((self.n_bins, self.bin_width), dtype=torch.bool, device=device)
+        free[self.bins, self.slots] = False
+        used = (~free).sum(-1, keepdim=True)
+        filler = torch.arange(self.bin_width, device=device)[None, :] - used
+        positions = torch.where(free, filler, torch.zeros_like(filler))
+        positions[self.bins, self.slots] = self.cols
+        return positions
 
-    def unpack(self, packed: torch.Tensor, *, first_col: int = 0) -> torch.Tensor:
-        """``[1, K, ...]`` values of the packed positions whose column is >= `first_col`
-        -> ``[B, T - first_col, ...]``, zeros on padding (autograd flows through)."""
-        keep = self.cols >= first_col
-        rows, cols = self.rows[keep], self.cols[keep] - first_col
-        out = packed.new_zeros((self.batch_size, self.width - first_col, *packed.shape[2:]))
-        return out.index_put((rows, cols), packed[0])
+    def spread(self, values: torch.Tensor, filler: torch.Tensor) -> torch.Tensor:
+        """Per-token ``[..., S]`` values (token order of :attr:`rows`) laid out as
+        ``[..., n_bins, bin_width]``, `filler` ``[..., n_bins, bin_width]`` elsewhere."""
+        out = filler.clone().to(values)
+        out[..., self.bins, self.slots] = values
+        return out
 
     def keep_indices(self, first_col: int) -> torch.Tensor:
-        """Packed positions whose column is >= `first_col` (transformers' tensor form of
-        `logits_to_keep`)."""
-        return (self.cols >= first_col).nonzero().squeeze(1)
+        """The packed columns (slots) holding a token of column >= `first_col` in any bin
+        (transformers' tensor form of `logits_to_keep`), ascending."""
+        return torch.unique(self.slots[self.cols >= first_col])
+
+    def unpack(self, packed: torch.Tensor, *, first_col: int = 0) -> torch.Tensor:
+        """Packed values ``[n_bins, bin_width, ...]``, or only the columns
+        :meth:`keep_indices` (`first_col`) gives -> ``[B, T - first_col, ...]``, zeros on
+        padding (autograd flows through)."""
+        keep = self.cols >= first_col
+        rows, cols = self.rows[keep], self.cols[keep] - first_col
+        bins, slots = self.bins[keep], self.slots[keep]
+        if packed.shape[1] != self.bin_width:  # logits_to_keep cut the packed columns
+            where = torch.full((self.bin_width,), -1, dtype=torch.long, device=slots.device)
+            kept = self.keep_indices(first_col)
+            where[kept] = torch.arange(kept.numel(), device=slots.device)
+            slots = where[slots]
+        out = packed.new_zeros((self.batch_size, self.width - first_col, *packed.shape[2:]))
+        return out.index_put((rows, cols), packed[bins, slots])
 
 
 def rope_module(model: Any) -> Any:
@@ -237,14 +311,16 @@ def packed_inputs(
     logits_from: int = 0,
     vision: dict[str, torch.Tensor] | None = None,
     rope: Any = None,
+    varlen: bool = False,
 ) -> tuple[dict[str, Any], PackedRows]:
-    """The model keyword arguments of micro-batch `mb` packed into one sequence, and the
-    layout to unpack the outputs with. `rope`: see :func:`rope_module` (VLMs)."""
+    """The model keyword arguments of micro-batch `mb` packed (one sequence when `varlen`,
+    see :func:`check_packing_support`, else bins: :class:`PackedRows`), and the layout to
+    unpack the outputs with. `rope`: see :func:`rope_module` (VLMs)."""
     ids = mb.tensors["input_ids"].to(device)
     attn = mb.tensors["attention_mask"].to(device)
-    layout = PackedRows.from_mask(attn)
-    positions = layout.position_ids()
     vision = dict(vision or {})
+    layout = PackedRows.from_mask(attn, varlen=varlen, ordered="pixel_values" in vision)
+    positions = layout.position_ids()
     token_types = vision.pop("mm_token_type_ids", None)  # [B, T]: 3-D rope needs them
     if rope is not None:
         three_d = rope.compute_3d_position_ids(
@@ -256,11 +332,12 @@ def packed_inputs(
             past_key_values=None,
             mm_token_type_ids=token_types.to(device) if token_types is not None else None,
         )
+        text = positions[None].expand(3, -1, -1)
         if three_d is None:  # what the padded forward uses then: 0.. per row in all three
-            three_d = layout.cols[None, None].expand(3, 1, -1)
+            three_d = text
         else:
-            three_d = three_d[:, layout.rows, layout.cols][:, None]
-        positions = torch.cat([positions[None], three_d.to(positions)], dim=0)  # [4, 1, S]
+            three_d = layout.spread(three_d[:, layout.rows, layout.cols], text)
+        positions = torch.cat([positions[None], three_d.to(positions)], dim=0)  # [4, bins, W]
     kwargs: dict[str, Any] = {
         "input_ids": layout.pack(ids),
         "position_ids": positions,
@@ -282,13 +359,14 @@ def model_forward(
     rope: Any = None,
     logits_from: int = 0,
     vision: dict[str, torch.Tensor] | None = None,
+    varlen: bool = False,
 ) -> Any:
     """`call(**inputs)` (a causal LM's forward) on micro-batch `mb`, packed or padded; the
     output's ``logits`` are ``[B, T - logits_from, V]`` either way (zeros on padding when
     packed), so callers cannot tell the two paths apart."""
     if packing:
         kwargs, layout = packed_inputs(
-            mb, device, logits_from=logits_from, vision=vision, rope=rope
+            mb, device, logits_from=logits_from, vision=vision, rope=rope, varlen=varlen
         )
         out = call(**kwargs)
         out.logits = layout.unpack(out.logits, first_col=logits_from)

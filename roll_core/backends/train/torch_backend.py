@@ -176,8 +176,7 @@ class TorchTrainBackend:
         packing is on and the model's attention cannot isolate packed rows."""
         self.packing = self.spec.packing
         self.max_tokens = self.spec.max_tokens_per_micro_batch
-        if self.packing:
-            check_packing_support(model)
+        self._varlen = check_packing_support(model) if self.packing else False
         self._rope = rope_module(model) if self.packing else None
 
     def micro_batches(self, batch: Batch, objective: Any = None) -> list[tuple[list[int], Batch]]:
@@ -228,6 +227,7 @@ class TorchTrainBackend:
                 rope=self._rope,
                 logits_from=logits_from,
                 vision=vision,
+                varlen=self._varlen,
             )
 
     def _call_model(self, **kwargs: Any) -> Any:
