@@ -549,9 +549,12 @@ class AlgorithmConfig(Strict):
     tis_cap: float | None = Field(
         default=None,
         gt=0,
-        description="Truncated importance sampling between the inference and train engines: "
-        "weight each token by min(pi_old / pi_infer, tis_cap) (e.g. 2.0; null: off). Not with "
-        "`policy_loss: decoupled_ppo`, whose behaviour weight is already that correction.",
+        description="Alias of `rollout_correction: {is_level: token, is_cap: <tis_cap>}` "
+        "(token-level truncated importance sampling, min(pi_old / pi_infer, tis_cap); e.g. 2.0; "
+        "null: off): validation moves it there and sets it back to null, so the resolved "
+        "config.yaml shows the rollout_correction section. Not with `policy_loss: "
+        "decoupled_ppo` (its behaviour weight is that correction already) or with "
+        "`rollout_correction.is_level`.",
     )
     rollout_correction: RolloutCorrectionConfig | None = Field(
         default=None,
@@ -620,25 +623,37 @@ class AlgorithmConfig(Strict):
                 "policy_loss ppo with tis_cap"
             )
         rc = self.rollout_correction
-        if rc is not None and rc.is_level is not None:
-            if self.tis_cap is not None:
-                raise ValueError(
-                    "tis_cap with rollout_correction.is_level would weight every token by "
-                    "pi_old / pi_infer twice (tis_cap is token-level TIS): remove tis_cap, or "
-                    "use rollout_correction.preset token_tis alone"
-                )
-            if self.policy_loss == "decoupled_ppo":
-                raise ValueError(
-                    "rollout_correction.is_level with policy_loss decoupled_ppo would correct "
-                    "for the sampler twice: decoupled_ppo already weights every token by "
-                    "pi_old / pi_behaviour. Remove is_level (rejection, rs_*, may stay), or "
-                    "use policy_loss ppo"
-                )
+        if rc is not None and rc.is_level is not None and self.tis_cap is not None:
+            raise ValueError(
+                "tis_cap with rollout_correction.is_level would weight every token by "
+                "pi_old / pi_infer twice (tis_cap is token-level TIS): remove tis_cap, or "
+                "use rollout_correction.preset token_tis alone"
+            )
+        if self.tis_cap is not None:
+            self._fold_tis_cap()
+            rc = self.rollout_correction
+        if rc is not None and rc.is_level is not None and self.policy_loss == "decoupled_ppo":
+            raise ValueError(
+                "rollout_correction.is_level with policy_loss decoupled_ppo would correct "
+                "for the sampler twice: decoupled_ppo already weights every token by "
+                "pi_old / pi_behaviour. Remove is_level (rejection, rs_*, may stay), or "
+                "use policy_loss ppo"
+            )
         if self.dual_clip_c is not None and self.policy_loss != "ppo":
             raise ValueError(
                 f"dual_clip_c only applies to policy_loss ppo, not {self.policy_loss}; remove it"
             )
         return self
+
+    def _fold_tis_cap(self) -> None:
+        """`tis_cap` is an alias: move it into `rollout_correction` (one code path, one set of
+        metrics) and clear it, so the resolved config validates to the same thing again."""
+        cap, rc = self.tis_cap, self.rollout_correction
+        keys = rc.model_dump(exclude_unset=True, exclude={"preset"}) if rc is not None else {}
+        self.rollout_correction = RolloutCorrectionConfig(
+            **{**keys, "is_level": "token", "is_cap": cap}
+        )
+        self.tis_cap = None
 
     @property
     def uses_reference(self) -> bool:
@@ -674,6 +689,5 @@ class AlgorithmConfig(Strict):
             "clip_low": self.clip_low,
             "clip_high": self.clip_high,
             "clip_c": self.dual_clip_c,
-            "tis_cap": self.tis_cap,
             "max_len": self.loss_agg_norm_len or max_len,
         }

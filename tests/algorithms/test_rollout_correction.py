@@ -262,7 +262,7 @@ def test_fully_rejected_row_in_every_aggregation(agg_mode: str, expected: float)
     assert float(_pg_loss(w, mask, agg_mode)) == pytest.approx(expected)
 
 
-def test_weights_with_tis_cap_or_decoupled_ppo_are_refused() -> None:
+def test_weights_with_decoupled_ppo_are_refused() -> None:
     x = dict(
         log_probs=OLD,
         old_log_probs=OLD,
@@ -272,6 +272,6 @@ def test_weights_with_tis_cap_or_decoupled_ppo_are_refused() -> None:
         rollout_is_weights=torch.ones_like(OLD),
     )
     with pytest.raises(ValueError, match="twice"):
-        policy_loss("ppo", **x, tis_cap=2.0)
-    with pytest.raises(ValueError, match="twice"):
         policy_loss("decoupled_ppo", **x)
+    with pytest.raises(TypeError, match="tis_cap"):  # one path: tis_cap is a recipe alias
+        policy_loss("ppo", **x, tis_cap=2.0)

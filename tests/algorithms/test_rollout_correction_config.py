@@ -112,6 +112,8 @@ def test_divergence_bands() -> None:
             "low only applies to k1 options",
         ),
         ({"rs_level": "token", "rs_high": -1.0}, "rs_high"),
+        ({"is_level": "token", "is_cap": -1.0}, "is_cap"),
+        ({"is_level": "token", "is_cap": 0.0}, "is_cap"),
     ],
 )
 def test_bad_sections_are_recipe_errors(section: dict[str, Any], fragment: str) -> None:
@@ -142,8 +144,24 @@ def test_double_corrections_are_errors(data: dict[str, Any], fragment: str) -> N
 
 def test_rejection_combines_with_tis_cap_and_decoupled_ppo() -> None:
     # masks are not weights: no double correction
-    load({"tis_cap": 2.0, "rollout_correction": {"preset": "geo_rs"}})
+    cfg = load({"tis_cap": 3.0, "rollout_correction": {"preset": "geo_rs"}})
+    rc = cfg.rollout_correction
+    assert rc is not None and cfg.tis_cap is None
+    assert (rc.is_level, rc.is_cap, rc.rs_level, rc.rs_high) == ("token", 3.0, "geometric", 1.001)
     load({"policy_loss": "decoupled_ppo", "rollout_correction": {"preset": "geo_rs"}})
+
+
+def test_tis_cap_is_an_alias_of_token_tis() -> None:
+    """One key, one code path: `tis_cap: C` validates to the same config as the token_tis
+    preset with `is_cap: C`, and the resolved config (tis_cap null) reloads identically."""
+    alias = load({"tis_cap": 1.5})
+    explicit = load({"rollout_correction": {"preset": "token_tis", "is_cap": 1.5}})
+    assert alias.tis_cap is None
+    assert alias.rollout_correction is not None and explicit.rollout_correction is not None
+    assert alias.rollout_correction.kwargs() == explicit.rollout_correction.kwargs()
+    assert load(yaml.safe_load(dump_config(alias))) == alias
+    with pytest.raises(ConfigError, match="tis_cap"):
+        load({"tis_cap": -1.0})
 
 
 def test_docs_list_every_correction_preset() -> None:
