@@ -112,12 +112,13 @@ def importance_weights(
 
     ``w = min(exp(clamp(level_log_ratio, -20, 20)), cap) * response_mask`` (verl's
     ``compute_rollout_correction_weights``; ``geometric`` from slime). ``cap=None``: no
-    truncation. Metrics (before truncation, as verl): ``rollout_is_mean`` (over response
-    tokens), ``rollout_is_max`` / ``_min`` (token: over response tokens; sequence levels: over
-    rows with a response token, ``exp`` of the row's log-ratio, clamped at +20 for the max only),
-    ``rollout_is_ratio_fraction_high`` / ``_low`` (share above ``cap`` / below ``1 / cap``), and
-    ``rollout_is_eff_sample_size``: ``(sum w)^2 / (n sum w^2)`` over the n response tokens of the
-    weights clamped to ``[1 / cap, cap]`` (verl's formula; without a cap the raw weights).
+    truncation. Metrics, as current verl's ``compute_is_metrics``: ``rollout_is_mean`` (of the
+    applied, truncated weights over the response tokens); ``rollout_is_max`` / ``_min``
+    (token: of the applied weights over response tokens; sequence levels: ``exp`` of the rows'
+    untruncated log-ratios over rows with a response token, clamped at +20 for the max only);
+    ``rollout_is_ratio_fraction_high`` / ``_low`` (share of the untruncated token weights, or
+    rows, above ``cap`` / below ``1 / cap``); and ``rollout_is_eff_sample_size``:
+    ``(sum w)^2 / (n sum w^2)`` over the n response tokens of the applied weights ``w``.
     Needs at least one response token (:func:`rollout_correction` checks).
     """
     _check_level(level, "algorithm.rollout_correction.is_level")
@@ -128,32 +129,27 @@ def importance_weights(
         )
     m = response_mask.to(log_ratio.dtype)
     lvl = level_log_ratio(log_ratio.detach(), m, level)
-    weights = torch.exp(lvl.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * m
+    raw = torch.exp(lvl.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * m
+    weights = raw if cap is None else raw.clamp(max=cap)
     metrics = {"rollout_is_mean": float(masked_mean(weights, m))}
     rows = _valid_rows(m)
+    seq_log = lvl[:, 0][rows]
     if level == "token":
         metrics["rollout_is_max"] = _masked_extreme(weights, m, largest=True)
         metrics["rollout_is_min"] = _masked_extreme(weights, m, largest=False)
     else:
-        seq_log = lvl[:, 0][rows]
         metrics["rollout_is_max"] = math.exp(min(float(seq_log.max()), SAFETY_BOUND))
         metrics["rollout_is_min"] = math.exp(float(seq_log.min()))
-    ess_weights = weights
     if cap is not None:
         if level == "token":
-            high, low = (
-                masked_mean((weights > cap).float(), m),
-                masked_mean((weights < 1 / cap).float(), m),
-            )
+            high = masked_mean((raw > cap).float(), m)
+            low = masked_mean((raw < 1 / cap).float(), m)
         else:
-            seq_log = lvl[:, 0][rows]
             high = (seq_log > math.log(cap)).float().mean()
             low = (seq_log < math.log(1 / cap)).float().mean()
         metrics["rollout_is_ratio_fraction_high"] = float(high)
         metrics["rollout_is_ratio_fraction_low"] = float(low)
-        ess_weights = weights.clamp(min=1 / cap, max=cap)
-        weights = weights.clamp(max=cap)
-    normalised = ess_weights / (masked_mean(ess_weights, m) + 1e-8)
+    normalised = weights / (masked_mean(weights, m) + 1e-8)
     metrics["rollout_is_eff_sample_size"] = float(1.0 / masked_mean(normalised.square(), m))
     return weights.detach(), {PREFIX + k: v for k, v in metrics.items()}
 

@@ -56,15 +56,28 @@ def test_token_tis() -> None:
     # min(rho, 3) on response tokens, 0 elsewhere
     expected = torch.tensor([[2.0, 0.5, 1.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     assert torch.allclose(w, expected.double())
-    # metrics before truncation (as verl): mean 8.5 / 5, max 4, min 0.5
-    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.7)
-    assert m["rollout_corr/rollout_is_max"] == pytest.approx(4.0)
+    # mean / max / min of the applied weights 2, .5, 1, 3, 1 (as current verl): 7.5 / 5, 3, .5
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.5)
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(3.0)
     assert m["rollout_corr/rollout_is_min"] == pytest.approx(0.5)
-    # above 3: the 4 (1 of 5); below 1/3: none
+    # untruncated ratios above 3: the 4 (1 of 5); below 1/3: none
     assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(0.2)
     assert m["rollout_corr/rollout_is_ratio_fraction_low"] == 0.0
-    # ESS on weights clamped to [1/3, 3]: 2, .5, 1, 3, 1 -> sum 7.5, squares 15.25
+    # ESS of the applied weights: sum 7.5, squares 4 + .25 + 1 + 9 + 1 = 15.25
     assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(7.5**2 / (5 * 15.25))
+
+
+def test_token_tis_ess_uses_the_applied_weights() -> None:
+    w, _, m = correct(is_level="token", is_cap=1.5)
+    # applied weights min(rho, 1.5): 1.5, .5, 1 | 1.5, 1 -> sum 5.5, squares 6.75
+    assert torch.allclose(w[:2], torch.tensor([[1.5, 0.5, 1.0], [1.5, 1.0, 0.0]]).double())
+    # ESS = 5.5^2 / (5 * 6.75) = 0.8963 (verl before 2026 clamped to [1/cap, cap] first, so the
+    # .5 would count as 2/3 there: 5.667^2 / (5 * 6.944) = 0.9248)
+    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(5.5**2 / (5 * 6.75))
+    # raw ratios above 1.5: 2 and 4 (2 of 5); below 1/1.5: the .5 (1 of 5)
+    assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(0.4)
+    assert m["rollout_corr/rollout_is_ratio_fraction_low"] == pytest.approx(0.2)
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(5.5 / 5)
 
 
 def test_sequence_tis() -> None:
@@ -72,14 +85,15 @@ def test_sequence_tis() -> None:
     # row products: 2 * 0.5 * 1 = 1, 4 * 1 = 4 (the padded 8 is not a factor) -> min(., 2)
     expected = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0]])
     assert torch.allclose(w, expected.double())
-    # untruncated 1, 1, 1, 4, 4 over the tokens: mean 11 / 5
-    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(2.2)
-    # max / min over the two rows with a response (the empty row is not a sequence)
+    # applied 1, 1, 1, 2, 2 over the tokens: mean 7 / 5
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.4)
+    # max / min of the untruncated row weights over the two rows with a response (the empty
+    # row is not a sequence)
     assert m["rollout_corr/rollout_is_max"] == pytest.approx(4.0)
     assert m["rollout_corr/rollout_is_min"] == pytest.approx(1.0)
     # rows above 2: row 1 of 2
     assert m["rollout_corr/rollout_is_ratio_fraction_high"] == 0.5
-    # ESS: clamp to [.5, 2] -> 1, 1, 1, 2, 2: sum 7, squares 11
+    # ESS of the applied weights 1, 1, 1, 2, 2: sum 7, squares 11
     assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(49 / 55)
 
 
@@ -228,6 +242,13 @@ def _pg_loss(weights, mask, agg_mode: str) -> torch.Tensor:
     loss.backward()
     assert torch.isfinite(logp.grad).all()
     return loss.detach()
+
+
+def test_every_aggregation_mode_is_covered() -> None:
+    from roll_core.algorithms.aggregation import LOSS_AGG_MODES
+
+    modes = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+    assert set(LOSS_AGG_MODES) == set(modes), "add the new mode to the two tests below"
 
 
 @pytest.mark.parametrize(
