@@ -80,6 +80,34 @@ def test_token_tis_ess_uses_the_applied_weights() -> None:
     assert m["rollout_corr/rollout_is_mean"] == pytest.approx(5.5 / 5)
 
 
+def test_token_icepop() -> None:
+    w, mask, m = correct(is_level="token", is_cap=3.0, is_low=0.6)
+    # rho 2, .5, 1 | 4, 1: the .5 (< .6) and the 4 (> 3) get weight 0, the rest keep rho
+    expected = torch.tensor([[2.0, 0.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    assert torch.allclose(w, expected.double())
+    assert torch.equal(mask, MASK)  # IcePop weights, it does not reject
+    assert m["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(2 / 5)
+    # applied weights 2, 0, 1, 0, 1: mean 4 / 5, max 2, min 0; ESS 4^2 / (5 * 6)
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(0.8)
+    assert (m["rollout_corr/rollout_is_max"], m["rollout_corr/rollout_is_min"]) == (2.0, 0.0)
+    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(16 / 30)
+    # raw above 3: the 4; below .6 (the lower bound, not 1 / cap): the .5
+    assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(0.2)
+    assert m["rollout_corr/rollout_is_ratio_fraction_low"] == pytest.approx(0.2)
+    # in the loss the zeroed tokens stay in the denominator: token-mean of -w over 5 tokens
+    assert float(_pg_loss(w, mask, "token-mean")) == pytest.approx(-4 / 5)
+
+
+def test_sequence_icepop() -> None:
+    w, _, m = correct(is_level="sequence", is_cap=2.0, is_low=0.5)
+    # row products 1 (inside [.5, 2]) and 4 (outside): row 1's weights become 0
+    expected = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert torch.allclose(w, expected.double())
+    assert m["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(2 / 5)  # row 1's 2 tokens
+    assert m["rollout_corr/rollout_is_ratio_fraction_high"] == 0.5  # rows: 4 > 2
+    assert m["rollout_corr/rollout_is_ratio_fraction_low"] == 0.0
+
+
 def test_sequence_tis() -> None:
     w, _, m = correct(is_level="sequence", is_cap=2.0)
     # row products: 2 * 0.5 * 1 = 1, 4 * 1 = 4 (the padded 8 is not a factor) -> min(., 2)
@@ -215,6 +243,8 @@ def test_empty_batch_gives_no_metrics_and_no_nan() -> None:
         ({"rs_divergence": [("token_k1", 3.0, 2.0)]}, "band [3.0, 2.0]"),
         ({"rs_divergence": [("token_k3", 0.1, 2.0)]}, "only applies to k1"),
         ({"is_level": "token", "is_cap": 0.0}, "must be positive"),
+        ({"is_level": "token", "is_cap": 2.0, "is_low": 2.0}, "band [2.0, 2.0]"),
+        ({"is_level": "token", "is_cap": None, "is_low": 0.5}, "needs an upper bound"),
     ],
 )
 def test_bad_arguments_are_config_errors(kwargs, fragment: str) -> None:

@@ -115,7 +115,7 @@ def test_rlvr_rollout_correction_logs_its_metrics(roll, rl_recipe, tmp_path: Pat
             "rollout_is_eff_sample_size",
             "rollout_rs_masked_fraction",
             "rollout_rs_seq_masked_fraction",
-            "rollout_rs_geometric_masked_fraction",
+            "rollout_rs_seq_mean_k1_masked_fraction",
         ):
             assert f"rollout_corr/{key}" in step, key
         # hf sampler and trainer in fp32 with synced weights: (almost) no mismatch, so the
