@@ -169,7 +169,9 @@ def importance_weights(
         metrics["rollout_is_ratio_fraction_high"] = float(above)
         metrics["rollout_is_ratio_fraction_low"] = float(below)
     normalised = weights / (masked_mean(weights, m) + 1e-8)
-    metrics["rollout_is_eff_sample_size"] = float(1.0 / masked_mean(normalised.square(), m))
+    second = float(masked_mean(normalised.square(), m))
+    # every weight zeroed (IcePop): no effective sample (verl divides by zero there)
+    metrics["rollout_is_eff_sample_size"] = 1.0 / second if second > 0 else 0.0
     return weights.detach(), {PREFIX + k: v for k, v in metrics.items()}
 
 

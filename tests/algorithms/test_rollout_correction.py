@@ -98,6 +98,14 @@ def test_token_icepop() -> None:
     assert float(_pg_loss(w, mask, "token-mean")) == pytest.approx(-4 / 5)
 
 
+def test_icepop_zeroing_every_weight_has_ess_zero_not_inf() -> None:
+    # band [1.1, 1.5] holds none of 2, .5, 1 | 4, 1: every weight is 0, ESS 0 (not 1 / 0)
+    w, _, m = correct(is_level="token", is_cap=1.5, is_low=1.1)
+    assert float(w.abs().sum()) == 0.0
+    assert m["rollout_corr/rollout_is_eff_sample_size"] == 0.0
+    assert m["rollout_corr/rollout_is_oob_ratio"] == 1.0
+
+
 def test_sequence_icepop() -> None:
     w, _, m = correct(is_level="sequence", is_cap=2.0, is_low=0.5)
     # row products 1 (inside [.5, 2]) and 4 (outside): row 1's weights become 0
