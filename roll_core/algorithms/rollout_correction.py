@@ -11,10 +11,12 @@ Sources, followed formula for formula (docs/algorithms.md "Rollout correction" l
 departure):
 
 * verl's rollout correction (``verl/trainer/ppo/rollout_corr_helper.py``, volcengine/verl):
-  token / sequence importance weights truncated at ``rollout_is_threshold`` (TIS), rejection on
-  a ratio band at token / sequence / geometric level (``rollout_rs`` up to 2025-12), rejection on
-  divergence estimates ``token_k*``, ``seq_sum_k*``, ``seq_mean_k*``, ``seq_max_k*`` (2026-01),
-  and the off-policy metrics ``kl`` and ``k3_kl``;
+  token / sequence importance weights truncated at ``rollout_is_threshold`` (TIS) or zeroed
+  outside a ``"low_high"`` band (IcePop), rejection on a ratio band at token / sequence /
+  geometric level (``rollout_rs`` up to 2025-12), rejection on divergence estimates
+  ``token_k*``, ``seq_sum_k*``, ``seq_mean_k*``, ``seq_max_k*`` (2026-01), the IS metrics of
+  ``compute_is_metrics`` and the off-policy metrics ``kl``, ``k3_kl``, ``chi2_token``
+  (verl-project/verl commit 1dda039);
 * Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
   (fengyao.notion.site/off-policy-rl, no arXiv id): token TIS ``min(rho, C)`` and MIS (tokens
   with ``rho > C`` masked);
@@ -122,8 +124,8 @@ def importance_weights(
     untruncated log-ratios over rows with a response token, clamped at +20 for the max only);
     ``rollout_is_ratio_fraction_high`` / ``_low`` (share of the untruncated token weights, or
     rows, above ``cap`` / below ``low``, or ``1 / cap`` without it); and
-    ``rollout_is_eff_sample_size``:
-    ``(sum w)^2 / (n sum w^2)`` over the n response tokens of the applied weights ``w``.
+    ``rollout_is_eff_sample_size``: ``(sum w)^2 / (n sum w^2)`` over the n response tokens of
+    the applied weights ``w`` (0 when every weight is 0).
     Needs at least one response token (:func:`rollout_correction` checks).
     """
     _check_level(level, "algorithm.rollout_correction.is_level")
