@@ -35,7 +35,7 @@ from roll_core.algorithms.normalization import (
     normalize_rewards,
     whiten_advantages,
 )
-from roll_core.algorithms.policy_losses import POLICY_LOSSES, policy_loss, tis_weight
+from roll_core.algorithms.policy_losses import POLICY_LOSSES, policy_loss
 from roll_core.algorithms.rollout_correction import rollout_correction
 from roll_core.algorithms.shaping import groups_with_signal, overlong_penalty
 from roll_core.algorithms.value import explained_variance, value_loss
@@ -71,7 +71,6 @@ __all__ = [
     "rollout_correction",
     "scores_to_token_rewards",
     "sequence_scores",
-    "tis_weight",
     "value_loss",
     "whiten_advantages",
 ]

@@ -10,10 +10,11 @@ Call :func:`policy_loss` with the loss's name (registry :data:`POLICY_LOSSES`). 
 * ``advantages``: from :mod:`roll_core.algorithms.advantages`;
 * ``response_mask``: 1 on response tokens, 0 on padding;
 * ``infer_log_probs`` (optional): the tokens' log-probabilities reported by the inference
-  engine that sampled them (the behaviour policy), for truncated importance sampling.
+  engine that sampled them (the behaviour policy of ``decoupled_ppo``).
 
-Each registered loss returns a per-token loss matrix; :func:`policy_loss` then applies the
-truncated importance-sampling weight when ``tis_cap`` is set, aggregates with ``agg_mode``
+Each registered loss returns a per-token loss matrix; :func:`policy_loss` then multiplies it
+by the rollout correction's importance weights when given
+(:mod:`roll_core.algorithms.rollout_correction`), aggregates with ``agg_mode``
 (:mod:`roll_core.algorithms.aggregation`) and returns metrics with namespaced keys
 (``actor/pg_loss``, ``actor/clipfrac``, ``actor/ppo_kl``, ...). Token metrics are means over
 this batch's response tokens.
@@ -26,7 +27,6 @@ has the same gradient but a value that moves with ``logp``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -239,8 +239,9 @@ def decoupled_ppo(
     ``loss = w * max(-A*r, -A*clip(r, 1 - clip_low, 1 + clip_high))``. Tokens whose ``w``
     exceeds ``behaviour_cap`` get weight 0 (as AReaL masks them); ``math.inf``: no cap (through
     :func:`policy_loss` a None argument means "the default", as for every registered loss, so
-    None keeps the cap of 5). Not to be combined with ``tis_cap``: ``w`` already is the
-    train/inference correction (the recipe schema rejects the pair). Without
+    None keeps the cap of 5). Not to be combined with the rollout correction's importance
+    weights (``algorithm.tis_cap`` included): ``w`` already is the train/inference correction
+    (the recipe schema rejects the pair). Without
     ``behaviour_log_probs`` the behaviour policy is the proximal one (``w = 1``: plain PPO).
 
     Metrics: ``actor/clipfrac``, ``actor/behav_weight_mean`` / ``_max`` (over kept tokens),
@@ -266,43 +267,13 @@ def decoupled_ppo(
     }
 
 
-def tis_weight(
-    *, old_log_probs: torch.Tensor, infer_log_probs: torch.Tensor, cap: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Truncated importance-sampling weight between the train and inference engines
-    ``[B, T]``: ``w = min(exp(old_logp - infer_logp), cap)``, no gradient; and the mask of
-    tokens where the cap applied.
-
-    The inference engine (vLLM) samples with slightly different numerics than the train
-    engine, so the sampled tokens come from ``pi_infer``, not from ``pi_old``; weighting each
-    token by the truncated ratio corrects that mismatch (Yao et al. 2025, "Your Efficient RL
-    Framework Secretly Brings You Off-Policy RL Training", fengyao.notion.site, no arXiv id;
-    truncation as in IMPALA's V-trace, Espeholt et al. 2018, arXiv 1802.01561). No departure.
-    """
-    if cap <= 0:
-        raise ConfigError(
-            f"TIS cap {cap} must be positive.",
-            hint="Set algorithm.tis_cap to a value >= 1 (2.0 is common) or null.",
-        )
-    log_ratio = (old_log_probs - infer_log_probs).detach()
-    capped = log_ratio > math.log(cap)
-    return torch.exp(log_ratio.clamp(max=math.log(cap))), capped
-
-
-def _check_single_correction(
-    name: str, tis_cap: float | None, rollout_is_weights: torch.Tensor | None
-) -> None:
-    """At most one of tis_cap, decoupled_ppo's behaviour weight and the rollout correction's
-    importance weights: each is pi_old / pi_infer, and two would apply it twice."""
-    if tis_cap is not None and name == "decoupled_ppo":
+def _check_single_correction(name: str, rollout_is_weights: torch.Tensor | None) -> None:
+    """decoupled_ppo's behaviour weight and the rollout correction's importance weights are
+    both pi_old / pi_infer: the two together would apply it twice."""
+    if rollout_is_weights is not None and name == "decoupled_ppo":
         raise ValueError(
-            "tis_cap with decoupled_ppo would apply exp(old - infer) twice (its behaviour "
-            "weight is that correction already): drop tis_cap"
-        )
-    if rollout_is_weights is not None and (tis_cap is not None or name == "decoupled_ppo"):
-        raise ValueError(
-            "rollout-correction importance weights with tis_cap or decoupled_ppo would weight "
-            "every token by pi_old / pi_infer twice: use one of them"
+            "rollout-correction importance weights with decoupled_ppo would weight every token "
+            "by pi_old / pi_infer twice: use one of them"
         )
 
 
@@ -315,7 +286,6 @@ def policy_loss(
     response_mask: torch.Tensor,
     agg_mode: str = "token-mean",
     infer_log_probs: torch.Tensor | None = None,
-    tis_cap: float | None = None,
     rollout_is_weights: torch.Tensor | None = None,
     max_len: int | None = None,
     global_num_tokens: float | None = None,
@@ -329,11 +299,12 @@ def policy_loss(
             ``pg``.
         log_probs, old_log_probs, advantages, response_mask: ``[B, T]`` (module docstring).
         agg_mode: loss aggregation (:data:`~roll_core.algorithms.aggregation.LOSS_AGG_MODES`).
-        infer_log_probs: ``[B, T]`` log-probs from the inference engine (needed with tis_cap).
-        tis_cap: when set, multiply every token's loss by :func:`tis_weight` (TIS).
+        infer_log_probs: ``[B, T]`` log-probs from the inference engine (the behaviour
+            policy of ``decoupled_ppo``).
         rollout_is_weights: ``[B, T]`` importance weights of the rollout correction
             (:mod:`roll_core.algorithms.rollout_correction`, computed once per batch): every
-            token's loss is multiplied by its weight before aggregation (as verl); the
+            token's loss is multiplied by its weight before aggregation (as verl; token-level
+            TIS, the recipe's ``algorithm.tis_cap``, arrives here too); the
             aggregation's denominators do not change. Its rejection acts through
             ``response_mask`` (rejected tokens are 0 there).
         max_len, global_num_tokens, global_num_seqs: see
@@ -343,11 +314,10 @@ def policy_loss(
 
     Returns:
         ``(loss, metrics)``: the scalar loss (with gradient) and floats ``actor/pg_loss``,
-        ``actor/ppo_kl`` (mean of ``old_logp - logp``), the loss's own metrics, and with TIS
-        ``actor/tis_weight_mean`` and ``actor/tis_capfrac``.
+        ``actor/ppo_kl`` (mean of ``old_logp - logp``) and the loss's own metrics.
     """
     fn = POLICY_LOSSES.get(name)
-    _check_single_correction(name, tis_cap, rollout_is_weights)
+    _check_single_correction(name, rollout_is_weights)
     inputs = dict(
         log_probs=log_probs,
         old_log_probs=old_log_probs,
@@ -358,15 +328,6 @@ def policy_loss(
     )
     loss_mat, token_metrics = POLICY_LOSSES.call(fn, name, inputs)
     metrics = {k: float(v) for k, v in token_metrics.items()}
-    if tis_cap is not None:
-        if infer_log_probs is None:
-            raise ValueError("tis_cap is set but infer_log_probs was not given")
-        weight, capped = tis_weight(
-            old_log_probs=old_log_probs, infer_log_probs=infer_log_probs, cap=tis_cap
-        )
-        loss_mat = loss_mat * weight
-        metrics["actor/tis_weight_mean"] = float(masked_mean(weight, response_mask))
-        metrics["actor/tis_capfrac"] = float(masked_mean(capped.float(), response_mask))
     if rollout_is_weights is not None:
         loss_mat = loss_mat * rollout_is_weights.detach()
     loss = agg_loss(

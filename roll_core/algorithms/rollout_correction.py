@@ -11,10 +11,12 @@ Sources, followed formula for formula (docs/algorithms.md "Rollout correction" l
 departure):
 
 * verl's rollout correction (``verl/trainer/ppo/rollout_corr_helper.py``, volcengine/verl):
-  token / sequence importance weights truncated at ``rollout_is_threshold`` (TIS), rejection on
-  a ratio band at token / sequence / geometric level (``rollout_rs`` up to 2025-12), rejection on
-  divergence estimates ``token_k*``, ``seq_sum_k*``, ``seq_mean_k*``, ``seq_max_k*`` (2026-01),
-  and the off-policy metrics ``kl`` and ``k3_kl``;
+  token / sequence importance weights truncated at ``rollout_is_threshold`` (TIS) or zeroed
+  outside a ``"low_high"`` band (IcePop), rejection on a ratio band at token / sequence /
+  geometric level (``rollout_rs`` up to 2025-12), rejection on divergence estimates
+  ``token_k*``, ``seq_sum_k*``, ``seq_mean_k*``, ``seq_max_k*`` (2026-01), the IS metrics of
+  ``compute_is_metrics`` and the off-policy metrics ``kl``, ``k3_kl``, ``chi2_token``
+  (verl-project/verl commit 1dda039);
 * Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
   (fengyao.notion.site/off-policy-rl, no arXiv id): token TIS ``min(rho, C)`` and MIS (tokens
   with ``rho > C`` masked);
@@ -107,17 +109,23 @@ def importance_weights(
     response_mask: torch.Tensor,
     level: str,
     cap: float | None,
+    low: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Importance weights ``pi_old / pi_rollout`` at `level`, truncated at `cap`: ``[B, T]``.
 
     ``w = min(exp(clamp(level_log_ratio, -20, 20)), cap) * response_mask`` (verl's
     ``compute_rollout_correction_weights``; ``geometric`` from slime). ``cap=None``: no
-    truncation. Metrics (before truncation, as verl): ``rollout_is_mean`` (over response
-    tokens), ``rollout_is_max`` / ``_min`` (token: over response tokens; sequence levels: over
-    rows with a response token, ``exp`` of the row's log-ratio, clamped at +20 for the max only),
-    ``rollout_is_ratio_fraction_high`` / ``_low`` (share above ``cap`` / below ``1 / cap``), and
-    ``rollout_is_eff_sample_size``: ``(sum w)^2 / (n sum w^2)`` over the n response tokens of the
-    weights clamped to ``[1 / cap, cap]`` (verl's formula; without a cap the raw weights).
+    truncation. With `low` (IcePop, verl's ``rollout_is_threshold: "low_cap"``) weights outside
+    ``[low, cap]`` are set to 0 instead (the token stays in ``response_mask``, so it still
+    counts in the loss denominators) and ``rollout_is_oob_ratio`` is their share of the response
+    tokens. Metrics, as current verl's ``compute_is_metrics``: ``rollout_is_mean`` (of the
+    applied, truncated weights over the response tokens); ``rollout_is_max`` / ``_min``
+    (token: of the applied weights over response tokens; sequence levels: ``exp`` of the rows'
+    untruncated log-ratios over rows with a response token, clamped at +20 for the max only);
+    ``rollout_is_ratio_fraction_high`` / ``_low`` (share of the untruncated token weights, or
+    rows, above ``cap`` / below ``low``, or ``1 / cap`` without it); and
+    ``rollout_is_eff_sample_size``: ``(sum w)^2 / (n sum w^2)`` over the n response tokens of
+    the applied weights ``w`` (0 when every weight is 0).
     Needs at least one response token (:func:`rollout_correction` checks).
     """
     _check_level(level, "algorithm.rollout_correction.is_level")
@@ -126,35 +134,46 @@ def importance_weights(
             f"importance-weight cap {cap} must be positive.",
             hint="Set algorithm.rollout_correction.is_cap to a value >= 1 (2.0 is common) or null.",
         )
+    if low is not None:
+        if cap is None:
+            raise ConfigError(
+                "an importance-weight lower bound (IcePop) needs an upper bound.",
+                hint="Set algorithm.rollout_correction.is_cap (e.g. 5.0) next to is_low.",
+            )
+        _check_band(low, cap, "algorithm.rollout_correction is_low/is_cap")
     m = response_mask.to(log_ratio.dtype)
     lvl = level_log_ratio(log_ratio.detach(), m, level)
-    weights = torch.exp(lvl.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * m
-    metrics = {"rollout_is_mean": float(masked_mean(weights, m))}
+    raw = torch.exp(lvl.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * m
+    metrics: dict[str, float] = {}
+    if low is not None and cap is not None:
+        inside = (raw >= low) & (raw <= cap)
+        weights = torch.where(inside, raw, torch.zeros_like(raw))
+        metrics["rollout_is_oob_ratio"] = float(masked_mean((~inside).float(), m))
+    else:
+        weights = raw if cap is None else raw.clamp(max=cap)
+    metrics["rollout_is_mean"] = float(masked_mean(weights, m))
     rows = _valid_rows(m)
+    seq_log = lvl[:, 0][rows]
     if level == "token":
         metrics["rollout_is_max"] = _masked_extreme(weights, m, largest=True)
         metrics["rollout_is_min"] = _masked_extreme(weights, m, largest=False)
     else:
-        seq_log = lvl[:, 0][rows]
         metrics["rollout_is_max"] = math.exp(min(float(seq_log.max()), SAFETY_BOUND))
         metrics["rollout_is_min"] = math.exp(float(seq_log.min()))
-    ess_weights = weights
     if cap is not None:
+        floor = 1 / cap if low is None else low
         if level == "token":
-            high, low = (
-                masked_mean((weights > cap).float(), m),
-                masked_mean((weights < 1 / cap).float(), m),
-            )
+            above = masked_mean((raw > cap).float(), m)
+            below = masked_mean((raw < floor).float(), m)
         else:
-            seq_log = lvl[:, 0][rows]
-            high = (seq_log > math.log(cap)).float().mean()
-            low = (seq_log < math.log(1 / cap)).float().mean()
-        metrics["rollout_is_ratio_fraction_high"] = float(high)
-        metrics["rollout_is_ratio_fraction_low"] = float(low)
-        ess_weights = weights.clamp(min=1 / cap, max=cap)
-        weights = weights.clamp(max=cap)
-    normalised = ess_weights / (masked_mean(ess_weights, m) + 1e-8)
-    metrics["rollout_is_eff_sample_size"] = float(1.0 / masked_mean(normalised.square(), m))
+            above = (seq_log > math.log(cap)).float().mean()
+            below = (seq_log < math.log(floor)).float().mean()
+        metrics["rollout_is_ratio_fraction_high"] = float(above)
+        metrics["rollout_is_ratio_fraction_low"] = float(below)
+    normalised = weights / (masked_mean(weights, m) + 1e-8)
+    second = float(masked_mean(normalised.square(), m))
+    # every weight zeroed (IcePop): no effective sample (verl divides by zero there)
+    metrics["rollout_is_eff_sample_size"] = 1.0 / second if second > 0 else 0.0
     return weights.detach(), {PREFIX + k: v for k, v in metrics.items()}
 
 
@@ -285,6 +304,7 @@ def rollout_correction(
     response_mask: torch.Tensor,
     is_level: str | None = None,
     is_cap: float | None = None,
+    is_low: float | None = None,
     rs_level: str | None = None,
     rs_low: float | None = None,
     rs_high: float | None = None,
@@ -298,6 +318,7 @@ def rollout_correction(
         response_mask: ``[B, T]`` 1 on response tokens, 0 on padding.
         is_level: ``token`` / ``sequence`` / ``geometric`` importance weights, None: none.
         is_cap: truncation of the weights (TIS); None: untruncated.
+        is_low: with `is_cap`, weights outside ``[is_low, is_cap]`` become 0 (IcePop).
         rs_level: ratio-band rejection at ``token`` / ``sequence`` / ``geometric`` level.
         rs_low, rs_high: the band (``rs_low`` None: ``1 / rs_high``).
         rs_divergence: ``(option, low, high)`` divergence criteria (:func:`divergence_mask`).
@@ -320,7 +341,7 @@ def rollout_correction(
     )
     if is_level is not None:
         weights, is_metrics = importance_weights(
-            log_ratio=log_ratio, response_mask=m, level=is_level, cap=is_cap
+            log_ratio=log_ratio, response_mask=m, level=is_level, cap=is_cap, low=is_low
         )
         metrics |= is_metrics
     keep = torch.ones_like(m)

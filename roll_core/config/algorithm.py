@@ -174,20 +174,36 @@ DivergenceOption = Literal[
     "seq_max_k3",
 ]
 CorrectionPresetName = Literal[
-    "token_tis", "seq_tis", "seq_tis_rs", "geo_rs", "geo_rs_seq_tis", "token_mis"
+    "token_tis",
+    "seq_tis",
+    "token_icepop",
+    "seq_tis_rs",
+    "geo_rs",
+    "geo_rs_seq_tis",
+    "geo_rs_token_tis",
+    "k3_rs",
+    "k3_rs_seq_tis",
+    "k3_rs_token_tis",
+    "token_mis",
 ]
 
+_GEO_RS = [{"option": "seq_mean_k1", "low": 0.999, "high": 1.001}]
+_K3_RS = [{"option": "seq_mean_k3", "high": 0.01}]
 CORRECTION_PRESETS: dict[str, dict[str, Any]] = {
     "token_tis": {"is_level": "token", "is_cap": 2.0},
     "seq_tis": {"is_level": "sequence", "is_cap": 2.0},
-    "seq_tis_rs": {"is_level": "sequence", "is_cap": 2.0, "rs_level": "sequence", "rs_high": 2.0},
-    "geo_rs": {"rs_level": "geometric", "rs_high": 1.001},
-    "geo_rs_seq_tis": {
+    "token_icepop": {"is_level": "token", "is_cap": 5.0, "is_low": 0.5},
+    "seq_tis_rs": {
         "is_level": "sequence",
         "is_cap": 2.0,
-        "rs_level": "geometric",
-        "rs_high": 1.001,
+        "rs_divergence": [{"option": "seq_sum_k1", "low": 0.5, "high": 2.0}],
     },
+    "geo_rs": {"rs_divergence": _GEO_RS},
+    "geo_rs_seq_tis": {"is_level": "sequence", "is_cap": 2.0, "rs_divergence": _GEO_RS},
+    "geo_rs_token_tis": {"is_level": "token", "is_cap": 2.0, "rs_divergence": _GEO_RS},
+    "k3_rs": {"rs_divergence": _K3_RS},
+    "k3_rs_seq_tis": {"is_level": "sequence", "is_cap": 2.0, "rs_divergence": _K3_RS},
+    "k3_rs_token_tis": {"is_level": "token", "is_cap": 2.0, "rs_divergence": _K3_RS},
     "token_mis": {
         "is_level": "token",
         "is_cap": None,
@@ -245,8 +261,10 @@ class RolloutCorrectionConfig(Strict):
 
     preset: CorrectionPresetName | None = Field(
         default=None,
-        description="token_tis, seq_tis, seq_tis_rs, geo_rs, geo_rs_seq_tis, token_mis; keys "
-        "set here override it.",
+        description="token_tis, seq_tis, token_icepop, seq_tis_rs, geo_rs, geo_rs_seq_tis, "
+        "geo_rs_token_tis, k3_rs, k3_rs_seq_tis, k3_rs_token_tis (verl's decoupled-mode "
+        "presets), token_mis (Yao et al.); keys set here override it (a list such as "
+        "rs_divergence replaces the preset's whole list).",
     )
     is_level: CorrectionLevel | None = Field(
         default=None,
@@ -259,6 +277,13 @@ class RolloutCorrectionConfig(Strict):
         gt=0,
         description="Truncate the weights at this value (TIS; verl: rollout_is_threshold); "
         "null: untruncated (MIS: combine with a rejection band).",
+    )
+    is_low: float | None = Field(
+        default=None,
+        gt=0,
+        description="IcePop: weights outside [is_low, is_cap] become 0 instead of being "
+        "truncated (the token stays in the loss denominators; verl: rollout_is_threshold "
+        '"<is_low>_<is_cap>"); null: truncate at is_cap.',
     )
     rs_level: CorrectionLevel | None = Field(
         default=None,
@@ -315,8 +340,18 @@ class RolloutCorrectionConfig(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> RolloutCorrectionConfig:
         # the default cap is what a resolved config.yaml records, so only another value errs
-        if self.is_level is None and self.is_cap != 2.0:
-            raise ValueError("is_cap is set but is_level is not: set is_level or remove is_cap")
+        if self.is_level is None and (self.is_cap != 2.0 or self.is_low is not None):
+            raise ValueError(
+                "is_cap/is_low are set but is_level is not: set is_level or remove them"
+            )
+        if self.is_low is not None:
+            if self.is_cap is None:
+                raise ValueError("is_low (IcePop) needs an upper bound: set is_cap (e.g. 5.0)")
+            if self.is_low >= self.is_cap:
+                raise ValueError(
+                    f"the IcePop band is_low {self.is_low} >= is_cap {self.is_cap} zeroes every "
+                    "weight: set is_low below is_cap"
+                )
         if self.rs_level is None and (self.rs_high is not None or self.rs_low is not None):
             raise ValueError("rs_high/rs_low are set but rs_level is not: set rs_level")
         if self.rs_level is not None:
@@ -343,6 +378,7 @@ class RolloutCorrectionConfig(Strict):
         return {
             "is_level": self.is_level,
             "is_cap": self.is_cap,
+            "is_low": self.is_low,
             "rs_level": self.rs_level,
             "rs_low": self.resolved_rs_low,
             "rs_high": self.rs_high,
@@ -549,9 +585,12 @@ class AlgorithmConfig(Strict):
     tis_cap: float | None = Field(
         default=None,
         gt=0,
-        description="Truncated importance sampling between the inference and train engines: "
-        "weight each token by min(pi_old / pi_infer, tis_cap) (e.g. 2.0; null: off). Not with "
-        "`policy_loss: decoupled_ppo`, whose behaviour weight is already that correction.",
+        description="Alias of `rollout_correction: {is_level: token, is_cap: <tis_cap>}` "
+        "(token-level truncated importance sampling, min(pi_old / pi_infer, tis_cap); e.g. 2.0; "
+        "null: off): validation moves it there and sets it back to null, so the resolved "
+        "config.yaml shows the rollout_correction section. Not with `policy_loss: "
+        "decoupled_ppo` (its behaviour weight is that correction already) or with "
+        "`rollout_correction.is_level`.",
     )
     rollout_correction: RolloutCorrectionConfig | None = Field(
         default=None,
@@ -620,25 +659,37 @@ class AlgorithmConfig(Strict):
                 "policy_loss ppo with tis_cap"
             )
         rc = self.rollout_correction
-        if rc is not None and rc.is_level is not None:
-            if self.tis_cap is not None:
-                raise ValueError(
-                    "tis_cap with rollout_correction.is_level would weight every token by "
-                    "pi_old / pi_infer twice (tis_cap is token-level TIS): remove tis_cap, or "
-                    "use rollout_correction.preset token_tis alone"
-                )
-            if self.policy_loss == "decoupled_ppo":
-                raise ValueError(
-                    "rollout_correction.is_level with policy_loss decoupled_ppo would correct "
-                    "for the sampler twice: decoupled_ppo already weights every token by "
-                    "pi_old / pi_behaviour. Remove is_level (rejection, rs_*, may stay), or "
-                    "use policy_loss ppo"
-                )
+        if rc is not None and rc.is_level is not None and self.tis_cap is not None:
+            raise ValueError(
+                "tis_cap with rollout_correction.is_level would weight every token by "
+                "pi_old / pi_infer twice (tis_cap is token-level TIS): remove tis_cap, or "
+                "use rollout_correction.preset token_tis alone"
+            )
+        if self.tis_cap is not None:
+            self._fold_tis_cap()
+            rc = self.rollout_correction
+        if rc is not None and rc.is_level is not None and self.policy_loss == "decoupled_ppo":
+            raise ValueError(
+                "rollout_correction.is_level with policy_loss decoupled_ppo would correct "
+                "for the sampler twice: decoupled_ppo already weights every token by "
+                "pi_old / pi_behaviour. Remove is_level (rejection, rs_*, may stay), or "
+                "use policy_loss ppo"
+            )
         if self.dual_clip_c is not None and self.policy_loss != "ppo":
             raise ValueError(
                 f"dual_clip_c only applies to policy_loss ppo, not {self.policy_loss}; remove it"
             )
         return self
+
+    def _fold_tis_cap(self) -> None:
+        """`tis_cap` is an alias: move it into `rollout_correction` (one code path, one set of
+        metrics) and clear it, so the resolved config validates to the same thing again."""
+        cap, rc = self.tis_cap, self.rollout_correction
+        keys = rc.model_dump(exclude_unset=True, exclude={"preset"}) if rc is not None else {}
+        self.rollout_correction = RolloutCorrectionConfig(
+            **{**keys, "is_level": "token", "is_cap": cap}
+        )
+        self.tis_cap = None
 
     @property
     def uses_reference(self) -> bool:
@@ -674,6 +725,5 @@ class AlgorithmConfig(Strict):
             "clip_low": self.clip_low,
             "clip_high": self.clip_high,
             "clip_c": self.dual_clip_c,
-            "tis_cap": self.tis_cap,
             "max_len": self.loss_agg_norm_len or max_len,
         }

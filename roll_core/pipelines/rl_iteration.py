@@ -99,9 +99,9 @@ def logprob_gap_warning(metrics: dict[str, float], threshold: float | None) -> s
         "mixture-of-experts model whose routing differs between the engine and the trainer "
         "(e.g. Qwen3-MoE on vLLM vs the HF forward), different precisions (actor_infer."
         "precision, vllm.dtype), or weights that did not sync. To correct for it set "
-        "algorithm.rollout_correction (e.g. preset: token_tis, or geo_rs to reject the worst "
-        "responses; docs/algorithms.md), algorithm.tis_cap or algorithm.policy_loss: "
-        "decoupled_ppo; to silence this, raise trainer.warn_logprob_diff (null: never). "
+        "algorithm.rollout_correction (e.g. preset: token_tis, the same as algorithm.tis_cap: "
+        "2, or k3_rs_token_tis to also reject the most divergent responses; docs/algorithms.md) "
+        "or algorithm.policy_loss: decoupled_ppo; to silence this, raise trainer.warn_logprob_diff (null: never). "
         "Shown once per run."
     )
 

@@ -158,7 +158,11 @@ def test_every_preset_runs_through_the_library(preset: str) -> None:
     )
     loss.backward()
     assert torch.isfinite(loss) and logp.grad is not None
-    assert metrics["actor/tis_weight_mean"] > 0
+    assert "actor/pg_loss" in metrics
+    # tis_cap is folded into the rollout correction, never applied by the policy loss
+    assert cfg.tis_cap is None and "tis_cap" not in cfg.policy_loss_kwargs()
+    assert cfg.rollout_correction is not None
+    assert (cfg.rollout_correction.is_level, cfg.rollout_correction.is_cap) == ("token", 2.0)
 
 
 def _flat(section: dict[str, Any], prefix: str = "") -> list[str]:

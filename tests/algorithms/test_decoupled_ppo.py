@@ -95,10 +95,13 @@ def test_behaviour_cap_inf_removes_the_cap_and_none_keeps_the_default() -> None:
     assert m["actor/behav_capfrac"] == 0.0
 
 
-def test_tis_cap_is_not_applied_on_top_of_the_behaviour_weight() -> None:
-    # With TIS the w = 2 token would be weighted 2 x min(2, cap) = 4: the same correction twice.
+def test_rollout_is_weights_are_not_applied_on_top_of_the_behaviour_weight() -> None:
+    # With token TIS (algorithm.tis_cap or rollout_correction.is_level) the w = 2 token would
+    # be weighted 2 x min(2, cap) = 4: the same correction twice.
+    x = _off_policy()
+    weights = torch.ones_like(x["response_mask"], dtype=torch.float32)
     with pytest.raises(ValueError, match="twice"):
-        policy_loss("decoupled_ppo", **_off_policy(), tis_cap=2.0)
+        policy_loss("decoupled_ppo", **x, rollout_is_weights=weights)
 
 
 def test_the_recipe_rejects_decoupled_ppo_with_tis_cap() -> None:

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from roll_core.algorithms import POLICY_LOSSES, policy_loss
+from roll_core.algorithms import POLICY_LOSSES, policy_loss, rollout_correction
+from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.errors import ConfigError
 
 F64 = torch.float64
@@ -181,6 +182,8 @@ def test_vanilla_pg() -> None:
 
 
 def test_truncated_importance_sampling() -> None:
+    # algorithm.tis_cap: 2 is rollout_correction {is_level: token, is_cap: 2}: the weights come
+    # from the rollout correction and multiply each token's loss.
     # ratio 1 (new = old), A = 1 -> token loss -1 ; TIS weight min(exp(old - infer), 2):
     # exp(ln 3) = 3 -> 2 (capped) ; exp(ln 0.5) = 0.5 ; token-mean of -w = -(2 + 0.5) / 2
     x = {
@@ -190,14 +193,20 @@ def test_truncated_importance_sampling() -> None:
         "response_mask": torch.ones(1, 2),
     }
     infer = f64([[-ln(3.0), -ln(0.5)]])
-    loss, metrics = policy_loss("ppo", **x, infer_log_probs=infer, tis_cap=2.0)
+    rc = AlgorithmConfig(tis_cap=2.0).rollout_correction
+    assert rc is not None
+    weights, mask, metrics = rollout_correction(
+        old_log_probs=x["old_log_probs"],
+        rollout_log_probs=infer,
+        response_mask=x["response_mask"],
+        **rc.kwargs(),
+    )
+    assert torch.equal(mask, x["response_mask"])
+    assert metrics["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(0.5)
+    loss, _ = policy_loss("ppo", **x, rollout_is_weights=weights)
     assert_close(loss, torch.tensor(-1.25, dtype=F64))
-    assert metrics["actor/tis_weight_mean"] == pytest.approx(1.25)
-    assert metrics["actor/tis_capfrac"] == pytest.approx(0.5)
     loss.backward()
     assert_close(x["log_probs"].grad, f64([[-2 / 2, -0.5 / 2]]))
-    with pytest.raises(ValueError, match="infer_log_probs"):
-        policy_loss("ppo", **x, tis_cap=2.0)
 
 
 def test_one_call_site_serves_every_loss() -> None:

@@ -56,15 +56,64 @@ def test_token_tis() -> None:
     # min(rho, 3) on response tokens, 0 elsewhere
     expected = torch.tensor([[2.0, 0.5, 1.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     assert torch.allclose(w, expected.double())
-    # metrics before truncation (as verl): mean 8.5 / 5, max 4, min 0.5
-    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.7)
-    assert m["rollout_corr/rollout_is_max"] == pytest.approx(4.0)
+    # mean / max / min of the applied weights 2, .5, 1, 3, 1 (as current verl): 7.5 / 5, 3, .5
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.5)
+    assert m["rollout_corr/rollout_is_max"] == pytest.approx(3.0)
     assert m["rollout_corr/rollout_is_min"] == pytest.approx(0.5)
-    # above 3: the 4 (1 of 5); below 1/3: none
+    # untruncated ratios above 3: the 4 (1 of 5); below 1/3: none
     assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(0.2)
     assert m["rollout_corr/rollout_is_ratio_fraction_low"] == 0.0
-    # ESS on weights clamped to [1/3, 3]: 2, .5, 1, 3, 1 -> sum 7.5, squares 15.25
+    # ESS of the applied weights: sum 7.5, squares 4 + .25 + 1 + 9 + 1 = 15.25
     assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(7.5**2 / (5 * 15.25))
+
+
+def test_token_tis_ess_uses_the_applied_weights() -> None:
+    w, _, m = correct(is_level="token", is_cap=1.5)
+    # applied weights min(rho, 1.5): 1.5, .5, 1 | 1.5, 1 -> sum 5.5, squares 6.75
+    assert torch.allclose(w[:2], torch.tensor([[1.5, 0.5, 1.0], [1.5, 1.0, 0.0]]).double())
+    # ESS = 5.5^2 / (5 * 6.75) = 0.8963 (verl before 2026 clamped to [1/cap, cap] first, so the
+    # .5 would count as 2/3 there: 5.667^2 / (5 * 6.944) = 0.9248)
+    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(5.5**2 / (5 * 6.75))
+    # raw ratios above 1.5: 2 and 4 (2 of 5); below 1/1.5: the .5 (1 of 5)
+    assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(0.4)
+    assert m["rollout_corr/rollout_is_ratio_fraction_low"] == pytest.approx(0.2)
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(5.5 / 5)
+
+
+def test_token_icepop() -> None:
+    w, mask, m = correct(is_level="token", is_cap=3.0, is_low=0.6)
+    # rho 2, .5, 1 | 4, 1: the .5 (< .6) and the 4 (> 3) get weight 0, the rest keep rho
+    expected = torch.tensor([[2.0, 0.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    assert torch.allclose(w, expected.double())
+    assert torch.equal(mask, MASK)  # IcePop weights, it does not reject
+    assert m["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(2 / 5)
+    # applied weights 2, 0, 1, 0, 1: mean 4 / 5, max 2, min 0; ESS 4^2 / (5 * 6)
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(0.8)
+    assert (m["rollout_corr/rollout_is_max"], m["rollout_corr/rollout_is_min"]) == (2.0, 0.0)
+    assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(16 / 30)
+    # raw above 3: the 4; below .6 (the lower bound, not 1 / cap): the .5
+    assert m["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(0.2)
+    assert m["rollout_corr/rollout_is_ratio_fraction_low"] == pytest.approx(0.2)
+    # in the loss the zeroed tokens stay in the denominator: token-mean of -w over 5 tokens
+    assert float(_pg_loss(w, mask, "token-mean")) == pytest.approx(-4 / 5)
+
+
+def test_icepop_zeroing_every_weight_has_ess_zero_not_inf() -> None:
+    # band [1.1, 1.5] holds none of 2, .5, 1 | 4, 1: every weight is 0, ESS 0 (not 1 / 0)
+    w, _, m = correct(is_level="token", is_cap=1.5, is_low=1.1)
+    assert float(w.abs().sum()) == 0.0
+    assert m["rollout_corr/rollout_is_eff_sample_size"] == 0.0
+    assert m["rollout_corr/rollout_is_oob_ratio"] == 1.0
+
+
+def test_sequence_icepop() -> None:
+    w, _, m = correct(is_level="sequence", is_cap=2.0, is_low=0.5)
+    # row products 1 (inside [.5, 2]) and 4 (outside): row 1's weights become 0
+    expected = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert torch.allclose(w, expected.double())
+    assert m["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(2 / 5)  # row 1's 2 tokens
+    assert m["rollout_corr/rollout_is_ratio_fraction_high"] == 0.5  # rows: 4 > 2
+    assert m["rollout_corr/rollout_is_ratio_fraction_low"] == 0.0
 
 
 def test_sequence_tis() -> None:
@@ -72,14 +121,15 @@ def test_sequence_tis() -> None:
     # row products: 2 * 0.5 * 1 = 1, 4 * 1 = 4 (the padded 8 is not a factor) -> min(., 2)
     expected = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0]])
     assert torch.allclose(w, expected.double())
-    # untruncated 1, 1, 1, 4, 4 over the tokens: mean 11 / 5
-    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(2.2)
-    # max / min over the two rows with a response (the empty row is not a sequence)
+    # applied 1, 1, 1, 2, 2 over the tokens: mean 7 / 5
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.4)
+    # max / min of the untruncated row weights over the two rows with a response (the empty
+    # row is not a sequence)
     assert m["rollout_corr/rollout_is_max"] == pytest.approx(4.0)
     assert m["rollout_corr/rollout_is_min"] == pytest.approx(1.0)
     # rows above 2: row 1 of 2
     assert m["rollout_corr/rollout_is_ratio_fraction_high"] == 0.5
-    # ESS: clamp to [.5, 2] -> 1, 1, 1, 2, 2: sum 7, squares 11
+    # ESS of the applied weights 1, 1, 1, 2, 2: sum 7, squares 11
     assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(49 / 55)
 
 
@@ -201,6 +251,8 @@ def test_empty_batch_gives_no_metrics_and_no_nan() -> None:
         ({"rs_divergence": [("token_k1", 3.0, 2.0)]}, "band [3.0, 2.0]"),
         ({"rs_divergence": [("token_k3", 0.1, 2.0)]}, "only applies to k1"),
         ({"is_level": "token", "is_cap": 0.0}, "must be positive"),
+        ({"is_level": "token", "is_cap": 2.0, "is_low": 2.0}, "band [2.0, 2.0]"),
+        ({"is_level": "token", "is_cap": None, "is_low": 0.5}, "needs an upper bound"),
     ],
 )
 def test_bad_arguments_are_config_errors(kwargs, fragment: str) -> None:
@@ -228,6 +280,13 @@ def _pg_loss(weights, mask, agg_mode: str) -> torch.Tensor:
     loss.backward()
     assert torch.isfinite(logp.grad).all()
     return loss.detach()
+
+
+def test_every_aggregation_mode_is_covered() -> None:
+    from roll_core.algorithms.aggregation import LOSS_AGG_MODES
+
+    modes = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+    assert set(LOSS_AGG_MODES) == set(modes), "add the new mode to the two tests below"
 
 
 @pytest.mark.parametrize(
@@ -262,7 +321,7 @@ def test_fully_rejected_row_in_every_aggregation(agg_mode: str, expected: float)
     assert float(_pg_loss(w, mask, agg_mode)) == pytest.approx(expected)
 
 
-def test_weights_with_tis_cap_or_decoupled_ppo_are_refused() -> None:
+def test_weights_with_decoupled_ppo_are_refused() -> None:
     x = dict(
         log_probs=OLD,
         old_log_probs=OLD,
@@ -272,6 +331,6 @@ def test_weights_with_tis_cap_or_decoupled_ppo_are_refused() -> None:
         rollout_is_weights=torch.ones_like(OLD),
     )
     with pytest.raises(ValueError, match="twice"):
-        policy_loss("ppo", **x, tis_cap=2.0)
-    with pytest.raises(ValueError, match="twice"):
         policy_loss("decoupled_ppo", **x)
+    with pytest.raises(TypeError, match="tis_cap"):  # one path: tis_cap is a recipe alias
+        policy_loss("ppo", **x, tis_cap=2.0)

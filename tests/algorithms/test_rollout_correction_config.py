@@ -39,21 +39,35 @@ def test_off_by_default_and_an_empty_section_only_measures() -> None:
     assert rc.kwargs()["rs_divergence"] == []
 
 
+GEO = [("seq_mean_k1", 0.999, 1.001)]  # verl: rollout_rs seq_mean_k1, threshold "0.999_1.001"
+K3 = [("seq_mean_k3", None, 0.01)]  # verl: rollout_rs seq_mean_k3, threshold 0.01
+
+
 @pytest.mark.parametrize(
     ("preset", "expected"),
     [
-        ("token_tis", {"is_level": "token", "is_cap": 2.0, "rs_level": None}),
-        ("seq_tis", {"is_level": "sequence", "is_cap": 2.0, "rs_level": None}),
-        ("seq_tis_rs", {"is_level": "sequence", "rs_level": "sequence", "rs_low": 0.5}),
-        ("geo_rs", {"is_level": None, "rs_level": "geometric", "rs_high": 1.001}),
-        ("geo_rs_seq_tis", {"is_level": "sequence", "rs_level": "geometric"}),
+        # verl's RolloutCorrectionConfig.decoupled_* class methods, with their default arguments
+        ("token_tis", {"is_level": "token", "is_cap": 2.0, "rs_divergence": []}),
+        ("seq_tis", {"is_level": "sequence", "is_cap": 2.0, "rs_divergence": []}),
+        ("token_icepop", {"is_level": "token", "is_cap": 5.0, "is_low": 0.5}),
+        (
+            "seq_tis_rs",
+            {"is_level": "sequence", "is_cap": 2.0, "rs_divergence": [("seq_sum_k1", 0.5, 2.0)]},
+        ),
+        ("geo_rs", {"is_level": None, "rs_level": None, "rs_divergence": GEO}),
+        ("geo_rs_seq_tis", {"is_level": "sequence", "is_cap": 2.0, "rs_divergence": GEO}),
+        ("geo_rs_token_tis", {"is_level": "token", "is_cap": 2.0, "rs_divergence": GEO}),
+        ("k3_rs", {"is_level": None, "rs_divergence": K3}),
+        ("k3_rs_seq_tis", {"is_level": "sequence", "is_cap": 2.0, "rs_divergence": K3}),
+        ("k3_rs_token_tis", {"is_level": "token", "is_cap": 2.0, "rs_divergence": K3}),
+        # Yao et al.'s MIS
         ("token_mis", {"is_level": "token", "is_cap": None, "rs_low": 0.0, "rs_high": 2.0}),
     ],
 )
 def test_presets(preset: str, expected: dict[str, Any]) -> None:
     kwargs = load({"rollout_correction": {"preset": preset}}).rollout_correction.kwargs()
     for key, value in expected.items():
-        assert kwargs[key] == pytest.approx(value) if value is not None else kwargs[key] is None
+        assert kwargs[key] == value, key
     # and the library accepts what the config hands out
     logp = torch.tensor([[-1.0, -2.0]])
     _, _, metrics = rollout_correction(
@@ -102,7 +116,10 @@ def test_divergence_bands() -> None:
         ({"rs_level": "token", "rs_high": 0.5}, "rs_low 2.0 >= rs_high 0.5"),
         ({"rs_level": "token"}, "rs_level token needs rs_high"),
         ({"rs_high": 2.0}, "rs_high/rs_low are set but rs_level is not"),
-        ({"is_cap": 3.0}, "is_cap is set but is_level is not"),
+        ({"is_cap": 3.0}, "is_cap/is_low are set but is_level is not"),
+        ({"is_level": "token", "is_low": 0.5, "is_cap": None}, "is_low (IcePop) needs"),
+        ({"is_level": "token", "is_low": 3.0, "is_cap": 2.0}, "is_low 3.0 >= is_cap 2.0"),
+        ({"is_level": "token", "is_low": -0.5, "is_cap": 2.0}, "is_low"),
         (
             {"rs_divergence": [{"option": "token_k1", "low": 2.0, "high": 1.0}]},
             "the band low 2.0 >= high 1.0",
@@ -112,6 +129,8 @@ def test_divergence_bands() -> None:
             "low only applies to k1 options",
         ),
         ({"rs_level": "token", "rs_high": -1.0}, "rs_high"),
+        ({"is_level": "token", "is_cap": -1.0}, "is_cap"),
+        ({"is_level": "token", "is_cap": 0.0}, "is_cap"),
     ],
 )
 def test_bad_sections_are_recipe_errors(section: dict[str, Any], fragment: str) -> None:
@@ -142,13 +161,40 @@ def test_double_corrections_are_errors(data: dict[str, Any], fragment: str) -> N
 
 def test_rejection_combines_with_tis_cap_and_decoupled_ppo() -> None:
     # masks are not weights: no double correction
-    load({"tis_cap": 2.0, "rollout_correction": {"preset": "geo_rs"}})
+    cfg = load({"tis_cap": 3.0, "rollout_correction": {"preset": "geo_rs"}})
+    rc = cfg.rollout_correction
+    assert rc is not None and cfg.tis_cap is None
+    assert (rc.is_level, rc.is_cap, rc.kwargs()["rs_divergence"]) == ("token", 3.0, GEO)
     load({"policy_loss": "decoupled_ppo", "rollout_correction": {"preset": "geo_rs"}})
+
+
+def test_tis_cap_is_an_alias_of_token_tis() -> None:
+    """One key, one code path: `tis_cap: C` validates to the same config as the token_tis
+    preset with `is_cap: C`, and the resolved config (tis_cap null) reloads identically."""
+    alias = load({"tis_cap": 1.5})
+    explicit = load({"rollout_correction": {"preset": "token_tis", "is_cap": 1.5}})
+    assert alias.tis_cap is None
+    assert alias.rollout_correction is not None and explicit.rollout_correction is not None
+    assert alias.rollout_correction.kwargs() == explicit.rollout_correction.kwargs()
+    assert load(yaml.safe_load(dump_config(alias))) == alias
+    with pytest.raises(ConfigError, match="tis_cap"):
+        load({"tis_cap": -1.0})
 
 
 def test_docs_list_every_correction_preset() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_text()
     for name, keys in CORRECTION_PRESETS.items():
-        shown = ", ".join(f"`{k}: {'null' if v is None else v}`" for k, v in keys.items())
+        shown = ", ".join(f"`{k}: {_flow(v)}`" for k, v in keys.items())
         row = f"| `{name}` | {shown} |"
         assert row in doc, f"docs/algorithms.md rollout-correction presets are stale: {row}"
+
+
+def _flow(value: Any) -> str:
+    """A preset value as the docs table shows it (YAML flow style)."""
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    return str(value)

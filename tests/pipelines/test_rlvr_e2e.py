@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -95,12 +96,21 @@ def test_rlvr_runs_and_logs_the_promised_metrics(roll, rl_recipe, tmp_path: Path
 
 def test_rlvr_rollout_correction_logs_its_metrics(roll, rl_recipe, tmp_path: Path) -> None:
     recipe = rl_recipe(
-        algorithm={"preset": "grpo", "rollout_correction": {"preset": "geo_rs_seq_tis"}},
+        # tis_cap is the alias of token TIS: it joins the geo_rs rejection in one section
+        algorithm={"preset": "grpo", "tis_cap": 2.0, "rollout_correction": {"preset": "geo_rs"}},
         trainer={"max_steps": 2, "micro_batch_size": 8},
         eval={"every_steps": None},
     )
     res = roll("train", "rlvr", str(recipe), "--run-id", "rl-corr-00")
     assert res.returncode == 0, res.stderr
+    resolved = yaml.safe_load((tmp_path / "runs" / "rl-corr-00" / "config.yaml").read_text())
+    assert resolved["algorithm"]["tis_cap"] is None
+    rc = resolved["algorithm"]["rollout_correction"]
+    assert (rc["is_level"], rc["is_cap"], rc["rs_divergence"][0]["option"]) == (
+        "token",
+        2.0,
+        "seq_mean_k1",
+    )
     trained = [r for r in rows(tmp_path / "runs" / "rl-corr-00") if "actor/pg_loss" in r]
     assert len(trained) == 2
     for step in trained:
@@ -115,7 +125,7 @@ def test_rlvr_rollout_correction_logs_its_metrics(roll, rl_recipe, tmp_path: Pat
             "rollout_is_eff_sample_size",
             "rollout_rs_masked_fraction",
             "rollout_rs_seq_masked_fraction",
-            "rollout_rs_geometric_masked_fraction",
+            "rollout_rs_seq_mean_k1_masked_fraction",
         ):
             assert f"rollout_corr/{key}" in step, key
         # hf sampler and trainer in fp32 with synced weights: (almost) no mismatch, so the

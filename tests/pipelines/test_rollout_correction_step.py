@@ -80,6 +80,9 @@ def test_correction_needs_the_old_log_probs_before_the_update(tmp_path: Path) ->
     assert reuses_update_log_probs(load_recipe(recipe, base, expected="rlvr"))
     on = load_recipe(recipe, [*base, "algorithm.rollout_correction.preset=geo_rs"], expected="rlvr")
     assert not reuses_update_log_probs(on)
+    # tis_cap is the rollout correction's token TIS: the same old-log-prob pass
+    alias = load_recipe(recipe, [*base, "algorithm.tis_cap=2"], expected="rlvr")
+    assert not reuses_update_log_probs(alias)
 
 
 def test_rlvr_corrects_after_the_advantages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
