@@ -112,6 +112,13 @@ def test_dense_layout_packs_rows_into_bins_of_the_longest_row() -> None:
     ]
 
 
+def test_dense_layout_takes_one_sequence_when_its_mask_is_smaller() -> None:
+    # lengths 4 and 1: two bins of 4 cost 2 x 4^2 = 32 mask cells, one sequence of 5 costs 25
+    layout = PackedRows.from_mask(torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]]))
+    assert (layout.n_bins, layout.bin_width) == (1, 5)
+    assert layout.position_ids().tolist() == [[0, 1, 2, 3, 0]]
+
+
 def test_ordered_layout_keeps_the_token_order_for_images() -> None:
     # next fit in row order (a VLM's image features are placed in token order): row 0 alone,
     # rows 1 and 2 share a bin, row 3 starts a new one since 3 + 3 > 4

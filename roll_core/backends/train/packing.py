@@ -15,9 +15,9 @@ Two independent switches of a train role (`actor_train.packing`,
   given (`masking_utils.find_packed_sequence_indices`), so no row attends to another. With
   flash-attention (``cu_seqlens`` from the same position ids: no mask is built) all rows form
   one sequence ``[1, S]``, ``S`` = the real tokens; sdpa / eager / flex build a dense
-  ``S x S`` mask, so there rows are packed into bins as long as the longest row (first fit
-  decreasing): never more attention than the padded micro-batch, and most of its padding
-  gone. The logits are scattered back to the padded layout ``[B, T, V]`` (zeros on padding),
+  ``S x S`` mask, so there rows are packed into bins (first fit decreasing) of the width that
+  makes the mask smallest: never more attention than the padded micro-batch, and most of its
+  padding gone. The logits are scattered back to the padded layout ``[B, T, V]`` (zeros on padding),
   so objectives see exactly what the padded path gives them.
   Vision-language models (Qwen2.5-VL): the 3-D rope position ids are computed per row on the
   padded micro-batch, exactly as the padded forward computes them, then packed, with the text
@@ -190,6 +190,30 @@ def scatter_rows(
     return out
 
 
+def fill_bins(
+    lengths: list[int], capacity: int, *, ordered: bool = False
+) -> tuple[list[int], list[int], list[int]]:
+    """Rows of `lengths` tokens placed into bins of `capacity` tokens: first fit in decreasing
+    length order, or (`ordered`) next fit in row order. (bin of each row, its first slot there,
+    tokens used per bin)."""
+    fill: list[int] = []
+    where, start = [0] * len(lengths), [0] * len(lengths)
+    order = (
+        range(len(lengths)) if ordered else sorted(range(len(lengths)), key=lambda r: -lengths[r])
+    )
+    for r in order:
+        n = int(lengths[r])
+        if ordered:
+            b = len(fill) - 1 if fill and fill[-1] + n <= capacity else len(fill)
+        else:
+            b = next((k for k, used in enumerate(fill) if used + n <= capacity), len(fill))
+        if b == len(fill):
+            fill.append(0)
+        where[r], start[r] = b, fill[b]
+        fill[b] += n
+    return where, start, fill
+
+
 @dataclass
 class PackedRows:
     """Where each token of a packed micro-batch comes from and goes to: the token at
@@ -200,8 +224,10 @@ class PackedRows:
     attention kernels that read row boundaries from the position ids as variable-length
     sequences (flash-attention's ``cu_seqlens``), and *bins* for kernels that build a dense
     mask from them (sdpa, eager, flex): rows placed first fit in decreasing length order into
-    sequences as long as the longest row, so the attention costs at most what the padded
-    micro-batch costs (``S x S`` over one long sequence would cost many times more). A bin's
+    sequences whose width is the cheapest for that mask (bins x width^2) among the longest
+    row times a power of two and the whole length. Width = the longest row never costs more
+    than the padded micro-batch; one sequence of many short rows would cost many times more
+    (``S x S``); a few rows next to one long row share one sequence. A bin's
     unused tail is filler: its own segment (positions restarting at 0), never attended to by
     the rows and dropped on unpacking.
     """
@@ -229,23 +255,13 @@ class PackedRows:
             total = int(rows.numel())
             slots = torch.arange(total, device=rows.device)
             return cls(rows, cols, torch.zeros_like(rows), slots, batch_size, width, 1, total)
-        capacity = max(1, int(max(lengths)))
-        fill: list[int] = []  # tokens placed in each bin
-        start = [0] * batch_size  # (bin, first slot) of each row
-        where = [0] * batch_size
-        order = (
-            range(batch_size) if ordered else sorted(range(batch_size), key=lambda r: -lengths[r])
+        longest, total = max(1, int(max(lengths))), int(sum(lengths))
+        widths = [longest << k for k in range(total.bit_length()) if longest << k < total]
+        # the dense mask costs bins x width^2: the cheapest of these widths (ties: narrower)
+        capacity, (where, start, fill) = min(
+            ((w, fill_bins(lengths, w, ordered=ordered)) for w in [*widths, max(total, 1)]),
+            key=lambda c: (len(c[1][2]) * c[0] ** 2, c[0]),
         )
-        for r in order:
-            n = int(lengths[r])
-            if ordered:
-                b = len(fill) - 1 if fill and fill[-1] + n <= capacity else len(fill)
-            else:
-                b = next((k for k, used in enumerate(fill) if used + n <= capacity), len(fill))
-            if b == len(fill):
-                fill.append(0)
-            where[r], start[r] = b, fill[b]
-            fill[b] += n
         bins = torch.tensor(where, dtype=torch.long, device=rows.device)[rows]
         slots = torch.tensor(start, dtype=torch.long, device=rows.device)[rows] + cols
         return cls(rows, cols, bins, slots, batch_size, width, len(fill), capacity)
