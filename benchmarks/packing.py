@@ -13,7 +13,11 @@ row), `packed-rows` (the same rows packed), `packed-budget` (packed, at most `bu
 tokens per micro-batch), `padded-budget` (padded, rows x longest <= budget).
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/packing.py \
-        [--rows 24] [--micro 4] [--budget 2048] [--steps 2]
+        [--rows 24] [--micro 4] [--budget 2048] [--steps 2] [--mix longtail|turns]
+
+`--mix turns` (short rows of similar length, as agentic turns: uniform 96..192) is the case
+where packing cannot win much and must not lose: there a dense-mask attention over one long
+packed sequence would cost many times the padded path.
 """
 
 from __future__ import annotations
@@ -38,18 +42,20 @@ SETTINGS = {
 }
 
 
-def lengths(rows: int, seed: int = 0) -> list[int]:
+def lengths(rows: int, mix: str = "longtail", seed: int = 0) -> list[int]:
     g = torch.Generator().manual_seed(seed)
+    if mix == "turns":  # short rows of similar length, as agentic turns (96..192 tokens)
+        return torch.randint(96, 193, (rows,), generator=g).tolist()
     raw = torch.exp(torch.log(torch.tensor(192.0)) + torch.randn(rows, generator=g))
     out = raw.round().clamp(32, 2048).long().tolist()
     out[-1] = 2048  # the tail row every long-tailed batch has
     return out
 
 
-def make_batch(rows: int, vocab: int) -> object:
+def make_batch(rows: int, vocab: int, mix: str) -> object:
     from roll_core.data import Batch
 
-    lens = lengths(rows)
+    lens = lengths(rows, mix)
     width = max(lens)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, vocab, (rows, width), generator=g)
@@ -109,7 +115,7 @@ def worker(args: argparse.Namespace) -> None:
             max_tokens_per_micro_batch=args.budget if setting["budget"] else None,
         )
     )
-    batch = make_batch(args.rows, 8192)
+    batch = make_batch(args.rows, 8192, args.mix)
     objective = get_objective("sft")
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, after the model loaded
     backend.train_step(batch.select([0, 1]), objective)  # warm-up on two rows
@@ -139,6 +145,12 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=4, help="rows per row-count micro-batch")
     ap.add_argument("--budget", type=int, default=2048, help="tokens per budget micro-batch")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument(
+        "--mix",
+        choices=("longtail", "turns"),
+        default="longtail",
+        help="longtail: lognormal 32..2048 (RL responses); turns: uniform 96..192 (agentic turns)",
+    )
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -147,7 +159,7 @@ def main() -> None:
     if args.setting:
         worker(args)
         return
-    lens = lengths(args.rows)
+    lens = lengths(args.rows, args.mix)
     print(
         f"rows {args.rows}, real tokens {sum(lens)}, padded slots {args.rows * max(lens)}; "
         f"lengths min {min(lens)} median {sorted(lens)[len(lens) // 2]} max {max(lens)}"
@@ -158,7 +170,7 @@ def main() -> None:
         for name in args.settings.split(","):
             cmd = [sys.executable, __file__, "--setting", name, "--model", model]
             cmd += ["--tokenizer", tok, "--rows", str(args.rows), "--micro", str(args.micro)]
-            cmd += ["--budget", str(args.budget), "--steps", str(args.steps)]
+            cmd += ["--budget", str(args.budget), "--steps", str(args.steps), "--mix", args.mix]
             out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ, check=True)
             results[name] = json.loads(out.stdout.strip().splitlines()[-1])
             r = results[name]
