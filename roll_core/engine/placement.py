@@ -240,6 +240,17 @@ class LogitsSpec:
     seq_len: int  # longest row: prompt + response tokens
     response_len: int  # longest response: the positions the loss reads
     logits_bytes: int = 2  # 2: 16-bit weights or bf16 autocast; 4: fp32 throughout
+    # actor_train.max_tokens_per_micro_batch: a micro-batch holds at most this many positions
+    # (as many rows as fit, micro_batch_size unused), all of which may be response tokens
+    max_tokens: int | None = None
+
+    def positions(self) -> int:
+        """B x L: the positions of one micro-batch (the budget when there is one)."""
+        return self.max_tokens or self.micro_batch_size * self.seq_len
+
+    def response_positions(self) -> int:
+        """N = B x R: the response positions the loss reads (at most the budget)."""
+        return self.max_tokens or self.micro_batch_size * self.response_len
 
 
 LOGIT_CHUNK = 2**26
@@ -269,8 +280,8 @@ def logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
     [N, V] tensors for backward, not counted; nor are the other activations.
     """
     v, b = shape.vocab_size, spec.logits_bytes
-    full = spec.micro_batch_size * spec.seq_len * v
-    picked = spec.micro_batch_size * spec.response_len * v
+    full = spec.positions() * v
+    picked = spec.response_positions() * v
     log_prob_pass = full * b + 8 * min(LOGIT_CHUNK, full)
     take_rows = full * b + picked * (b + 4 + (4 if b < 4 else 0))
     entropy = full * b + 8 * picked + 8 * min(LOGIT_CHUNK, picked)
@@ -282,8 +293,7 @@ def checkpointed_activations(shape: ModelShape, spec: LogitsSpec) -> float:
     """Bytes of the layer inputs gradient checkpointing keeps for backward over one
     micro-batch: num_layers x B x L x hidden_size x b (b: the compute dtype's bytes, as for
     the logits). The one layer recomputed at a time during backward is not counted."""
-    rows = spec.micro_batch_size * spec.seq_len
-    return float(shape.num_layers * rows * shape.hidden_size * spec.logits_bytes)
+    return float(shape.num_layers * spec.positions() * shape.hidden_size * spec.logits_bytes)
 
 
 def infer_memory(

@@ -132,7 +132,8 @@ def _logits_spec(cfg: Any, dtype_bytes: int) -> LogitsSpec | None:
     train = cfg.actor_train
     bf16 = getattr(train, "precision", "auto") != "fp32"  # auto: bf16 on a GPU
     logits_bytes = 2 if dtype_bytes < 4 or bf16 else 4
-    return LogitsSpec(trainer.micro_batch_size, seq, response, logits_bytes)
+    budget = getattr(train, "max_tokens_per_micro_batch", None)
+    return LogitsSpec(trainer.micro_batch_size, seq, response, logits_bytes, max_tokens=budget)
 
 
 def _uses_gpus(cfg: Any) -> bool:

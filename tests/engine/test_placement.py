@@ -156,6 +156,10 @@ def test_logits_memory_by_hand() -> None:
     # a long prompt and a 1-token response: the log-prob pass is the largest:
     # 2*1000 + 8*1000 = 10000 (rows 2000 + 100, entropy 2000 + 80 + 80, backward 120)
     assert logits_memory(v10, LogitsSpec(1, 100, 1, logits_bytes=2)) == 10000.0
+    # a token budget of 20 positions: BL = NV/V = 20 whatever the rows (all may be response):
+    # 200 logits; bf16: log-prob 400 + 1600, rows 400 + 200 x 10 = 2400, entropy 400 + 1600 +
+    # 1600 = 3600, backward 2400: 3600
+    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=2, max_tokens=20)) == 3600.0
     # Qwen3's vocabulary, one row of 1024 + 8192 positions (recipes/qwen3-30b-a3b-rlvr.yaml):
     # BLV = 9216 x 151936 = 1,400,242,176 and NV = 8192 x 151936 = 1,244,659,712 are both over
     # one chunk; taking the rows out is the largest: 2 BLV + 10 NV = 2,800,484,352 +
@@ -172,6 +176,9 @@ def test_checkpointed_activations_by_hand() -> None:
     # Qwen3-30B-A3B: 48 layers x 1 row x 9216 positions x hidden 2048 x 2 bytes
     qwen3 = model_shape("Qwen/Qwen3-30B-A3B")
     assert checkpointed_activations(qwen3, LogitsSpec(1, 9216, 8192)) == 1_811_939_328.0
+    # a budget of 4096 positions: 48 x 4096 x 2048 x 2
+    spec = LogitsSpec(8, 9216, 8192, max_tokens=4096)
+    assert checkpointed_activations(qwen3, spec) == 805_306_368.0
 
 
 def test_logit_chunk_is_the_trainers() -> None:
@@ -208,4 +215,23 @@ def test_dry_run_counts_the_logits_and_says_what_moves() -> None:
     )
     assert rows["memory/phase/estimate"] == (
         "generate 64.4 GiB, train 44.3 GiB, sync 56.9 GiB (of 80 GiB)"
+    )
+
+
+def test_the_logits_term_follows_the_token_budget() -> None:
+    """With actor_train.max_tokens_per_micro_batch a micro-batch holds up to that many
+    positions whatever micro_batch_size says: 16,384 x 151,936 logits, all of them possibly
+    response, bf16: taking the rows out 12 x 2,489,319,424 bytes = 27.8 GiB; the layer inputs
+    48 x 16,384 x 2,048 x 2 = 3.0 GiB."""
+    from pathlib import Path
+
+    from roll_core.config import load_recipe
+    from roll_core.pipelines import plan
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-rlvr.yaml"
+    cfg = load_recipe(recipe, ["actor_train.max_tokens_per_micro_batch=16384"])
+    rows = {r.role + "/" + r.worker: r.detail for r in plan(cfg)}
+    assert (
+        "logits while training 27.8, checkpointed layer inputs 3.0)"
+        in (rows["memory/GPU/estimate"])
     )
