@@ -284,8 +284,10 @@ class ActorTrainConfig(Strict):
     )
     packing: bool = Field(
         default=True,
-        description="Pack each micro-batch: its rows concatenated into one sequence with "
-        "per-row position ids and attention confined to each row, so no forward or backward "
+        description="Pack each micro-batch: its rows concatenated (one sequence for "
+        "flash attention; with sdpa / eager / flex, whose mask is dense, into sequences of the "
+        "width that keeps that mask smallest) with per-row position ids and attention confined "
+        "to each row, so no forward or backward "
         "(update, log-prob passes, the teacher's targets) computes on padding. Same loss, "
         "gradients and log-probs as the padded path (within float rounding). false: "
         "right-padded micro-batches (debugging, or a model whose attention cannot take packed "
