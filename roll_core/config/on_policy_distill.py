@@ -30,6 +30,11 @@ class DistillTeacherConfig(Strict):
     tokenizer: str | None = Field(
         default=None, description="Tokenizer location when it differs from `path`."
     )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32",
+        description="The teacher's weights (frozen, on actor_train's rank-0 device; counted "
+        "in the GPU memory plan): bfloat16 halves a large teacher's memory.",
+    )
     context_key: str | None = Field(
         default=None,
         description="Privileged context: a data column (e.g. `answer`, a reference solution) "

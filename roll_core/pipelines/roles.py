@@ -176,7 +176,13 @@ def _beside_actor_train(cfg: Any) -> dict[str, Any]:
 
 
 def build_reference(
-    cfg: Any, executor: Any, *, model_path: str, micro_batch_size: int, name: str = "reference"
+    cfg: Any,
+    executor: Any,
+    *,
+    model_path: str,
+    micro_batch_size: int,
+    name: str = "reference",
+    dtype: str = "float32",
 ) -> Cluster:
     """The frozen starting policy (KL in rlvr / agentic, reference log-probs in dpo); under
     another `name`, an on-policy distillation teacher (the log-probs of another model)."""
@@ -194,6 +200,7 @@ def build_reference(
             num_threads=role.num_threads,
             packing=role.packing,
             max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+            dtype=dtype,
         ),
     )
 
@@ -239,6 +246,7 @@ def build_distill_teachers(
             model_path=resolve_model_path(t.path) if t.path is not None else model_path,
             micro_batch_size=micro_batch_size,
             name=role,
+            dtype=t.dtype,
         )
         for role, t in opd.named_teachers().items()
     }
