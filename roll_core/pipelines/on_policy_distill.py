@@ -273,7 +273,7 @@ def teacher_batch(batch: Batch, rows: list[int], prompts: list[list[int] | None]
         ids[k, : len(seq)] = torch.tensor(seq)
         attn[k, : len(seq)] = 1
         resp[k, p - 1 : len(seq) - 1] = 1.0
-    vision = {
+    vision: dict[str, list[Any]] = {
         k: [batch.non_tensors[k][i] for i in rows]
         for k in ("pixel_values", "image_grid_thw")
         if k in batch.non_tensors
@@ -383,4 +383,3 @@ def distill_advantages(
         return metrics
 
     return advantages
-
