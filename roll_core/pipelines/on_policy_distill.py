@@ -35,6 +35,7 @@ from roll_core.data import Batch, is_local_path, load_rows, row_value
 from roll_core.engine import Cluster
 from roll_core.errors import ConfigError, DataError, ModelError
 from roll_core.models import load_tokenizer, resolve_tokenizer_path
+from roll_core.models.builtin import BUILTIN_PREFIX
 from roll_core.pipelines.common import RolePlan
 from roll_core.pipelines.rl_iteration import RLState, advantages_and_kl
 
@@ -110,7 +111,8 @@ def _check_tokenizer(cfg: Any, role: str, teacher: DistillTeacherConfig, *, load
         return  # the student's own weights and tokenizer
     name = teacher.tokenizer or teacher.path
     assert name is not None
-    if not load and is_local_path(name) and not Path(name).expanduser().exists():
+    local = is_local_path(name) and not name.startswith(BUILTIN_PREFIX)
+    if not load and local and not Path(name).expanduser().exists():
         return  # e.g. the export of a run that has not run yet: checked by `prepare`
     try:
         t_tok = load_tokenizer(resolve_tokenizer_path(name))
@@ -136,14 +138,18 @@ def check_same_tokenizer(student_tok: Any, teacher_tok: Any, *, student: str, te
     first = differ[0]
     raise ConfigError(
         f"{key}: the teacher's tokenizer ({teacher}, {len(t)} tokens) differs from the "
-        f"student's ({student}, {len(s)} tokens): token id {first} is {t.get(first)!r} for the "
-        f"teacher and {s.get(first)!r} for the student (the first of {len(differ)} ids that "
+        f"student's ({student}, {len(s)} tokens): token id {first} is {_shown(t, first)} for "
+        f"the teacher and {_shown(s, first)} for the student (the first of {len(differ)} ids that "
         "differ). The teacher scores the student's sampled token ids, so both need one "
         "vocabulary.",
         hint="Pick a teacher of the student's model family (e.g. Qwen2.5-7B-Instruct for a "
         "Qwen2.5-1.5B student), or point the teacher's `tokenizer:` / model.tokenizer at the "
         "tokenizer the models were trained with.",
     )
+
+
+def _shown(vocab: dict[int, str], i: int) -> str:
+    return repr(vocab[i]) if i in vocab else "absent"
 
 
 def _check_context_columns(cfg: Any, opd: OnPolicyDistillConfig) -> None:

@@ -196,3 +196,10 @@ def test_rows_go_to_their_domain_teacher_else_the_default() -> None:
     only_code = both.model_copy(update={"teacher": None})
     with pytest.raises(DataError, match="domain 'math' has no teacher"):
         teacher_of_rows(only_code, ["math", "code"])
+
+
+def test_a_builtin_teacher_with_another_tokenizer_is_refused_at_validation(tmp_path) -> None:
+    # builtin:tiny-qwen2.5-vl adds vision tokens after the 259 of builtin:tiny-qwen3
+    cfg = config(tmp_path, {"teacher": {"path": "builtin:tiny-qwen2.5-vl"}})
+    with pytest.raises(ConfigError, match="token id 259 is '<\\|vision_start\\|>' for the teacher"):
+        check_recipe(cfg)
