@@ -223,6 +223,11 @@ class AgenticConfig(RLConfig):
         tags = [e.name for e in self.envs]
         if len(set(tags)) != len(tags):
             raise ValueError(f"envs: tags must be distinct, got {tags}; set `tag:` per env")
+        if self.algorithm.on_policy_distill is not None:
+            raise ValueError(
+                "algorithm.on_policy_distill runs in `roll train rlvr` only (its teachers score "
+                "single-turn responses to dataset prompts); remove the section"
+            )
         if self.rollout.turn_barrier and self.rollout.async_generation_ratio:
             raise ValueError(
                 "rollout.turn_barrier (the lockstep baseline) cannot run with "

@@ -256,7 +256,30 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
                 mem["kv_cache"] = max(0.0, budget - mem["params"])
                 note += f"; vllm reserves {util:g} x GPU"
             per_role["actor_infer"] = mem
-    return GpuPlan(placement, gpu_memory(placement, per_role), note, cfg.executor.gpu_memory_gib)
+    memory = gpu_memory(placement, per_role)
+    note += _add_frozen_teachers(cfg, placement, memory)
+    return GpuPlan(placement, memory, note, cfg.executor.gpu_memory_gib)
+
+
+def _add_frozen_teachers(cfg: Any, placement: Any, memory: list[Any]) -> str:
+    """On-policy distillation's teachers (frozen, resident in every phase) on actor_train's
+    first GPU, as a `teachers` part of its state (so the colocation choice counts them in
+    every phase and never offloads them); a note when a teacher's size is unknown offline."""
+    opd = getattr(getattr(cfg, "algorithm", None), "on_policy_distill", None)
+    placed = placement.roles.get("actor_train")
+    if opd is None or placed is None:
+        return ""
+    total, unknown = 0.0, []
+    for role, t in opd.named_teachers().items():
+        shape = model_shape(t.path or cfg.model.path)
+        if shape is None:
+            unknown.append(role)
+        else:
+            total += shape.params * _BYTES[t.dtype]
+    first = memory[placed.gpus[0]]
+    if total and "actor_train" in first.roles:
+        first.roles["actor_train"] = {**first.roles["actor_train"], "teachers": total}
+    return f"; teacher size unknown offline: {', '.join(unknown)}" if unknown else ""
 
 
 def cluster_placement(cfg: Any, role: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -175,11 +175,20 @@ def _beside_actor_train(cfg: Any) -> dict[str, Any]:
     return {"gpu_ids": placed["gpu_ids"][:1], "gpus_per_node": placed["gpus_per_node"]}
 
 
-def build_reference(cfg: Any, executor: Any, *, model_path: str, micro_batch_size: int) -> Cluster:
-    """The frozen starting policy (KL in rlvr / agentic, reference log-probs in dpo)."""
+def build_reference(
+    cfg: Any,
+    executor: Any,
+    *,
+    model_path: str,
+    micro_batch_size: int,
+    name: str = "reference",
+    dtype: str = "float32",
+) -> Cluster:
+    """The frozen starting policy (KL in rlvr / agentic, reference log-probs in dpo); under
+    another `name`, an on-policy distillation teacher (the log-probs of another model)."""
     role = cfg.actor_train
     return Cluster(
-        "reference",
+        name,
         Reference,
         executor,
         resources=_cpu(cfg),
@@ -191,6 +200,7 @@ def build_reference(cfg: Any, executor: Any, *, model_path: str, micro_batch_siz
             num_threads=role.num_threads,
             packing=role.packing,
             max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+            dtype=dtype,
         ),
     )
 
@@ -218,6 +228,28 @@ def build_teacher(cfg: Any, executor: Any, *, model_path: str, tokenizer_path: s
             )
         },
     )
+
+
+def build_distill_teachers(
+    cfg: Any, executor: Any, *, model_path: str, micro_batch_size: int
+) -> dict[str, Cluster]:
+    """`algorithm.on_policy_distill`'s teachers (none without it): frozen Reference workers
+    placed as the reference is (actor_train's rank-0 device). A teacher without a path is the
+    student's initial weights (`model_path`)."""
+    opd = getattr(cfg.algorithm, "on_policy_distill", None)
+    if opd is None:
+        return {}
+    return {
+        role: build_reference(
+            cfg,
+            executor,
+            model_path=resolve_model_path(t.path) if t.path is not None else model_path,
+            micro_batch_size=micro_batch_size,
+            name=role,
+            dtype=t.dtype,
+        )
+        for role, t in opd.named_teachers().items()
+    }
 
 
 def uses_critic(cfg: Any) -> bool:
@@ -254,6 +286,8 @@ class RLRoles:
     critic: Cluster | None
     weight_sync: WeightSync
     turns: Turns
+    teachers: dict[str, Cluster] = field(default_factory=dict)
+    """On-policy distillation's frozen teachers by role name (`teacher`, `teacher_DOMAIN`)."""
 
     def sync(self, version: int) -> dict[str, float]:
         """actor_train -> actor_infer, in place, no disk, rank to rank (the path `sync.path`
@@ -345,7 +379,10 @@ def build_rl_roles(
         critic = build_critic(
             cfg, executor, model_path=model_path, total_steps=total_updates, run_dir=run_dir
         )
-    for cluster in (train, infer, reference, critic):
+    teachers = build_distill_teachers(
+        cfg, executor, model_path=model_path, micro_batch_size=t.micro_batch_size
+    )
+    for cluster in (train, infer, reference, critic, *teachers.values()):
         if cluster is not None:
             cluster.setup()
     s = cfg.sync
@@ -353,7 +390,7 @@ def build_rl_roles(
         train, infer, SyncSettings(path=s.path, bucket_mb=s.bucket_mb, timeout_s=s.timeout_s)
     )
     turns = Turns(choice, train=train, infer=infer)  # colocated roles take turns
-    return RLRoles(train, infer, reference, critic, sync, turns)
+    return RLRoles(train, infer, reference, critic, sync, turns, teachers)
 
 
 def build_actor_infer(

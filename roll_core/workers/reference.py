@@ -33,9 +33,13 @@ class Reference(Worker):
         num_threads: int | None = None,
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
+        dtype: str = "float32",
         **rank_info: Any,
     ) -> None:
+        """`dtype`: the weights' dtype (float32, bfloat16 or float16; e.g. a large teacher of
+        on-policy distillation in bfloat16)."""
         super().__init__(**rank_info)
+        self.dtype = dtype
         self.model_path = model_path
         self.device_name = device
         self.micro_batch_size = micro_batch_size
@@ -49,7 +53,8 @@ class Reference(Worker):
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
         self.device = resolve_device(self.device_name)
-        self.model = load_causal_lm(self.model_path, device=self.device)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        self.model = load_causal_lm(self.model_path, device=self.device, dtype=dtype[self.dtype])
         self._varlen = (
             check_packing_support(self.model, role="reference") if self.packing else False
         )
