@@ -48,6 +48,15 @@ def test_megatron_options_need_the_megatron_backend() -> None:
         role(2, backend="fsdp2", tp=2)
 
 
+def test_lora_is_a_recipe_error() -> None:
+    """megatron-core has no LoRA here: refused at validate time, saying what to set instead."""
+    with pytest.raises(ValidationError, match=r"lora is supported by the torch backend only "
+                       r"\(backend is megatron.*remove actor_train.lora"):  # fmt: skip
+        ActorTrainConfig.model_validate(
+            {"backend": "megatron", "world_size": 2, "megatron": {"tp": 2}, "lora": {"rank": 4}}
+        )
+
+
 def dense() -> dict:
     """tiny-qwen3's config.json: Qwen3 dense, 2 layers, 4 heads, 2 key/value heads."""
     return json.loads((Path(resolve_model_path("builtin:tiny-qwen3")) / "config.json").read_text())
