@@ -38,6 +38,7 @@ from roll_core.engine import Cluster, LocalExecutor  # noqa: E402
 from roll_core.models import resolve_model_path  # noqa: E402
 from roll_core.workers.actor_train import ActorTrain  # noqa: E402
 from roll_core.workers.objectives import get_objective  # noqa: E402
+from roll_core.workers.reference import Reference  # noqa: E402
 
 ROWS, WIDTH, PROMPT = 8, 12, 4
 TOL = 1e-5
@@ -174,6 +175,7 @@ def reference(model: str) -> dict[str, Any]:
         return clip(params, max_norm)
 
     torch.nn.utils.clip_grad_norm_ = keep_grads  # type: ignore[assignment]
+    initial_log_probs = backend.log_probs(sft_batch())
     try:
         algo = AlgorithmConfig.model_validate(ALGO)
         out = [backend.train_step(sft_batch(), get_objective("sft")) for _ in range(2)]
@@ -182,7 +184,8 @@ def reference(model: str) -> dict[str, Any]:
         torch.nn.utils.clip_grad_norm_ = clip  # type: ignore[assignment]
     weights = hf_names({n: p.detach().clone() for n, p in backend.model.named_parameters()})
     return {"metrics": out, "grads": grads, "weights": weights,
-            "log_probs": backend.log_probs(sft_batch())}  # fmt: skip
+            "log_probs": backend.log_probs(sft_batch()),
+            "initial_log_probs": initial_log_probs}  # fmt: skip
 
 
 # ---- one launch of a layout -----------------------------------------------------------------
@@ -196,10 +199,26 @@ def close(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
     torch.testing.assert_close(a, b, rtol=0, atol=TOL, msg=name)
 
 
-def check_layout(model: str, layout: dict[str, Any], world: int, tmp: Path) -> None:
+def check_frozen_reference(model: str, layout: dict[str, Any], world: int, ex: Any,
+                           want: torch.Tensor) -> None:  # fmt: skip
+    """The KL reference of a megatron run (roles.build_reference): the frozen megatron model
+    on the same layout gives the starting model's log-probs."""
+    spec = TrainBackendSpec(backend="megatron", frozen=True, **backend_kwargs(model),
+                            megatron=MegatronConfig(**layout))  # fmt: skip
+    ref = Cluster("reference", Reference, ex, world_size=world,
+                  worker_kwargs={"model_path": model, "spec": spec})  # fmt: skip
+    ref.run("setup")
+    close(torch.cat(ref.run_dp("log_probs", sft_batch())), want, "reference log_probs")
+
+
+def check_layout(
+    model: str, layout: dict[str, Any], world: int, tmp: Path, *, frozen_reference: bool = False
+) -> None:
     ref = reference(model)
     ex = LocalExecutor()
     try:
+        if frozen_reference:
+            check_frozen_reference(model, layout, world, ex, ref["initial_log_probs"])
         actor = Cluster(
             "actor_train", GradActorTrain, ex, world_size=world,
             worker_kwargs={"spec": TrainBackendSpec(
@@ -273,8 +292,9 @@ def test_tensor_parallel_dense(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_pipeline_parallel_dense(tmp_path: Path) -> None:
-    """PP=2 (1F1B), Qwen3 dense: the tied embedding lives on both stages."""
-    check_layout(tiny_qwen3(), {"pp": 2}, 2, tmp_path)
+    """PP=2 (1F1B), Qwen3 dense: the tied embedding lives on both stages. Also the frozen
+    reference on that layout (forward-only pipeline of unwrapped chunks)."""
+    check_layout(tiny_qwen3(), {"pp": 2}, 2, tmp_path, frozen_reference=True)
 
 
 @pytest.mark.slow
