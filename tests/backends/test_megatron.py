@@ -365,7 +365,8 @@ def test_roll_sft_with_the_megatron_backend(roll, tiny_recipe, tmp_path: Path) -
 def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> None:
     """`roll train rlvr` on a tiny Qwen3-MoE with actor_train.backend megatron, EP=2 (2
     ranks), hf inference: the weight sync streams per-expert checkpoint names into the hf
-    model's fused expert tensors, so the behaviour log-probs equal the trainer's."""
+    model's fused expert tensors, so the behaviour log-probs equal the trainer's; the KL
+    reference runs on the same EP=2 layout."""
     import json
 
     model = tiny_qwen3_moe(tmp_path / "moe")
@@ -384,6 +385,8 @@ def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> 
         s["train_infer/logprob_diff_max"] for s in steps if "train_infer/logprob_diff_max" in s
     ]
     assert len(diffs) == 2 and max(diffs) < 1e-5, diffs
+    # grpo's KL: the reference is the frozen megatron twin with EP=2, the starting policy
+    assert steps[0]["actor/kl_loss"] < 1e-7, steps[0]
 
 
 @pytest.mark.slow
