@@ -11,7 +11,10 @@ uneven token-balanced split over the ranks).
 
 Costs (2 shared cores, load ~1.5-3): 18-21 s per 2-rank layout, 39 s for the 4-rank one,
 27 s for the CLI run; the 8-rank TP2 x PP2 x EP2 x DP2 + SP layout takes 65 s at load 1.5 and
-several minutes on a busy machine: it runs only with ROLL_TEST_MEGATRON_8=1.
+several minutes on a busy machine: it runs only with ROLL_TEST_MEGATRON_8=1. The PP=2 layout
+also launches the frozen reference's 2 ranks; the rlvr run into vLLM (megatron, vLLM, the
+reference's ranks and a critic in one launch) took 117-152 s at load 6-10 (75 s at load 6
+without the reference and critic).
 """
 
 from __future__ import annotations
