@@ -162,3 +162,14 @@ def test_only_megatron_builds_a_frozen_backend() -> None:
     assert TrainBackendSpec(model_path="m", backend="megatron", frozen=True).frozen
     with pytest.raises(ConfigError, match="frozen .* fsdp2 train backend"):
         TrainBackendSpec(model_path="m", backend="fsdp2", frozen=True)
+
+
+def test_a_sharded_critic_is_a_recipe_error() -> None:
+    """The critic stays one torch rank beside a megatron policy: asking for a sharded one says
+    so and what to do instead."""
+    from roll_core.config.rlvr import CriticConfig
+
+    with pytest.raises(ValidationError, match=r"critic.backend 'megatron' is not built: the "
+                       r"critic is one torch rank .* remove critic.backend"):  # fmt: skip
+        CriticConfig.model_validate({"backend": "megatron"})
+    assert CriticConfig.model_validate({}).backend == "torch"
