@@ -37,6 +37,7 @@ _SHORT = {
     "kv_cache": "kv",
     "logits": "logits while training",
     "activations": "checkpointed layer inputs",
+    "reference": "frozen reference",
 }
 
 
@@ -241,6 +242,10 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
             note += f", {shape.active_params / 1e9:.2f}B active (MoE)"
         note += _megatron_note(train)
         per_role["actor_train"] = train_memory(shape, _train_memory_spec(cfg))
+        if train.backend == "megatron" and getattr(
+            getattr(cfg, "algorithm", None), "uses_reference", False
+        ):  # KL's reference: a frozen twin of the policy's shards, on its GPUs all run long
+            per_role["actor_train"]["reference"] = per_role["actor_train"]["params"]
         note += _add_activations(cfg, shape, per_role["actor_train"])
         if infer is not None:
             kv_tokens = _kv_tokens(cfg, infer.world_size)
@@ -309,7 +314,9 @@ def available_cpus() -> int:
 
 
 def _ranks(rows: list[Any], *, process_groups_only: bool) -> list[tuple[str, int]]:
-    """(role, ranks) of every cluster in the plan; a LoRA reference shares actor_train's."""
+    """(role, ranks) of every cluster in the plan; a LoRA reference shares actor_train's.
+    ``process_groups_only``: actor_train's processes (a megatron reference's ranks take turns
+    with them, never computing at the same time: not counted)."""
     out = []
     for row in rows:
         if row.worker not in _CLUSTER_WORKERS:

@@ -8,11 +8,14 @@ are built here for rlvr and agentic, and the frozen models of dpo (reference) an
 
 Frozen single-rank roles (reference, teacher) run on actor_train's rank-0 device: under a
 `device_mapping` they are pinned to rank 0's GPUs (colocated with it), on CPU nothing is pinned.
+The exception: with `actor_train.backend: megatron` the reference is sharded as the policy is
+(its ranks, layout and GPUs; `sharded_reference`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,9 +70,21 @@ def weight_sync_row(cfg: Any) -> RolePlan:
     return RolePlan("weight sync", "WeightSync", path, ranks, "", cfg.executor.type, note)
 
 
+def sharded_reference(cfg: Any) -> bool:
+    """Whether the reference is built on actor_train's megatron layout (`build_reference`)."""
+    return bool(cfg.actor_train.backend == "megatron")
+
+
 def frozen_row(cfg: Any, role: str, worker: str, detail: str) -> RolePlan:
-    """The `--dry-run` row of a frozen one-rank role on actor_train's device."""
-    return RolePlan(role, worker, "torch", 1, cfg.actor_train.device, cfg.executor.type, detail)
+    """The `--dry-run` row of a frozen role: one rank on actor_train's device, or the
+    reference sharded over actor_train's ranks (`sharded_reference`)."""
+    t = cfg.actor_train
+    if worker == "Reference" and sharded_reference(cfg):
+        m = t.megatron
+        layout = f"tp{m.tp} x pp{m.pp} x ep{m.ep}" if m is not None else "data parallel"
+        detail += f"; frozen megatron model on actor_train's ranks and GPUs ({layout})"
+        return RolePlan(role, worker, "megatron", t.world_size, t.device, cfg.executor.type, detail)
+    return RolePlan(role, worker, "torch", 1, t.device, cfg.executor.type, detail)
 
 
 def colocation_row(cfg: Any) -> RolePlan:
@@ -183,10 +198,34 @@ def build_reference(
     micro_batch_size: int,
     name: str = "reference",
     dtype: str = "float32",
+    tokenizer_path: str | None = None,
 ) -> Cluster:
-    """The frozen starting policy (KL in rlvr / agentic, reference log-probs in dpo); under
-    another `name`, an on-policy distillation teacher (the log-probs of another model)."""
+    """The frozen starting policy (KL in rlvr / agentic, reference log-probs in dpo): one rank
+    with the plain model, or with a megatron actor_train its frozen twin on the same ranks,
+    layout and GPUs (a 30B model does not fit one GPU beside the policy's shards). Under
+    another `name`, an on-policy distillation teacher (the log-probs of another model, or of
+    the starting policy given privileged context): always one rank with the plain model."""
     role = cfg.actor_train
+    if name == "reference" and sharded_reference(cfg):
+        spec = spec_from_config(
+            cfg,
+            model_path=model_path,
+            tokenizer_path=tokenizer_path,
+            total_steps=1,
+            micro_batch_size=micro_batch_size,
+        )
+        return Cluster(
+            "reference",
+            Reference,
+            executor,
+            world_size=role.world_size,
+            resources=_cpu(cfg),
+            **cluster_placement(cfg, "actor_train"),
+            worker_kwargs={
+                "model_path": model_path,
+                "spec": dataclasses.replace(spec, frozen=True),
+            },
+        )
     return Cluster(
         name,
         Reference,
@@ -373,7 +412,11 @@ def build_rl_roles(
     reference = critic = None
     if cfg.algorithm.uses_reference:
         reference = build_reference(
-            cfg, executor, model_path=model_path, micro_batch_size=t.micro_batch_size
+            cfg,
+            executor,
+            model_path=model_path,
+            micro_batch_size=t.micro_batch_size,
+            tokenizer_path=tokenizer_path,
         )
     if uses_critic(cfg):
         critic = build_critic(
