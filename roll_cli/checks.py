@@ -77,6 +77,11 @@ def check_recipe(cfg: Any) -> list[str]:
     for entry in getattr(cfg, "envs", None) or []:
         from roll_core.envs import make_env
 
+        if entry.agent is not None:
+            from roll_core.envs.agents import load_agent
+
+            load_agent(entry.agent, entry.options).task(0)
+            continue
         make_env(entry.env, **entry.options).reset(0)
     return warnings + memory_warnings(cfg)
 

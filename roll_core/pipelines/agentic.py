@@ -39,6 +39,7 @@ from roll_core.data import Batch
 from roll_core.data.vision import VISION_FIELDS
 from roll_core.engine import Cluster
 from roll_core.envs import get_env_class, make_env
+from roll_core.envs.agents import load_agent
 from roll_core.envs.base import observation_images
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.envs.registry import validate_options
@@ -69,6 +70,8 @@ from roll_core.rollout.agentic import (
     step_batch,
     trajectory_batch,
 )
+from roll_core.rollout.agentic.agent_episode import agent_demonstration, openai_client
+from roll_core.rollout.agentic.endpoint import AgentEndpoint, check_port
 from roll_core.rollout.router import rollout_mode
 from roll_core.rollout.source import AgenticSource
 
@@ -153,10 +156,30 @@ class AgenticSetup:
 
 def check_warm_start(cfg: AgenticConfig) -> None:
     """``warm_start.policy: expert`` needs every env to have a solver (``expert_action``)."""
-    if not cfg.warm_start.steps or cfg.warm_start.policy != "expert":
+    if not cfg.warm_start.steps:
+        return
+    agents = [e.name for e in cfg.envs if e.agent is not None]
+    if agents and cfg.warm_start.policy != "expert":
+        raise ConfigError(
+            f"warm_start.policy: {cfg.warm_start.policy} plays random valid actions, but envs "
+            f"{agents} are agent programs, which have no action set to draw from.",
+            hint="Use warm_start.policy: expert (the agent module's expert(task, messages)), "
+            "or warm_start.steps: 0.",
+        )
+    if cfg.warm_start.policy != "expert":
         return
     for i, entry in enumerate(cfg.envs):
-        if not get_env_class(entry.env).has_expert():
+        if entry.agent is not None:
+            if load_agent(entry.agent).expert is None:
+                raise ConfigError(
+                    f"warm_start.policy: expert clones each env's solver, but envs[{i}] "
+                    f"({entry.name}, agent {entry.agent}) has no expert(task, messages) "
+                    "function.",
+                    hint="Define expert(task, messages) in the agent module (what a good "
+                    "model answers to a call; docs/agentic.md), or set warm_start.steps: 0.",
+                )
+            continue
+        if not get_env_class(str(entry.env)).has_expert():
             raise ConfigError(
                 f"warm_start.policy: expert clones each env's solver, but envs[{i}] "
                 f"({entry.name}, env {entry.env}) has none (its class does not define "
@@ -173,6 +196,8 @@ def check_images(cfg: AgenticConfig) -> None:
     from roll_core.models.loading import model_config
 
     for i, entry in enumerate(cfg.envs):
+        if entry.agent is not None:
+            continue
         options = validate_options(get_env_class(entry.env), dict(entry.options))
         if getattr(options, "obs_mode", "text") != "image":
             continue
@@ -189,7 +214,19 @@ def check_images(cfg: AgenticConfig) -> None:
 
 def _check_env(entry: EnvEntry, timeout: float) -> bool:
     """Build and reset each env once, so a bad name or option fails before a run exists;
-    returns whether its observations carry images."""
+    returns whether its observations carry images. An agent: its module loads and makes the
+    task of seed 0."""
+    if entry.agent is not None:
+        program = load_agent(entry.agent, entry.options)
+        try:
+            call_with_timeout(program.task, 0, timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - the user's make_task raised or hung
+            raise EnvFault(
+                f"agent {entry.name}: make_task(seed=0, **options) failed before training "
+                f"started: {describe_fault(err)}",
+                hint=f"Fix make_task in {entry.agent} (envs[].options are its keyword arguments).",
+            ) from None
+        return False
     get_env_class(entry.env)
     env = make_env(entry.env, **entry.options)
     try:
@@ -214,6 +251,9 @@ def prepare(cfg: AgenticConfig) -> AgenticSetup:
     tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
     check_images(cfg)
+    if any(entry.agent is not None for entry in cfg.envs):
+        check_port(cfg.rollout.endpoint_port)
+        openai_client("http://127.0.0.1:1/v1", is_async=False, timeout=1.0).close()
     vision = is_vision_model(model_path)
     for i, entry in enumerate(cfg.envs):
         if shows_images[i] and not vision:  # e.g. a user env with render_image()
@@ -288,6 +328,8 @@ def env_tools(cfg: AgenticConfig) -> list[tuple[int, EnvEntry, list[dict[str, An
 
     found = []
     for i, entry in enumerate(cfg.envs):
+        if entry.agent is not None:
+            continue  # an agent declares its tools per call (checked by the endpoint)
         schemas = list(make_env(entry.env, **entry.options).tools)
         for schema in schemas:
             problems = schema_problems(schema)
@@ -366,9 +408,14 @@ def env_specs(cfg: AgenticConfig) -> list[EnvSpec]:
     for entry in cfg.envs:
 
         def factory(entry: EnvEntry = entry) -> Any:
+            if entry.agent is not None:
+                raise TypeError(f"{entry.name} is an agent program, not a TextEnv")
             return make_env(entry.env, **entry.options)
 
-        specs.append(EnvSpec(entry.name, factory, entry.system_prompt, entry.groups_per_step))
+        agent = load_agent(entry.agent, entry.options) if entry.agent is not None else None
+        specs.append(
+            EnvSpec(entry.name, factory, entry.system_prompt, entry.groups_per_step, agent)
+        )
     return specs
 
 
@@ -392,6 +439,8 @@ def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
         async_generation_ratio=r.async_generation_ratio,
         turn_barrier=r.turn_barrier,
         seed=cfg.seed,
+        endpoint_port=r.endpoint_port,
+        served_model=cfg.model.path,
     )
 
 
@@ -448,6 +497,10 @@ def demonstrations(
             actor = _ScriptedActor(spec, chat, seed, s.step_timeout_s, cfg.warm_start.policy)
             traj = Trajectory(tag=spec.tag, group=slot, seed=seed, index=0)
             try:
+                if spec.agent is not None:
+                    out.append(_agent_demo(cfg, setup, spec, traj, chat, s.episode_timeout_s))
+                    slot += 1
+                    continue
                 out.append(
                     play_episode(
                         traj,
@@ -476,6 +529,31 @@ def demonstrations(
                         metrics=faults,
                     ) from None
     return out
+
+
+def _agent_demo(
+    cfg: AgenticConfig,
+    setup: AgenticSetup,
+    spec: EnvSpec,
+    traj: Trajectory,
+    chat: ChatFormat,
+    timeout: float,
+) -> Trajectory:
+    """A warm-start episode of an agent program, its calls answered by its expert()."""
+    assert spec.agent is not None
+    endpoint = AgentEndpoint(port=0, model=cfg.model.path)
+    try:
+        return agent_demonstration(
+            traj,
+            spec.agent,
+            endpoint=endpoint,
+            chat=chat,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            max_context=setup.max_context,
+            timeout=timeout,
+        )
+    finally:
+        endpoint.close()
 
 
 class _ScriptedActor:
@@ -552,7 +630,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
     specs = env_specs(cfg)
     loop.console_note(
         "envs: "
-        + ", ".join(f"{e.tag or e.env} ({e.groups_per_step} groups/step)" for e in cfg.envs)
+        + ", ".join(f"{e.name} ({e.groups_per_step} groups/step)" for e in cfg.envs)
         + f"; group size {cfg.rollout.group_size}, context {setup.max_context} tokens"
     )
     policy = template_policy(setup.chat, cfg.rollout.mode) if setup.chat else None

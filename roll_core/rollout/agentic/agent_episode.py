@@ -1,0 +1,177 @@
+"""One episode of a user's agent program (bring your own agent): the agent's ``run(client,
+task)`` on its own thread, its model calls served by the episode's session on the endpoint
+(:mod:`.endpoint`), which stitches them into the trajectory.
+
+How an episode ends:
+
+* ``run`` returns a number: that is the episode's return (on its last turn); ``success`` is
+  ``reward > 0``; status ``done``.
+* the conversation outgrew ``rollout.max_context``: status ``context`` (kept, like an env
+  episode cut by the context), with the reward ``run`` returned, or 0 if it raised.
+* faults, counted and replaced like env faults (``env_errors`` / ``env_timeouts``) and carrying
+  the agent's own error text: ``run`` raised; it ran past ``rollout.episode_timeout_s``; it
+  returned without calling the model, or returned something that is not a number.
+* the episode was cancelled (its group finished) or its inference rank died: the error the
+  session's generation raised.
+
+A ``run`` that does not return in time cannot be killed (it is a thread): its session is closed,
+so its next call to the endpoint fails, and the thread is abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import numbers
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from roll_core.backends.infer import Completion
+from roll_core.envs.agents import AgentProgram, expert_text
+from roll_core.envs.faults import EnvTimeout
+from roll_core.errors import ConfigError
+from roll_core.rollout.agentic.chat import ChatFormat
+from roll_core.rollout.agentic.endpoint import AgentEndpoint, AgentSession
+from roll_core.rollout.agentic.episode import EpisodeCancelled, Trajectory
+
+
+class AgentFault(Exception):
+    """The agent program broke the contract (no model call, a reward that is not a number)."""
+
+
+def openai_client(base_url: str, *, is_async: bool, timeout: float) -> Any:
+    """The client handed to ``run``: no retries (an error is the episode's), the session URL."""
+    try:
+        import openai
+    except ImportError:
+        raise ConfigError(
+            "an agent env needs the `openai` package (the client roll hands to run()).",
+            hint="pip install openai (or roll's `agents` extra).",
+        ) from None
+    cls = openai.AsyncOpenAI if is_async else openai.OpenAI
+    return cls(base_url=base_url, api_key="roll", max_retries=0, timeout=timeout)
+
+
+def run_agent(program: AgentProgram, base_url: str, task: Any, timeout: float) -> Any:
+    """``program.run(client, task)`` to its end (in this thread), with a fresh client."""
+    if program.is_async:
+
+        async def main() -> Any:
+            async with openai_client(base_url, is_async=True, timeout=timeout) as client:
+                return await program.run(client, task)
+
+        return asyncio.run(main())
+    with openai_client(base_url, is_async=False, timeout=timeout) as client:
+        return program.run(client, task)
+
+
+def play_agent_episode(
+    traj: Trajectory,
+    program: AgentProgram,
+    *,
+    endpoint: AgentEndpoint,
+    session: AgentSession,
+    cancel: threading.Event,
+    remaining: Callable[[], float],
+    task: Any = None,
+) -> Trajectory:
+    """Play one agent episode into ``traj`` (see the module docstring). ``remaining()`` raises
+    EnvTimeout past the episode's deadline; ``task``: None makes it from the seed."""
+    task = program.task(traj.seed) if task is None else task
+    base_url = endpoint.open(session)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = run_agent(program, base_url, task, timeout=remaining())
+        except BaseException as err:  # noqa: BLE001 - re-raised on the episode's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name=f"agent-{traj.tag}", daemon=True)
+    try:
+        thread.start()
+        while thread.is_alive():
+            if cancel.is_set():
+                raise EpisodeCancelled()
+            if session.failure is not None and not session.context_full:
+                raise session.failure  # the agent may swallow the endpoint's error: end now
+            thread.join(min(0.1, remaining()))
+    finally:
+        endpoint.close_session(session)
+    return _finish(traj, program, session, box)
+
+
+def _finish(
+    traj: Trajectory, program: AgentProgram, session: AgentSession, box: dict[str, Any]
+) -> Trajectory:
+    if session.failure is not None and not session.context_full:
+        raise session.failure  # cancelled, timed out or rank lost while generating
+    if "error" in box and not session.context_full:
+        raise box["error"]
+    value = box.get("value", 0.0) if "error" not in box else 0.0
+    if not traj.turns:
+        raise AgentFault(
+            f"agent {program.path}: run() returned {value!r} without calling the model (no "
+            "chat.completions call on the client it was given), so there is nothing to train"
+        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise AgentFault(
+            f"agent {program.path}: run() returned {value!r} ({type(value).__name__}); it "
+            "must return the episode's reward as a number"
+        )
+    reward = float(value)
+    traj.turns[-1].reward = reward
+    traj.episode_return = reward
+    traj.success = reward > 0
+    traj.status = "context" if session.context_full else "done"
+    return traj
+
+
+def agent_demonstration(
+    traj: Trajectory,
+    program: AgentProgram,
+    *,
+    endpoint: AgentEndpoint,
+    chat: ChatFormat,
+    max_new_tokens: int,
+    max_context: int,
+    timeout: float,
+) -> Trajectory:
+    """One warm-start episode: the agent runs as in training, but each call is answered by its
+    module's ``expert(task, messages)`` (the reply text + eos, log-prob 0): a demonstration in
+    exactly the token layout training uses."""
+    if program.expert is None:
+        raise ConfigError(
+            f"agent {program.path} has no expert(task, messages) function, so the warm start "
+            "has nothing to clone.",
+            hint="Define expert(task, messages) in the agent module (docs/agentic.md), or set "
+            "warm_start.steps: 0.",
+        )
+    task = program.task(traj.seed)
+    eos = [chat.eos_id] if chat.eos_id is not None else []
+    session: AgentSession
+
+    def generate(prompt: list[int], turn: int, vision: Any) -> Completion:
+        reply = program.expert(task, session.request)  # type: ignore[misc]
+        ids = chat.encode(expert_text(reply)) + eos
+        return Completion(turn, ids, [0.0] * len(ids), "stop", -1)
+
+    session = AgentSession(traj, chat, generate, max_new_tokens, max_context, endpoint.model)
+    deadline = time.perf_counter() + timeout
+
+    def remaining() -> float:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise EnvTimeout(f"warm-start episode ran past {timeout:g}s")
+        return left
+
+    return play_agent_episode(
+        traj,
+        program,
+        endpoint=endpoint,
+        session=session,
+        cancel=threading.Event(),
+        remaining=remaining,
+        task=task,
+    )
