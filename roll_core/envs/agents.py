@@ -112,7 +112,7 @@ def expert_text(reply: Any) -> str:
 
 def _load_module(target: str, path: str) -> Any:
     if not (target.endswith(".py") or "/" in target):
-        return _import_module(target, path)
+        return _import_module(target, path, "agent")
     file = Path(target)
     if not file.is_file():
         raise ConfigError(
