@@ -541,19 +541,21 @@ def _agent_demo(
 ) -> Trajectory:
     """A warm-start episode of an agent program, its calls answered by its expert()."""
     assert spec.agent is not None
-    endpoint = AgentEndpoint(port=0, model=cfg.model.path)
-    try:
-        return agent_demonstration(
-            traj,
-            spec.agent,
-            endpoint=endpoint,
-            chat=chat,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            max_context=setup.max_context,
-            timeout=timeout,
-        )
-    finally:
-        endpoint.close()
+    global _DEMO_ENDPOINT
+    if _DEMO_ENDPOINT is None:  # one server for every warm-start episode of the process
+        _DEMO_ENDPOINT = AgentEndpoint(port=0, model=cfg.model.path)
+    return agent_demonstration(
+        traj,
+        spec.agent,
+        endpoint=_DEMO_ENDPOINT,
+        chat=chat,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_context=setup.max_context,
+        timeout=timeout,
+    )
+
+
+_DEMO_ENDPOINT: AgentEndpoint | None = None
 
 
 class _ScriptedActor:

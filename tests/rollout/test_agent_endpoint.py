@@ -159,6 +159,9 @@ def test_agent_faults_carry_the_agents_own_error(tok: Any, tmp_path: Path) -> No
                 return "yes"
             def sleepy(client, task):
                 time.sleep(5)
+            def greedy(client, task):
+                msgs = [{"role": "user", "content": "2*3"}]
+                return client.chat.completions.create(model="m", messages=msgs, n=2)
             """
         )
     )
@@ -169,6 +172,9 @@ def test_agent_faults_carry_the_agents_own_error(tok: Any, tmp_path: Path) -> No
     assert silent.status == "error" and "without calling the model" in silent.error
     [words] = play(tok, f"{path}:words", [0])
     assert words.status == "error" and "must return the episode's reward as a number" in words.error
+    [greedy] = play(tok, f"{path}:greedy", [0])  # the endpoint's 400, at the agent's line
+    assert greedy.status == "error" and "BadRequestError" in greedy.error
+    assert "n > 1 is not supported" in greedy.error and "agents.py:15, in greedy" in greedy.error
     [sleepy] = play(tok, f"{path}:sleepy", [0], episode_timeout_s=0.5)
     assert sleepy.status == "timeout" and "episode_timeout_s" in sleepy.error
 

@@ -21,10 +21,13 @@ so its next call to the endpoint fails, and the thread is abandoned.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import numbers
 import threading
 import time
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from roll_core.backends.infer import Completion
@@ -37,7 +40,32 @@ from roll_core.rollout.agentic.episode import EpisodeCancelled, Trajectory
 
 
 class AgentFault(Exception):
-    """The agent program broke the contract (no model call, a reward that is not a number)."""
+    """The agent program raised, or broke the contract (no model call, a reward that is not a
+    number). ``fault_text`` is the episode's error: the agent's own, where in its code."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.fault_text = text
+
+
+def agent_error(err: BaseException, program: AgentProgram) -> AgentFault:
+    """``err`` raised by ``run``, located at the innermost frame in the agent's own file (an
+    openai error is raised deep inside the client; the agent's line is the useful one)."""
+    try:
+        source = inspect.getsourcefile(program.run)
+    except TypeError:
+        source = None
+    frames = traceback.extract_tb(err.__traceback__)
+    mine = [f for f in frames if source and f.filename == source] or frames[-1:]
+    text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    if mine:
+        path = Path(mine[-1].filename)
+        try:
+            shown = str(path.resolve().relative_to(Path.cwd().resolve()))
+        except ValueError:
+            shown = str(path)
+        text += f" (at {shown}:{mine[-1].lineno}, in {mine[-1].name})"
+    return AgentFault(text)
 
 
 def openai_client(base_url: str, *, is_async: bool, timeout: float) -> Any:
@@ -108,7 +136,7 @@ def _finish(
     if session.failure is not None and not session.context_full:
         raise session.failure  # cancelled, timed out or rank lost while generating
     if "error" in box and not session.context_full:
-        raise box["error"]
+        raise agent_error(box["error"], program) from box["error"]
     value = box.get("value", 0.0) if "error" not in box else 0.0
     if not traj.turns:
         raise AgentFault(

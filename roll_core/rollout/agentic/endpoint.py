@@ -390,8 +390,8 @@ class AgentEndpoint:
             raise
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, name="agent-endpoint", daemon=True
+        self.thread = threading.Thread(  # a short poll: close() returns at once
+            target=self.server.serve_forever, args=(0.05,), name="agent-endpoint", daemon=True
         )
         self.thread.start()
 
