@@ -82,7 +82,7 @@ def check_recipe(cfg: Any) -> list[str]:
 
             load_agent(entry.agent, entry.options).task(0)
             continue
-        make_env(entry.env, **entry.options).reset(0)
+        make_env(entry.env_id, **entry.options).reset(0)
     return warnings + memory_warnings(cfg)
 
 

@@ -2,8 +2,9 @@
 
 Each task is a product of two numbers ("37*48"). The agent declares one tool, ``calc``, asks
 the model, runs every tool call the model makes and sends the results back as ``tool``
-messages, until the model answers without a call; the reward is 1 when the answer's last
-number is the product. Trained with ``roll train agentic recipes/tiny-calc-agent.yaml``
+messages, until the model answers without a call. The reward is 1 when the answer's last
+number is the product (a success), else 0.5 if the model called ``calc`` on exactly the
+question (partial credit, not a success), else 0. Trained with ``roll train agentic recipes/tiny-calc-agent.yaml``
 (docs/agentic.md, "Bring your own agent"); the same file runs against any OpenAI-compatible
 server: ``run(openai.AsyncOpenAI(base_url=...), make_task(0))``.
 """
@@ -45,11 +46,12 @@ def calc(x: str) -> str:
     return str(int(found.group(1)) * int(found.group(2)))
 
 
-async def run(client: Any, task: dict[str, Any], max_turns: int = 3) -> float:
+async def run(client: Any, task: dict[str, Any], max_turns: int = 3) -> dict[str, Any]:
     messages: list[Any] = [
         {"role": "system", "content": "Use calc."},
         {"role": "user", "content": task["question"]},
     ]
+    asked = False  # whether the model called calc on exactly the question
     for _ in range(max_turns):
         response = await client.chat.completions.create(
             model="policy", messages=messages, tools=TOOLS
@@ -58,14 +60,17 @@ async def run(client: Any, task: dict[str, Any], max_turns: int = 3) -> float:
         messages.append(message)  # the assistant message as returned, unchanged
         if not message.tool_calls:
             numbers = re.findall(r"-?\d+", message.content or "")
-            return 1.0 if numbers and int(numbers[-1]) == task["answer"] else 0.0
+            if numbers and int(numbers[-1]) == task["answer"]:
+                return {"reward": 1.0, "success": True}
+            break
         for call in message.tool_calls:
             try:
-                output = calc(str(json.loads(call.function.arguments).get("x", "")))
+                x = str(json.loads(call.function.arguments).get("x", ""))
             except (json.JSONDecodeError, AttributeError):
-                output = "error: the arguments are not a JSON object"
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
-    return 0.0
+                x = ""
+            asked = asked or x.replace(" ", "") == task["question"]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calc(x)})
+    return {"reward": 0.5 if asked else 0.0, "success": False}
 
 
 def expert(task: dict[str, Any], messages: list[dict[str, Any]]) -> Any:

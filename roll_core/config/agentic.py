@@ -54,6 +54,13 @@ class EnvEntry(Strict):
         return self
 
     @property
+    def env_id(self) -> str:
+        """``env`` of an env entry (an agent entry has none: a TypeError)."""
+        if self.env is None:
+            raise TypeError(f"envs entry {self.name} is an agent program, not an env")
+        return self.env
+
+    @property
     def name(self) -> str:
         if self.tag:
             return self.tag

@@ -179,7 +179,7 @@ def check_warm_start(cfg: AgenticConfig) -> None:
                     "model answers to a call; docs/agentic.md), or set warm_start.steps: 0.",
                 )
             continue
-        if not get_env_class(str(entry.env)).has_expert():
+        if not get_env_class(entry.env_id).has_expert():
             raise ConfigError(
                 f"warm_start.policy: expert clones each env's solver, but envs[{i}] "
                 f"({entry.name}, env {entry.env}) has none (its class does not define "
@@ -198,7 +198,7 @@ def check_images(cfg: AgenticConfig) -> None:
     for i, entry in enumerate(cfg.envs):
         if entry.agent is not None:
             continue
-        options = validate_options(get_env_class(entry.env), dict(entry.options))
+        options = validate_options(get_env_class(entry.env_id), dict(entry.options))
         if getattr(options, "obs_mode", "text") != "image":
             continue
         config = model_config(cfg.model.path)
@@ -227,8 +227,8 @@ def _check_env(entry: EnvEntry, timeout: float) -> bool:
                 hint=f"Fix make_task in {entry.agent} (envs[].options are its keyword arguments).",
             ) from None
         return False
-    get_env_class(entry.env)
-    env = make_env(entry.env, **entry.options)
+    get_env_class(entry.env_id)
+    env = make_env(entry.env_id, **entry.options)
     try:
         observation, _ = call_with_timeout(env.reset, 0, timeout=timeout)
         return bool(observation_images(observation))
@@ -330,7 +330,7 @@ def env_tools(cfg: AgenticConfig) -> list[tuple[int, EnvEntry, list[dict[str, An
     for i, entry in enumerate(cfg.envs):
         if entry.agent is not None:
             continue  # an agent declares its tools per call (checked by the endpoint)
-        schemas = list(make_env(entry.env, **entry.options).tools)
+        schemas = list(make_env(entry.env_id, **entry.options).tools)
         for schema in schemas:
             problems = schema_problems(schema)
             if problems:
@@ -410,7 +410,7 @@ def env_specs(cfg: AgenticConfig) -> list[EnvSpec]:
         def factory(entry: EnvEntry = entry) -> Any:
             if entry.agent is not None:
                 raise TypeError(f"{entry.name} is an agent program, not a TextEnv")
-            return make_env(entry.env, **entry.options)
+            return make_env(entry.env_id, **entry.options)
 
         agent = load_agent(entry.agent, entry.options) if entry.agent is not None else None
         specs.append(

@@ -5,7 +5,8 @@ task)`` on its own thread, its model calls served by the episode's session on th
 How an episode ends:
 
 * ``run`` returns a number: that is the episode's return (on its last turn); ``success`` is
-  ``reward > 0``; status ``done``.
+  ``reward > 0``; status ``done``. Or ``{"reward": r, "success": bool}``: partial credit that
+  is not counted a success.
 * the conversation outgrew ``rollout.max_context``: status ``context`` (kept, like an env
   episode cut by the context), with the reward ``run`` returned, or 0 if it raised.
 * faults, counted and replaced like env faults (``env_errors`` / ``env_timeouts``) and carrying
@@ -143,15 +144,10 @@ def _finish(
             f"agent {program.path}: run() returned {value!r} without calling the model (no "
             "chat.completions call on the client it was given), so there is nothing to train"
         )
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise AgentFault(
-            f"agent {program.path}: run() returned {value!r} ({type(value).__name__}); it "
-            "must return the episode's reward as a number"
-        )
-    reward = float(value)
+    reward, success = _outcome(value, program)
     traj.turns[-1].reward = reward
     traj.episode_return = reward
-    traj.success = reward > 0
+    traj.success = success
     traj.status = "context" if session.context_full else "done"
     return traj
 
@@ -203,3 +199,18 @@ def agent_demonstration(
         remaining=remaining,
         task=task,
     )
+
+
+def _outcome(value: Any, program: AgentProgram) -> tuple[float, bool]:
+    """``(reward, success)`` of what ``run`` returned: a number (success: reward > 0), or
+    ``{"reward": number, "success": bool}`` (partial credit that is not a success)."""
+    success = None
+    if isinstance(value, dict) and "reward" in value:
+        value, success = value["reward"], value.get("success")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise AgentFault(
+            f"agent {program.path}: run() returned {value!r} ({type(value).__name__}); it "
+            'must return the episode\'s reward as a number (or {"reward": ..., "success": ...})'
+        )
+    reward = float(value)
+    return reward, bool(reward > 0 if success is None else success)
