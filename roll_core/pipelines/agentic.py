@@ -70,7 +70,11 @@ from roll_core.rollout.agentic import (
     step_batch,
     trajectory_batch,
 )
-from roll_core.rollout.agentic.agent_episode import agent_demonstration, openai_client
+from roll_core.rollout.agentic.agent_episode import (
+    expert_responder,
+    openai_client,
+    play_scripted,
+)
 from roll_core.rollout.agentic.endpoint import AgentEndpoint, check_port
 from roll_core.rollout.router import rollout_mode
 from roll_core.rollout.source import AgenticSource
@@ -544,9 +548,10 @@ def _agent_demo(
     global _DEMO_ENDPOINT
     if _DEMO_ENDPOINT is None:  # one server for every warm-start episode of the process
         _DEMO_ENDPOINT = AgentEndpoint(port=0, model=cfg.model.path)
-    return agent_demonstration(
+    return play_scripted(
         traj,
         spec.agent,
+        expert_responder(spec.agent, chat),
         endpoint=_DEMO_ENDPOINT,
         chat=chat,
         max_new_tokens=cfg.rollout.max_new_tokens,

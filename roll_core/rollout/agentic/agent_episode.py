@@ -152,9 +152,14 @@ def _finish(
     return traj
 
 
-def agent_demonstration(
+Respond = Callable[[Any, list[Any], list[int], int], list[int]]
+"""``respond(task, request_messages, prompt_ids, turn) -> response ids`` (eos included)."""
+
+
+def play_scripted(
     traj: Trajectory,
     program: AgentProgram,
+    respond: Respond,
     *,
     endpoint: AgentEndpoint,
     chat: ChatFormat,
@@ -162,24 +167,15 @@ def agent_demonstration(
     max_context: int,
     timeout: float,
 ) -> Trajectory:
-    """One warm-start episode: the agent runs as in training, but each call is answered by its
-    module's ``expert(task, messages)`` (the reply text + eos, log-prob 0): a demonstration in
-    exactly the token layout training uses."""
-    if program.expert is None:
-        raise ConfigError(
-            f"agent {program.path} has no expert(task, messages) function, so the warm start "
-            "has nothing to clone.",
-            hint="Define expert(task, messages) in the agent module (docs/agentic.md), or set "
-            "warm_start.steps: 0.",
-        )
+    """One episode of the agent outside the rollout router: each call is answered by
+    ``respond`` (the warm start's expert, ``roll debug-env``'s model), with log-prob 0."""
     task = program.task(traj.seed)
-    eos = [chat.eos_id] if chat.eos_id is not None else []
     session: AgentSession
 
     def generate(prompt: list[int], turn: int, vision: Any) -> Completion:
-        reply = program.expert(task, session.request)  # type: ignore[misc]
-        ids = chat.encode(expert_text(reply)) + eos
-        return Completion(turn, ids, [0.0] * len(ids), "stop", -1)
+        ids = respond(task, session.request, prompt, turn)
+        finish = "stop" if ids and ids[-1] == chat.eos_id else "length"
+        return Completion(turn, ids, [0.0] * len(ids), finish, -1)
 
     session = AgentSession(traj, chat, generate, max_new_tokens, max_context, endpoint.model)
     deadline = time.perf_counter() + timeout
@@ -187,7 +183,7 @@ def agent_demonstration(
     def remaining() -> float:
         left = deadline - time.perf_counter()
         if left <= 0:
-            raise EnvTimeout(f"warm-start episode ran past {timeout:g}s")
+            raise EnvTimeout(f"the episode ran past {timeout:g}s")
         return left
 
     return play_agent_episode(
@@ -199,6 +195,25 @@ def agent_demonstration(
         remaining=remaining,
         task=task,
     )
+
+
+def expert_responder(program: AgentProgram, chat: ChatFormat) -> Respond:
+    """``respond`` from the module's ``expert(task, messages)``: its reply text + eos (the warm
+    start's demonstrations, in exactly the token layout training uses)."""
+    expert = program.expert
+    if expert is None:
+        raise ConfigError(
+            f"agent {program.path} has no expert(task, messages) function, so there is no "
+            "expert to play it.",
+            hint="Define expert(task, messages) in the agent module (docs/agentic.md), or set "
+            "warm_start.steps: 0.",
+        )
+    eos = [chat.eos_id] if chat.eos_id is not None else []
+
+    def respond(task: Any, messages: list[Any], prompt: list[int], turn: int) -> list[int]:
+        return chat.encode(expert_text(expert(task, messages))) + eos
+
+    return respond
 
 
 def _outcome(value: Any, program: AgentProgram) -> tuple[float, bool]:
