@@ -2,8 +2,8 @@
 
 Each task is a product of two numbers ("37*48"). The agent declares one tool, ``calc``, asks
 the model, runs every tool call the model makes and sends the results back as ``tool``
-messages, until the model answers without a call. The reward is 1 when the answer's last
-number is the product (a success), else 0.5 if the model called ``calc`` on exactly the
+messages, until the model answers without a call. The reward is 1 when the answer is the
+product (a success), else 0.5 if the model called ``calc`` on exactly the
 question (partial credit, not a success), else 0. Trained with ``roll train agentic recipes/tiny-calc-agent.yaml``
 (docs/agentic.md, "Bring your own agent"); the same file runs against any OpenAI-compatible
 server: ``run(openai.AsyncOpenAI(base_url=...), make_task(0))``.
@@ -59,8 +59,8 @@ async def run(client: Any, task: dict[str, Any], max_turns: int = 3) -> dict[str
         message = response.choices[0].message
         messages.append(message)  # the assistant message as returned, unchanged
         if not message.tool_calls:
-            numbers = re.findall(r"-?\d+", message.content or "")
-            if numbers and int(numbers[-1]) == task["answer"]:
+            answer = re.fullmatch(r"\s*(-?\d+)\s*\.?\s*", message.content or "")
+            if answer is not None and int(answer.group(1)) == task["answer"]:
                 return {"reward": 1.0, "success": True}
             break
         for call in message.tool_calls:

@@ -32,7 +32,7 @@ def test_train_agentic_with_an_openai_client_agent(roll, tmp_path: Path) -> None
     logged = [json.loads(x) for x in (tmp_path / "runs/ag/metrics.jsonl").read_text().splitlines()]
     [step] = [r for r in logged if r["step"] == 1]
     assert step["rollout/env_errors"] == 0 and step["rollout/env_timeouts"] == 0
-    assert step["rollout/calculator_agent/episode_length"] >= 1  # per-tag metrics, as for envs
+    assert step["rollout/episode_length"] >= 1 and step["perf/samples"] == 2
     assert step["rollout/generated_tokens_per_trajectory"] > 0
     # every generated token of every call: the trainer's log-prob equals the sampler's
     assert step["train_infer/logprob_diff_max"] < 1e-3
