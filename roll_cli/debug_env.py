@@ -737,9 +737,9 @@ def _debug_agent(
         player = ModelPolicy(model, max_new_tokens=max_new_tokens, temperature=temperature)
         tokenizer, context = player.tokenizer, player.context
     else:
-        from roll_core.models import load_tokenizer, materialize_builtin
-
         import tempfile
+
+        from roll_core.models import load_tokenizer, materialize_builtin
 
         # the expert writes text: show it with the built-in models' ChatML tokenizer
         where = tempfile.mkdtemp(prefix="roll-debug-agent-")
