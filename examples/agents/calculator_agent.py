@@ -3,10 +3,11 @@
 Each task is a product of two numbers ("37*48"). The agent declares one tool, ``calc``, asks
 the model, runs every tool call the model makes and sends the results back as ``tool``
 messages, until the model answers without a call. The reward is 1 when the answer is the
-product (a success), else 0.5 if the model called ``calc`` on exactly the
-question (partial credit, not a success), else 0. Trained with ``roll train agentic recipes/tiny-calc-agent.yaml``
-(docs/agentic.md, "Bring your own agent"); the same file runs against any OpenAI-compatible
-server: ``run(openai.AsyncOpenAI(base_url=...), make_task(0))``.
+product (a success); otherwise partial credit, not a success: 0.25 per factor the ``calc``
+call copied right, plus 0.25 for answering with the tool's result. Trained with ``roll train
+agentic recipes/tiny-calc-agent.yaml`` (docs/agentic.md, "Bring your own agent"); the same
+file runs against any OpenAI-compatible server: ``run(openai.AsyncOpenAI(base_url=...),
+make_task(0))``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ async def run(client: Any, task: dict[str, Any], max_turns: int = 3) -> dict[str
         {"role": "system", "content": "Use calc."},
         {"role": "user", "content": task["question"]},
     ]
-    asked = False  # whether the model called calc on exactly the question
+    credit = 0.0  # partial credit: a step in the right direction, not a success
+    result = None  # the last tool result the model saw
     for _ in range(max_turns):
         response = await client.chat.completions.create(
             model="policy", messages=messages, tools=TOOLS
@@ -59,18 +61,26 @@ async def run(client: Any, task: dict[str, Any], max_turns: int = 3) -> dict[str
         message = response.choices[0].message
         messages.append(message)  # the assistant message as returned, unchanged
         if not message.tool_calls:
-            answer = re.fullmatch(r"\s*(-?\d+)\s*\.?\s*", message.content or "")
-            if answer is not None and int(answer.group(1)) == task["answer"]:
+            answer = (message.content or "").strip().rstrip(".")
+            if answer == str(task["answer"]):
                 return {"reward": 1.0, "success": True}
+            if result is not None and answer == result:
+                credit += 0.25  # it read the tool's result back, though the call was wrong
             break
         for call in message.tool_calls:
             try:
                 x = str(json.loads(call.function.arguments).get("x", ""))
             except (json.JSONDecodeError, AttributeError):
                 x = ""
-            asked = asked or x.replace(" ", "") == task["question"]
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": calc(x)})
-    return {"reward": 0.5 if asked else 0.0, "success": False}
+            asked = x.replace(" ", "").split("*")
+            wanted = task["question"].split("*")
+            right = (
+                sum(a == b for a, b in zip(asked, wanted, strict=False)) if len(asked) == 2 else 0
+            )
+            credit = max(credit, 0.25 * right)  # each factor copied right
+            result = calc(x)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return {"reward": credit, "success": False}
 
 
 def expert(task: dict[str, Any], messages: list[dict[str, Any]]) -> Any:
