@@ -489,6 +489,25 @@ def demonstrations(
     failed, i.e. when more than half of an env's episodes fail.
     """
     chat = ChatFormat(setup.tokenizer, setup.processor)
+    # agent programs call an endpoint answered by their expert(): one for these episodes
+    endpoint = AgentEndpoint(port=0, model=cfg.model.path) if any(x.agent for x in specs) else None
+    try:
+        return _demonstrations(cfg, setup, specs, chat, endpoint, count, offset, faults)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+
+
+def _demonstrations(
+    cfg: AgenticConfig,
+    setup: AgenticSetup,
+    specs: list[EnvSpec],
+    chat: ChatFormat,
+    endpoint: AgentEndpoint | None,
+    count: int,
+    offset: int,
+    faults: dict[str, float] | None,
+) -> list[Trajectory]:
     s = settings(cfg, setup)
     faults = {} if faults is None else faults
     out = []
@@ -502,7 +521,10 @@ def demonstrations(
             traj = Trajectory(tag=spec.tag, group=slot, seed=seed, index=0)
             try:
                 if spec.agent is not None:
-                    out.append(_agent_demo(cfg, setup, spec, traj, chat, s.episode_timeout_s))
+                    assert endpoint is not None
+                    out.append(
+                        _agent_demo(cfg, setup, spec, traj, chat, endpoint, s.episode_timeout_s)
+                    )
                     slot += 1
                     continue
                 out.append(
@@ -541,26 +563,21 @@ def _agent_demo(
     spec: EnvSpec,
     traj: Trajectory,
     chat: ChatFormat,
+    endpoint: AgentEndpoint,
     timeout: float,
 ) -> Trajectory:
     """A warm-start episode of an agent program, its calls answered by its expert()."""
     assert spec.agent is not None
-    global _DEMO_ENDPOINT
-    if _DEMO_ENDPOINT is None:  # one server for every warm-start episode of the process
-        _DEMO_ENDPOINT = AgentEndpoint(port=0, model=cfg.model.path)
     return play_scripted(
         traj,
         spec.agent,
         expert_responder(spec.agent, chat),
-        endpoint=_DEMO_ENDPOINT,
+        endpoint=endpoint,
         chat=chat,
         max_new_tokens=cfg.rollout.max_new_tokens,
         max_context=setup.max_context,
         timeout=timeout,
     )
-
-
-_DEMO_ENDPOINT: AgentEndpoint | None = None
 
 
 class _ScriptedActor:
