@@ -16,10 +16,10 @@ from roll_core.backends.train.packing import (
 from roll_core.backends.train.torch_backend import resolve_device, token_log_probs
 from roll_core.data import Batch
 from roll_core.data.vision import vision_model_inputs
-from roll_core.models.vision import image_token_id
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm
+from roll_core.models.vision import image_token_id
 
 
 class Reference(Worker):

@@ -385,7 +385,9 @@ def test_vision_language_packed_equals_padded(tmp_path_factory: pytest.TempPathF
             model, batch, backend.device, packing=True, rope=backend._rope, vision=vision
         )
         # what the model computes without token types: 1-D positions for the image tokens
-        plain = model(input_ids=ids, attention_mask=attn, use_cache=False, **vision_model_inputs(batch))
+        plain = model(
+            input_ids=ids, attention_mask=attn, use_cache=False, **vision_model_inputs(batch)
+        )
     valid = attn.bool()
     assert (padded_logits.logits - plain.logits)[valid].abs().max() > 1e-4  # rope 3-D mattered
     torch.testing.assert_close(
