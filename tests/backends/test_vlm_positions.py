@@ -199,3 +199,52 @@ def test_hf_sampling_log_probs_are_the_trainers(vl: tuple[str, object]) -> None:
             if SIZES[i]:
                 worst_1d = max(worst_1d, float((one_d[i] - behaviour).abs().max()))
         assert worst_1d > 1e-3, name  # 1-D positions would not have given these log-probs
+
+
+def test_greedy_generate_of_trainer_and_teacher_uses_3d_positions(vl: tuple[str, object]) -> None:
+    """The trainer's and the teacher's `generate` (left-padded rows of different image sizes):
+    the language model's prefill positions are each row's own 3-D positions, and the first
+    decoding step continues every row at its last position + 1 (its own rope delta)."""
+    from roll_core.workers.teacher import Teacher
+
+    path, proc = vl
+    prompts = _prompts(proc)
+    trainer = _trainer(path, packing=False)
+    teacher = Teacher(
+        spec=TrainBackendSpec(model_path=path, device="cpu", num_threads=1), rank=0, world_size=1
+    )
+    teacher.setup()
+    rope = rope_module(trainer.model)
+    pad_id = trainer._image_token
+    alone = []
+    for ids, vision in prompts:  # each row's positions computed on its own, no padding
+        row = torch.tensor([ids])
+        grid = vision.image_grid_thw if vision is not None else None
+        if grid is None:
+            alone.append(torch.arange(len(ids)).expand(3, -1))
+        else:
+            alone.append(rope.get_rope_index(row, token_type_ids(row, pad_id), grid)[0][:, 0])
+    # the image rows' last positions run behind their lengths (3-D), the text row's do not
+    behind = [
+        len(ids) - 1 - int(a[:, -1].max()) for a, (ids, _) in zip(alone, prompts, strict=True)
+    ]
+    assert behind == [2, 5, 0, 4]  # 4 tokens in 2 positions, 6 in 3 + 4 in 2, 8 in 4
+    width = max(len(ids) for ids, _ in prompts)
+    for name, model, generate in (
+        ("trainer", trainer.model, trainer.generate),
+        ("teacher", teacher.model, teacher.generate),
+    ):
+        seen: list[torch.Tensor] = []
+
+        def keep(_module, _args, kwargs, seen=seen):  # type: ignore[no-untyped-def]
+            seen.append(kwargs["position_ids"].clone())
+
+        hook = model.model.language_model.register_forward_pre_hook(keep, with_kwargs=True)
+        try:
+            generate([ids for ids, _ in prompts], max_new_tokens=2, vision=[v for _, v in prompts])
+        finally:
+            hook.remove()
+        prefill, step = seen[0], seen[1]  # [4, B, L]: text row, then t, h, w
+        for i, (ids, _) in enumerate(prompts):
+            torch.testing.assert_close(prefill[1:, i, width - len(ids) :], alone[i], msg=name)
+            assert step[1:, i, 0].tolist() == (alone[i][:, -1] + 1).tolist(), name
