@@ -167,7 +167,7 @@ def _trainer_log_probs(path: str, proc: object, prompts, completions) -> tuple: 
 
 def test_hf_sampling_log_probs_are_the_trainers(vl: tuple[str, object]) -> None:
     """Sampled responses of rows with images of different sizes (and a text row), batched in
-    the fixed-batch path and decoding together in the continuous-batching engine (two rows
+    the fixed-batch path and decoding together in the continuous-batching engine (three rows
     joining a running one): each token's behaviour log-prob is the trainer's, and not the
     1-D forward's, so every row kept its own 3-D positions through the decoding steps."""
     path, proc = vl
