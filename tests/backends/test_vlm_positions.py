@@ -7,6 +7,7 @@ log-probs are the trainer's."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -165,6 +166,13 @@ def _trainer_log_probs(path: str, proc: object, prompts, completions) -> tuple: 
     return out
 
 
+def _until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out waiting for the engine"
+        time.sleep(0.005)
+
+
 def test_hf_sampling_log_probs_are_the_trainers(vl: tuple[str, object]) -> None:
     """Sampled responses of rows with images of different sizes (and a text row), batched in
     the fixed-batch path and decoding together in the continuous-batching engine (three rows
@@ -178,14 +186,19 @@ def test_hf_sampling_log_probs_are_the_trainers(vl: tuple[str, object]) -> None:
     try:
         fixed = b.generate(reqs, params)
         long = SamplingParams(max_new_tokens=16, temperature=1.0)
+        running: list[int] = []  # live rows at each prefill: rows join a running batch
+        prefill = b.engine._prefill
+        b.engine._prefill = lambda admit: running.append(len(b.engine._live)) or prefill(admit)  # type: ignore[method-assign]
         with ThreadPoolExecutor(4) as pool:
             first = pool.submit(b.generate_request, reqs[1], long)
-            while b.engine.steps < 2 and not first.done():  # row 1 is decoding alone
-                time.sleep(0.005)
+            _until(lambda: b.engine.steps >= 2 or first.done())  # row 1 is decoding alone
+            b.pause()  # the others queue while row 1 is mid-response, then join it
             later = [pool.submit(b.generate_request, r, params) for r in reqs if r is not reqs[1]]
+            _until(lambda: b.engine.in_flight() == len(later) + (not first.done()))
+            b.resume()
             streamed = [f.result(timeout=300) for f in later]
             streamed.insert(1, first.result(timeout=300))
-        assert b.engine.steps > 2 and len(streamed[1].response_ids) > 8  # they shared steps
+        assert running[0] == 0 and max(running[1:]) >= 1  # row 1 decoded, then others joined
     finally:
         b.close()
     for name, completions in (("generate", fixed), ("engine", streamed)):
