@@ -77,7 +77,12 @@ def check_recipe(cfg: Any) -> list[str]:
     for entry in getattr(cfg, "envs", None) or []:
         from roll_core.envs import make_env
 
-        make_env(entry.env, **entry.options).reset(0)
+        if entry.agent is not None:
+            from roll_core.envs.agents import load_agent
+
+            load_agent(entry.agent, entry.options).task(0)
+            continue
+        make_env(entry.env_id, **entry.options).reset(0)
     return warnings + memory_warnings(cfg)
 
 

@@ -40,7 +40,8 @@ def debug_env(
         str,
         typer.Argument(
             help="Env name (sokoban, frozen_lake, tool_use), a GEM env gem:ID "
-            "(gem:game:GuessTheNumber-v0-easy) or a user env package.module:Class.",
+            "(gem:game:GuessTheNumber-v0-easy), a user env package.module:Class, or an agent "
+            "program agent:path/to/agent.py:run (played by --policy model or expert).",
             show_default=False,
         ),
     ],
@@ -117,6 +118,15 @@ def debug_env(
             show_default=False,
         ),
     ] = None,
+    chat_template: Annotated[
+        Path | None,
+        typer.Option(
+            "--chat-template",
+            help="Agents (agent:...): a Jinja chat-template file for --model instead of its "
+            "own (as rollout.chat_template; e.g. one with tool support for builtin models).",
+            show_default=False,
+        ),
+    ] = None,
     list_options: Annotated[
         bool,
         typer.Option(
@@ -154,6 +164,26 @@ def debug_env(
     from roll_core.envs.registry import env_id, validate_options
     from roll_core.errors import UsageError
 
+    if env.startswith("agent:"):
+        chosen = _choose_policy(policy, model, replay, record)
+        if chosen not in ("model", "expert") or replay is not None:
+            raise UsageError(
+                f"an agent program plays with --policy model or --policy expert (got "
+                f"{'--replay' if replay is not None else '--policy ' + chosen}).",
+                hint="roll debug-env agent:path/to/agent.py:run --policy model --model "
+                "builtin:tiny-qwen3 --chat-template FILE",
+            )
+        _debug_agent(
+            env.removeprefix("agent:"),
+            parse_option_args(options or []),
+            seed,
+            episodes or 1,
+            model,
+            chat_template,
+            max_new_tokens,
+            temperature,
+        )
+        return
     cls = get_env_class(env)
     name = env_id(cls)
     if list_options:
@@ -676,3 +706,94 @@ class _Printer:
             out.print(f"replayed {replay}: every observation and reward reproduced", style="green")
         if record is not None:
             out.print(f"recorded {n} episode{'s' if n != 1 else ''} to {record}")
+
+
+def _debug_agent(
+    path: str,
+    options: dict[str, Any],
+    seed: int,
+    episodes: int,
+    model: str | None,
+    chat_template: Path | None,
+    max_new_tokens: int,
+    temperature: float,
+) -> None:
+    """Play an agent program's episodes through the endpoint, each call answered by the model
+    (or, without --model, by the module's expert); print each call and how the episode ended."""
+    from roll_core.envs.agents import load_agent
+    from roll_core.models.loading import use_chat_template
+    from roll_core.rollout.agentic import ChatFormat, Trajectory
+    from roll_core.rollout.agentic.agent_episode import (
+        Respond,
+        expert_responder,
+        play_scripted,
+    )
+    from roll_core.rollout.agentic.endpoint import AgentEndpoint
+
+    program = load_agent(path, options)
+    if model is not None:
+        from roll_core.envs.model_policy import ModelPolicy
+
+        player = ModelPolicy(model, max_new_tokens=max_new_tokens, temperature=temperature)
+        tokenizer, context = player.tokenizer, player.context
+    else:
+        import tempfile
+
+        from roll_core.models import load_tokenizer, materialize_builtin
+
+        # the expert writes text: show it with the built-in models' ChatML tokenizer
+        where = tempfile.mkdtemp(prefix="roll-debug-agent-")
+        tokenizer = load_tokenizer(str(materialize_builtin("tiny-qwen3", Path(where))))
+        context = 4096
+    if chat_template is not None:
+        use_chat_template(tokenizer, str(chat_template))
+    chat = ChatFormat(tokenizer)
+    respond: Respond
+    if model is not None:
+        player._seed = seed
+
+        def respond(task: Any, messages: list[Any], prompt: list[int], turn: int) -> list[int]:
+            return player.generate_ids(prompt, turn)[0]
+
+    else:
+        respond = expert_responder(program, chat)
+    endpoint = AgentEndpoint(port=0, model=model or "expert")
+    try:
+        for i in range(episodes):
+            player_seed = seed + i
+            if model is not None:
+                player._seed = player_seed
+            traj = Trajectory(tag=path, group=i, seed=player_seed, index=0)
+            try:
+                play_scripted(
+                    traj,
+                    program,
+                    respond,
+                    endpoint=endpoint,
+                    chat=chat,
+                    max_new_tokens=max_new_tokens,
+                    max_context=context,
+                    timeout=600.0,
+                )
+            except Exception as err:  # noqa: BLE001 - shown as the episode's end, like training
+                from roll_core.envs.faults import describe_fault
+
+                traj.status, traj.error = "error", describe_fault(err)
+            _print_agent_episode(traj, tokenizer, i, episodes, program.task(player_seed))
+    finally:
+        endpoint.close()
+
+
+def _print_agent_episode(traj: Any, tokenizer: Any, i: int, total: int, task: Any) -> None:
+    out.rule(f"episode {i + 1}/{total} · seed {traj.seed} · task {task!r}")
+    seen = 0
+    for k, turn in enumerate(traj.turns, start=1):
+        new = turn.prompt_ids[seen:]
+        out.print(f"[bold]call {k}[/bold] · {len(turn.prompt_ids)} prompt tokens", highlight=False)
+        out.print(_shown(tokenizer.decode(new)), style="dim")
+        out.print(_shown(tokenizer.decode(turn.response_ids)))
+        if not turn.action_is_valid:
+            out.print("(not a call of a declared tool: returned as content)", style="yellow")
+        seen = len(turn.prompt_ids) + len(turn.response_ids)
+    end = f"status {traj.status} · reward {traj.episode_return:g} · success {traj.success}"
+    out.print(end + (f" · error: {traj.error}" if traj.error else ""), highlight=False)

@@ -13,14 +13,26 @@ from roll_core.config.schema import Strict
 class EnvEntry(Strict):
     """One environment of the run (several may be mixed; metrics are reported per tag)."""
 
-    env: str = Field(
+    env: str | None = Field(
+        default=None,
         description="Registered env name (sokoban, frozen_lake, tool_use), a GEM env as "
         "gem:ID (the `gem` extra, e.g. gem:game:GuessTheNumber-v0-easy), or a user env as "
-        "package.module:Class."
+        "package.module:Class. Exactly one of `env` and `agent`.",
     )
-    tag: str | None = Field(default=None, description="Name in metrics (default: `env`).")
+    agent: str | None = Field(
+        default=None,
+        description="Bring your own agent: a module with `async def run(client, task) -> "
+        "float` (or a plain `def run`), named package.module:run or path/to/agent.py:run. Each "
+        "episode calls run() with an openai client on its own session of the OpenAI-compatible "
+        "endpoint roll serves during rollout (docs/agentic.md). Trajectory mode only.",
+    )
+    tag: str | None = Field(
+        default=None, description="Name in metrics (default: `env`, or the agent's module)."
+    )
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Env options (`roll debug-env ENV --options` lists them)."
+        default_factory=dict,
+        description="Env options (`roll debug-env ENV --options` lists them); for an agent, "
+        "the keyword arguments of its make_task(seed, **options) (or the task's fields).",
     )
     system_prompt: str | None = Field(
         default=None,
@@ -32,9 +44,30 @@ class EnvEntry(Strict):
         default=32, ge=0, description="Validation episodes (one per held-out seed)."
     )
 
+    @model_validator(mode="after")
+    def _env_or_agent(self) -> EnvEntry:
+        if (self.env is None) == (self.agent is None):
+            raise ValueError(
+                "set exactly one of `env` (an environment roll drives turn by turn) and "
+                "`agent` (your agent program, package.module:run or path/to/agent.py:run)"
+            )
+        return self
+
+    @property
+    def env_id(self) -> str:
+        """``env`` of an env entry (an agent entry has none: a TypeError)."""
+        if self.env is None:
+            raise TypeError(f"envs entry {self.name} is an agent program, not an env")
+        return self.env
+
     @property
     def name(self) -> str:
-        return self.tag or self.env.rsplit(":", 1)[-1].lower()
+        if self.tag:
+            return self.tag
+        if self.agent is not None:
+            target = self.agent.rsplit(":", 1)[0] if ":" in self.agent else self.agent
+            return target.removesuffix(".py").replace("/", ".").rsplit(".", 1)[-1].lower()
+        return str(self.env).rsplit(":", 1)[-1].lower()
 
 
 class AgenticRolloutConfig(SamplingConfig):
@@ -127,6 +160,14 @@ class AgenticRolloutConfig(SamplingConfig):
         gt=0,
         description="A generation request not answered within this many seconds fails the "
         "step, naming the inference rank.",
+    )
+    endpoint_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Agent envs (`envs[].agent`): the port of the OpenAI-compatible endpoint "
+        "roll serves on 127.0.0.1 during rollout (0: any free port; each episode's run() gets "
+        "its base URL either way).",
     )
     turn_barrier: bool = Field(
         default=False,
@@ -223,10 +264,21 @@ class AgenticConfig(RLConfig):
         tags = [e.name for e in self.envs]
         if len(set(tags)) != len(tags):
             raise ValueError(f"envs: tags must be distinct, got {tags}; set `tag:` per env")
+        if self.algorithm.on_policy_distill is not None:
+            raise ValueError(
+                "algorithm.on_policy_distill runs in `roll train rlvr` only (its teachers score "
+                "single-turn responses to dataset prompts); remove the section"
+            )
         if self.rollout.turn_barrier and self.rollout.async_generation_ratio:
             raise ValueError(
                 "rollout.turn_barrier (the lockstep baseline) cannot run with "
                 "rollout.async_generation_ratio > 0; use one or the other"
+            )
+        agents = [e.name for e in self.envs if e.agent is not None]
+        if agents and self.rollout.mode == "step":
+            raise ValueError(
+                f"envs {agents} are agent programs, which run in rollout.mode: trajectory only "
+                "(an agent's calls are one conversation, trained as one sequence)"
             )
         if self.rollout.mode == "trajectory":
             rows = self.rollout.group_size * sum(e.groups_per_step for e in self.envs)

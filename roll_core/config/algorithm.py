@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
+from roll_core.config.on_policy_distill import OnPolicyDistillConfig
 from roll_core.config.schema import Strict
 
 AdvEstimatorName = Literal[
@@ -597,6 +598,11 @@ class AlgorithmConfig(Strict):
         description="Train-inference mismatch correction: importance weights and rejection "
         "(null: off; an empty section logs the mismatch metrics only).",
     )
+    on_policy_distill: OnPolicyDistillConfig | None = Field(
+        default=None,
+        description="On-policy distillation (`roll train rlvr`): a teacher's per-token reverse "
+        "KL on the student's samples is the advantage (null: off; docs/distill.md).",
+    )
     entropy_coef: float = Field(
         default=0.0, ge=0, description="Entropy bonus coefficient (0: off)."
     )
@@ -704,6 +710,9 @@ class AlgorithmConfig(Strict):
     @property
     def needs_groups(self) -> bool:
         """True when every prompt needs 2 or more samples (a group estimator or group norm)."""
+        opd = self.on_policy_distill
+        if opd is not None and opd.reward_weight == 0:  # pure distillation: no task advantage
+            return False
         return self.adv_estimator in GROUP_ESTIMATORS or self.reward.normalize == "group"
 
     def advantage_kwargs(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.config.reward import RewardConfig
@@ -420,6 +420,18 @@ class CriticConfig(Strict):
         description="The critic's own optimizer (AdamW + schedule; one step per mini-batch, "
         "like the actor's). Value clipping is `algorithm.value.clip`.",
     )
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _one_rank_only(cls, value: Any) -> Any:
+        if value in ("fsdp2", "deepspeed", "megatron"):
+            raise ValueError(
+                f"critic.backend {value!r} is not built: the critic is one torch rank (beside "
+                "actor_train's rank 0) whatever actor_train's backend is, so its model must fit "
+                "one device; remove critic.backend (torch), or use an estimator without a critic "
+                "(e.g. the grpo preset)"
+            )
+        return value
 
 
 class SyncConfig(Strict):

@@ -340,7 +340,8 @@ class ActorTrainConfig(Strict):
         if self.lora is not None and self.backend != "torch":
             raise ValueError(
                 f"actor_train.lora is supported by the torch backend only (backend is "
-                f"{self.backend})"
+                f"{self.backend}: roll's peft adapters do not wrap its sharded layers): remove "
+                "actor_train.lora to fine-tune every weight, or set actor_train.backend: torch"
             )
         if self.device_mapping is not None:
             if len(set(self.device_mapping)) != len(self.device_mapping):

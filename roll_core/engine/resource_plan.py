@@ -37,6 +37,7 @@ _SHORT = {
     "kv_cache": "kv",
     "logits": "logits while training",
     "activations": "checkpointed layer inputs",
+    "reference": "frozen reference",
 }
 
 
@@ -241,6 +242,10 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
             note += f", {shape.active_params / 1e9:.2f}B active (MoE)"
         note += _megatron_note(train)
         per_role["actor_train"] = train_memory(shape, _train_memory_spec(cfg))
+        if train.backend == "megatron" and getattr(
+            getattr(cfg, "algorithm", None), "uses_reference", False
+        ):  # KL's reference: a frozen twin of the policy's shards, on its GPUs all run long
+            per_role["actor_train"]["reference"] = per_role["actor_train"]["params"]
         note += _add_activations(cfg, shape, per_role["actor_train"])
         if infer is not None:
             kv_tokens = _kv_tokens(cfg, infer.world_size)
@@ -256,7 +261,30 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
                 mem["kv_cache"] = max(0.0, budget - mem["params"])
                 note += f"; vllm reserves {util:g} x GPU"
             per_role["actor_infer"] = mem
-    return GpuPlan(placement, gpu_memory(placement, per_role), note, cfg.executor.gpu_memory_gib)
+    memory = gpu_memory(placement, per_role)
+    note += _add_frozen_teachers(cfg, placement, memory)
+    return GpuPlan(placement, memory, note, cfg.executor.gpu_memory_gib)
+
+
+def _add_frozen_teachers(cfg: Any, placement: Any, memory: list[Any]) -> str:
+    """On-policy distillation's teachers (frozen, resident in every phase) on actor_train's
+    first GPU, as a `teachers` part of its state (so the colocation choice counts them in
+    every phase and never offloads them); a note when a teacher's size is unknown offline."""
+    opd = getattr(getattr(cfg, "algorithm", None), "on_policy_distill", None)
+    placed = placement.roles.get("actor_train")
+    if opd is None or placed is None:
+        return ""
+    total, unknown = 0.0, []
+    for role, t in opd.named_teachers().items():
+        shape = model_shape(t.path or cfg.model.path)
+        if shape is None:
+            unknown.append(role)
+        else:
+            total += shape.params * _BYTES[t.dtype]
+    first = memory[placed.gpus[0]]
+    if total and "actor_train" in first.roles:
+        first.roles["actor_train"] = {**first.roles["actor_train"], "teachers": total}
+    return f"; teacher size unknown offline: {', '.join(unknown)}" if unknown else ""
 
 
 def cluster_placement(cfg: Any, role: str) -> dict[str, Any]:
@@ -286,7 +314,9 @@ def available_cpus() -> int:
 
 
 def _ranks(rows: list[Any], *, process_groups_only: bool) -> list[tuple[str, int]]:
-    """(role, ranks) of every cluster in the plan; a LoRA reference shares actor_train's."""
+    """(role, ranks) of every cluster in the plan; a LoRA reference shares actor_train's.
+    ``process_groups_only``: actor_train's processes (a megatron reference's ranks take turns
+    with them, never computing at the same time: not counted)."""
     out = []
     for row in rows:
         if row.worker not in _CLUSTER_WORKERS:

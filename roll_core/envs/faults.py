@@ -84,6 +84,9 @@ def describe_fault(err: BaseException) -> str:
     """One line: ``Type: message (at path:line, in function)``; a timeout is its message."""
     if isinstance(err, EnvTimeout):
         return f"timeout: {err}"
+    described = getattr(err, "fault_text", None)  # a fault that says where itself (agents)
+    if isinstance(described, str):
+        return described
     text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
     where = fault_location(err)
     return f"{text} (at {where})" if where else text

@@ -88,6 +88,23 @@ class ModelPolicy:
             self.messages.append({"role": "user", "content": str(observation)})
         prompt_ids, dropped = self._fit_prompt()
         turn = sum(m["role"] == "assistant" for m in self.messages)
+        new, finish = self.generate_ids(prompt_ids, turn)
+        if finish == "stop":
+            new = new[: new.index(self.tokenizer.eos_token_id)]
+        text = str(self.tokenizer.decode(new, skip_special_tokens=True))
+        self.messages.append({"role": "assistant", "content": text})
+        self._info = {
+            "prompt_tokens": len(prompt_ids),
+            "response_tokens": len(new),
+            "finish_reason": finish,
+            "dropped_turns": dropped,
+        }
+        return text
+
+    def generate_ids(self, prompt_ids: list[int], turn: int) -> tuple[list[int], str]:
+        """The model's response ids to ``prompt_ids`` (up to and with its eos) and the finish
+        reason (``stop``: it ended with eos; ``length``), sampled from the episode seed and
+        ``turn``."""
         ids = torch.tensor([prompt_ids], device=self.device)
         sampling = self.temperature > 0
         with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -104,18 +121,10 @@ class ModelPolicy:
                 pad_token_id=self.tokenizer.pad_token_id,
             )
         new = out[0, len(prompt_ids) :].tolist()
-        finish = "stop" if self.tokenizer.eos_token_id in new else "length"
-        if finish == "stop":
-            new = new[: new.index(self.tokenizer.eos_token_id)]
-        text = str(self.tokenizer.decode(new, skip_special_tokens=True))
-        self.messages.append({"role": "assistant", "content": text})
-        self._info = {
-            "prompt_tokens": len(prompt_ids),
-            "response_tokens": len(new),
-            "finish_reason": finish,
-            "dropped_turns": dropped,
-        }
-        return text
+        eos = self.tokenizer.eos_token_id
+        if eos in new:
+            return new[: new.index(eos) + 1], "stop"
+        return new, "length"
 
     def turn_info(self) -> dict[str, Any]:
         return dict(self._info)

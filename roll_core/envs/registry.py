@@ -131,7 +131,7 @@ def _is_env_class(obj: Any, base: type) -> bool:
     return inspect.isclass(obj) and issubclass(obj, base) and not inspect.isabstract(obj)
 
 
-def _import_module(module_name: str, path: str) -> Any:
+def _import_module(module_name: str, path: str, what: str = "env") -> Any:
     cwd = os.getcwd()
     try:
         if cwd not in sys.path and "" not in sys.path:
@@ -139,13 +139,13 @@ def _import_module(module_name: str, path: str) -> Any:
         return importlib.import_module(module_name)
     except ImportError as err:
         raise ConfigError(
-            f"cannot import module '{module_name}' for env '{path}': {err}.",
+            f"cannot import module '{module_name}' for {what} '{path}': {err}.",
             hint="Install the package that holds it, or run from the directory that holds "
             "the module (the current directory is searched).",
         ) from None
     except Exception as err:  # a user module that fails while importing: the user's to fix
         raise ConfigError(
-            f"importing module '{module_name}' for env '{path}' raised "
+            f"importing module '{module_name}' for {what} '{path}' raised "
             f"{type(err).__name__}: {err}.",
             hint="Fix the module (rerun with --debug for the traceback).",
         ) from err

@@ -39,6 +39,7 @@ from roll_core.data import Batch
 from roll_core.data.vision import VISION_FIELDS
 from roll_core.engine import Cluster
 from roll_core.envs import get_env_class, make_env
+from roll_core.envs.agents import load_agent
 from roll_core.envs.base import observation_images
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.envs.registry import validate_options
@@ -69,6 +70,12 @@ from roll_core.rollout.agentic import (
     step_batch,
     trajectory_batch,
 )
+from roll_core.rollout.agentic.agent_episode import (
+    expert_responder,
+    openai_client,
+    play_scripted,
+)
+from roll_core.rollout.agentic.endpoint import AgentEndpoint, check_port
 from roll_core.rollout.router import rollout_mode
 from roll_core.rollout.source import AgenticSource
 
@@ -153,10 +160,30 @@ class AgenticSetup:
 
 def check_warm_start(cfg: AgenticConfig) -> None:
     """``warm_start.policy: expert`` needs every env to have a solver (``expert_action``)."""
-    if not cfg.warm_start.steps or cfg.warm_start.policy != "expert":
+    if not cfg.warm_start.steps:
+        return
+    agents = [e.name for e in cfg.envs if e.agent is not None]
+    if agents and cfg.warm_start.policy != "expert":
+        raise ConfigError(
+            f"warm_start.policy: {cfg.warm_start.policy} plays random valid actions, but envs "
+            f"{agents} are agent programs, which have no action set to draw from.",
+            hint="Use warm_start.policy: expert (the agent module's expert(task, messages)), "
+            "or warm_start.steps: 0.",
+        )
+    if cfg.warm_start.policy != "expert":
         return
     for i, entry in enumerate(cfg.envs):
-        if not get_env_class(entry.env).has_expert():
+        if entry.agent is not None:
+            if load_agent(entry.agent).expert is None:
+                raise ConfigError(
+                    f"warm_start.policy: expert clones each env's solver, but envs[{i}] "
+                    f"({entry.name}, agent {entry.agent}) has no expert(task, messages) "
+                    "function.",
+                    hint="Define expert(task, messages) in the agent module (what a good "
+                    "model answers to a call; docs/agentic.md), or set warm_start.steps: 0.",
+                )
+            continue
+        if not get_env_class(entry.env_id).has_expert():
             raise ConfigError(
                 f"warm_start.policy: expert clones each env's solver, but envs[{i}] "
                 f"({entry.name}, env {entry.env}) has none (its class does not define "
@@ -173,7 +200,9 @@ def check_images(cfg: AgenticConfig) -> None:
     from roll_core.models.loading import model_config
 
     for i, entry in enumerate(cfg.envs):
-        options = validate_options(get_env_class(entry.env), dict(entry.options))
+        if entry.agent is not None:
+            continue
+        options = validate_options(get_env_class(entry.env_id), dict(entry.options))
         if getattr(options, "obs_mode", "text") != "image":
             continue
         config = model_config(cfg.model.path)
@@ -189,9 +218,21 @@ def check_images(cfg: AgenticConfig) -> None:
 
 def _check_env(entry: EnvEntry, timeout: float) -> bool:
     """Build and reset each env once, so a bad name or option fails before a run exists;
-    returns whether its observations carry images."""
-    get_env_class(entry.env)
-    env = make_env(entry.env, **entry.options)
+    returns whether its observations carry images. An agent: its module loads and makes the
+    task of seed 0."""
+    if entry.agent is not None:
+        program = load_agent(entry.agent, entry.options)
+        try:
+            call_with_timeout(program.task, 0, timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - the user's make_task raised or hung
+            raise EnvFault(
+                f"agent {entry.name}: make_task(seed=0, **options) failed before training "
+                f"started: {describe_fault(err)}",
+                hint=f"Fix make_task in {entry.agent} (envs[].options are its keyword arguments).",
+            ) from None
+        return False
+    get_env_class(entry.env_id)
+    env = make_env(entry.env_id, **entry.options)
     try:
         observation, _ = call_with_timeout(env.reset, 0, timeout=timeout)
         return bool(observation_images(observation))
@@ -214,6 +255,9 @@ def prepare(cfg: AgenticConfig) -> AgenticSetup:
     tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
     check_images(cfg)
+    if any(entry.agent is not None for entry in cfg.envs):
+        check_port(cfg.rollout.endpoint_port)
+        openai_client("http://127.0.0.1:1/v1", is_async=False, timeout=1.0).close()
     vision = is_vision_model(model_path)
     for i, entry in enumerate(cfg.envs):
         if shows_images[i] and not vision:  # e.g. a user env with render_image()
@@ -288,7 +332,9 @@ def env_tools(cfg: AgenticConfig) -> list[tuple[int, EnvEntry, list[dict[str, An
 
     found = []
     for i, entry in enumerate(cfg.envs):
-        schemas = list(make_env(entry.env, **entry.options).tools)
+        if entry.agent is not None:
+            continue  # an agent declares its tools per call (checked by the endpoint)
+        schemas = list(make_env(entry.env_id, **entry.options).tools)
         for schema in schemas:
             problems = schema_problems(schema)
             if problems:
@@ -366,9 +412,14 @@ def env_specs(cfg: AgenticConfig) -> list[EnvSpec]:
     for entry in cfg.envs:
 
         def factory(entry: EnvEntry = entry) -> Any:
-            return make_env(entry.env, **entry.options)
+            if entry.agent is not None:
+                raise TypeError(f"{entry.name} is an agent program, not a TextEnv")
+            return make_env(entry.env_id, **entry.options)
 
-        specs.append(EnvSpec(entry.name, factory, entry.system_prompt, entry.groups_per_step))
+        agent = load_agent(entry.agent, entry.options) if entry.agent is not None else None
+        specs.append(
+            EnvSpec(entry.name, factory, entry.system_prompt, entry.groups_per_step, agent)
+        )
     return specs
 
 
@@ -392,6 +443,8 @@ def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
         async_generation_ratio=r.async_generation_ratio,
         turn_barrier=r.turn_barrier,
         seed=cfg.seed,
+        endpoint_port=r.endpoint_port,
+        served_model=cfg.model.path,
     )
 
 
@@ -448,6 +501,10 @@ def demonstrations(
             actor = _ScriptedActor(spec, chat, seed, s.step_timeout_s, cfg.warm_start.policy)
             traj = Trajectory(tag=spec.tag, group=slot, seed=seed, index=0)
             try:
+                if spec.agent is not None:
+                    out.append(_agent_demo(cfg, setup, spec, traj, chat, s.episode_timeout_s))
+                    slot += 1
+                    continue
                 out.append(
                     play_episode(
                         traj,
@@ -476,6 +533,34 @@ def demonstrations(
                         metrics=faults,
                     ) from None
     return out
+
+
+def _agent_demo(
+    cfg: AgenticConfig,
+    setup: AgenticSetup,
+    spec: EnvSpec,
+    traj: Trajectory,
+    chat: ChatFormat,
+    timeout: float,
+) -> Trajectory:
+    """A warm-start episode of an agent program, its calls answered by its expert()."""
+    assert spec.agent is not None
+    global _DEMO_ENDPOINT
+    if _DEMO_ENDPOINT is None:  # one server for every warm-start episode of the process
+        _DEMO_ENDPOINT = AgentEndpoint(port=0, model=cfg.model.path)
+    return play_scripted(
+        traj,
+        spec.agent,
+        expert_responder(spec.agent, chat),
+        endpoint=_DEMO_ENDPOINT,
+        chat=chat,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_context=setup.max_context,
+        timeout=timeout,
+    )
+
+
+_DEMO_ENDPOINT: AgentEndpoint | None = None
 
 
 class _ScriptedActor:
@@ -552,7 +637,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
     specs = env_specs(cfg)
     loop.console_note(
         "envs: "
-        + ", ".join(f"{e.tag or e.env} ({e.groups_per_step} groups/step)" for e in cfg.envs)
+        + ", ".join(f"{e.name} ({e.groups_per_step} groups/step)" for e in cfg.envs)
         + f"; group size {cfg.rollout.group_size}, context {setup.max_context} tokens"
     )
     policy = template_policy(setup.chat, cfg.rollout.mode) if setup.chat else None

@@ -164,6 +164,7 @@ def reference_log_probs(
             executor,
             model_path=setup.model_path,
             micro_batch_size=2 * cfg.trainer.micro_batch_size,
+            tokenizer_path=setup.tokenizer_path,
         )
         ref.setup()
     score = ref.log_probs if ref is not None else actor.reference_log_probs

@@ -248,6 +248,7 @@ def reuses_update_log_probs(cfg: RLConfig) -> bool:
         and t.mini_batches == 1
         and not (algo.kl.coef > 0 and algo.kl.use_as == "reward")
         and algo.rollout_correction is None  # it weighs pi_old against pi_rollout before
+        and algo.on_policy_distill is None  # the student's log-probs enter the advantage
     )
 
 

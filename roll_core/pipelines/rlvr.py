@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from roll_core.models import (
 )
 from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
+from roll_core.pipelines import on_policy_distill as opd
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.rl_iteration import sampling_params
@@ -84,6 +85,7 @@ def plan(cfg: RLVRConfig) -> list[RolePlan]:
     if algo.uses_reference:
         kl = f"KL {algo.kl.estimator} as {algo.kl.use_as}"
         rows.append(roles.frozen_row(cfg, "reference", "Reference", kl))
+    rows += opd.plan_rows(cfg, roles.frozen_row)
     if roles.uses_critic(cfg):
         c = cfg.critic
         assert c is not None
@@ -106,6 +108,8 @@ class RLVRSetup:
     train: list[Prompt]
     eval: list[Prompt]
     stats: dict[str, int]
+    teacher_prompts: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    """algorithm.on_policy_distill: each privileged teacher's prompt ids by prompt index."""
 
 
 def _prompts(
@@ -154,12 +158,8 @@ def _prompts(
                 )
             row = {k: v for k, v in row.items() if k != d.image_key}  # decoded images stay out
             ids, vision = encode_image_prompt(images.processor, prompt, pictures, d.system_prompt)
-        elif isinstance(prompt, list):
-            ids = encode_chat_prompt(tokenizer, _with_system(prompt, d.system_prompt))
-        elif d.chat_template == "none":
-            ids = list(tokenizer(prompt)["input_ids"])  # raw prompt: the tokenizer's own specials
         else:
-            ids = encode_prompt(tokenizer, prompt, system=d.system_prompt)
+            ids = encode_text_prompt(cfg, tokenizer, prompt)
         if len(ids) > d.max_prompt_length:
             stats["dropped_too_long"] += 1
             continue
@@ -203,6 +203,17 @@ def _prompt_of(
     return turns
 
 
+def encode_text_prompt(cfg: RLVRConfig, tokenizer: Any, prompt: Any) -> list[int]:
+    """The ids of a text prompt or a conversation (list of turns), as `data.chat_template` and
+    `data.system_prompt` render it."""
+    d = cfg.data
+    if isinstance(prompt, list):
+        return encode_chat_prompt(tokenizer, _with_system(prompt, d.system_prompt))
+    if d.chat_template == "none":
+        return list(tokenizer(prompt)["input_ids"])  # raw prompt: the tokenizer's own specials
+    return list(encode_prompt(tokenizer, prompt, system=d.system_prompt))
+
+
 def _with_system(turns: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
     """`data.system_prompt` before a conversation that has no system turn of its own."""
     if system is None or any(t["role"] == "system" for t in turns):
@@ -244,7 +255,17 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
         finally:
             stage.close()
     check_algorithm(cfg)
-    return RLVRSetup(model_path, tok_path, tokenizer, train, evals, stats)
+    setup = RLVRSetup(model_path, tok_path, tokenizer, train, evals, stats)
+    if cfg.algorithm.on_policy_distill is not None:
+        opd.check_recipe(cfg, load=True)
+        setup.teacher_prompts = opd.teacher_prompts(
+            cfg.algorithm.on_policy_distill,
+            train,
+            prompt_key=cfg.data.prompt_key,
+            encode=functools.partial(encode_text_prompt, cfg, tokenizer),
+            source=cfg.data.train.path,
+        )
+    return setup
 
 
 def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
@@ -403,8 +424,17 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             hooks = RLHooks(
                 evaluate=evaluate if setup.eval else None,
                 eval_at_start=bool(cfg.eval.every_steps and setup.eval),
+                advantages=_distill_hook(cfg, setup, rl),
             )
             return run_rl(cfg, rl, source, loop, hooks)
+
+
+def _distill_hook(cfg: RLVRConfig, setup: RLVRSetup, rl: roles.RLRoles) -> Any:
+    """algorithm.on_policy_distill's advantages (None: rlvr's estimator alone)."""
+    if cfg.algorithm.on_policy_distill is None:
+        return None
+    pad = setup.tokenizer.pad_token_id
+    return opd.distill_advantages(cfg, rl.teachers, setup.teacher_prompts, pad_id=pad)
 
 
 def _source(

@@ -8,13 +8,16 @@ are built here for rlvr and agentic, and the frozen models of dpo (reference) an
 
 Frozen single-rank roles (reference, teacher) run on actor_train's rank-0 device: under a
 `device_mapping` they are pinned to rank 0's GPUs (colocated with it), on CPU nothing is pinned.
+The exception: with `actor_train.backend: megatron` the reference is sharded as the policy is
+(its ranks, layout and GPUs; `sharded_reference`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +70,21 @@ def weight_sync_row(cfg: Any) -> RolePlan:
     return RolePlan("weight sync", "WeightSync", path, ranks, "", cfg.executor.type, note)
 
 
+def sharded_reference(cfg: Any) -> bool:
+    """Whether the reference is built on actor_train's megatron layout (`build_reference`)."""
+    return bool(cfg.actor_train.backend == "megatron")
+
+
 def frozen_row(cfg: Any, role: str, worker: str, detail: str) -> RolePlan:
-    """The `--dry-run` row of a frozen one-rank role on actor_train's device."""
-    return RolePlan(role, worker, "torch", 1, cfg.actor_train.device, cfg.executor.type, detail)
+    """The `--dry-run` row of a frozen role: one rank on actor_train's device, or the
+    reference sharded over actor_train's ranks (`sharded_reference`)."""
+    t = cfg.actor_train
+    if worker == "Reference" and sharded_reference(cfg):
+        m = t.megatron
+        layout = f"tp{m.tp} x pp{m.pp} x ep{m.ep}" if m is not None else "data parallel"
+        detail += f"; frozen megatron model on actor_train's ranks and GPUs ({layout})"
+        return RolePlan(role, worker, "megatron", t.world_size, t.device, cfg.executor.type, detail)
+    return RolePlan(role, worker, "torch", 1, t.device, cfg.executor.type, detail)
 
 
 def colocation_row(cfg: Any) -> RolePlan:
@@ -175,11 +190,44 @@ def _beside_actor_train(cfg: Any) -> dict[str, Any]:
     return {"gpu_ids": placed["gpu_ids"][:1], "gpus_per_node": placed["gpus_per_node"]}
 
 
-def build_reference(cfg: Any, executor: Any, *, model_path: str, micro_batch_size: int) -> Cluster:
-    """The frozen starting policy (KL in rlvr / agentic, reference log-probs in dpo)."""
+def build_reference(
+    cfg: Any,
+    executor: Any,
+    *,
+    model_path: str,
+    micro_batch_size: int,
+    name: str = "reference",
+    dtype: str = "float32",
+    tokenizer_path: str | None = None,
+) -> Cluster:
+    """The frozen starting policy (KL in rlvr / agentic, reference log-probs in dpo): one rank
+    with the plain model, or with a megatron actor_train its frozen twin on the same ranks,
+    layout and GPUs (a 30B model does not fit one GPU beside the policy's shards). Under
+    another `name`, an on-policy distillation teacher (the log-probs of another model, or of
+    the starting policy given privileged context): always one rank with the plain model."""
     role = cfg.actor_train
+    if name == "reference" and sharded_reference(cfg):
+        spec = spec_from_config(
+            cfg,
+            model_path=model_path,
+            tokenizer_path=tokenizer_path,
+            total_steps=1,
+            micro_batch_size=micro_batch_size,
+        )
+        return Cluster(
+            "reference",
+            Reference,
+            executor,
+            world_size=role.world_size,
+            resources=_cpu(cfg),
+            **cluster_placement(cfg, "actor_train"),
+            worker_kwargs={
+                "model_path": model_path,
+                "spec": dataclasses.replace(spec, frozen=True),
+            },
+        )
     return Cluster(
-        "reference",
+        name,
         Reference,
         executor,
         resources=_cpu(cfg),
@@ -191,6 +239,7 @@ def build_reference(cfg: Any, executor: Any, *, model_path: str, micro_batch_siz
             num_threads=role.num_threads,
             packing=role.packing,
             max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+            dtype=dtype,
         ),
     )
 
@@ -218,6 +267,28 @@ def build_teacher(cfg: Any, executor: Any, *, model_path: str, tokenizer_path: s
             )
         },
     )
+
+
+def build_distill_teachers(
+    cfg: Any, executor: Any, *, model_path: str, micro_batch_size: int
+) -> dict[str, Cluster]:
+    """`algorithm.on_policy_distill`'s teachers (none without it): frozen Reference workers
+    placed as the reference is (actor_train's rank-0 device). A teacher without a path is the
+    student's initial weights (`model_path`)."""
+    opd = getattr(cfg.algorithm, "on_policy_distill", None)
+    if opd is None:
+        return {}
+    return {
+        role: build_reference(
+            cfg,
+            executor,
+            model_path=resolve_model_path(t.path) if t.path is not None else model_path,
+            micro_batch_size=micro_batch_size,
+            name=role,
+            dtype=t.dtype,
+        )
+        for role, t in opd.named_teachers().items()
+    }
 
 
 def uses_critic(cfg: Any) -> bool:
@@ -254,6 +325,8 @@ class RLRoles:
     critic: Cluster | None
     weight_sync: WeightSync
     turns: Turns
+    teachers: dict[str, Cluster] = field(default_factory=dict)
+    """On-policy distillation's frozen teachers by role name (`teacher`, `teacher_DOMAIN`)."""
 
     def sync(self, version: int) -> dict[str, float]:
         """actor_train -> actor_infer, in place, no disk, rank to rank (the path `sync.path`
@@ -339,13 +412,20 @@ def build_rl_roles(
     reference = critic = None
     if cfg.algorithm.uses_reference:
         reference = build_reference(
-            cfg, executor, model_path=model_path, micro_batch_size=t.micro_batch_size
+            cfg,
+            executor,
+            model_path=model_path,
+            micro_batch_size=t.micro_batch_size,
+            tokenizer_path=tokenizer_path,
         )
     if uses_critic(cfg):
         critic = build_critic(
             cfg, executor, model_path=model_path, total_steps=total_updates, run_dir=run_dir
         )
-    for cluster in (train, infer, reference, critic):
+    teachers = build_distill_teachers(
+        cfg, executor, model_path=model_path, micro_batch_size=t.micro_batch_size
+    )
+    for cluster in (train, infer, reference, critic, *teachers.values()):
         if cluster is not None:
             cluster.setup()
     s = cfg.sync
@@ -353,7 +433,7 @@ def build_rl_roles(
         train, infer, SyncSettings(path=s.path, bucket_mb=s.bucket_mb, timeout_s=s.timeout_s)
     )
     turns = Turns(choice, train=train, infer=infer)  # colocated roles take turns
-    return RLRoles(train, infer, reference, critic, sync, turns)
+    return RLRoles(train, infer, reference, critic, sync, turns, teachers)
 
 
 def build_actor_infer(

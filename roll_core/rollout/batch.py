@@ -51,6 +51,7 @@ def build_rl_batch(groups: list[list[Sample]], *, pad_id: int) -> Batch:
         non_tensors={
             "domain": [str(s.reward_info.get("domain", "")) for s in samples],
             "finish_reason": [s.finish_reason for s in samples],
+            "prompt_index": [s.prompt.index for s in samples],  # the row in the prompt list
             # VLM samples: each row's pixel_values / image_grid_thw, exactly what generated it
             **vision_fields([s.prompt.vision for s in samples]),
         },

@@ -1,4 +1,9 @@
-"""Reference: the frozen initial policy, for KL. Built only when the recipe uses KL."""
+"""Reference: the frozen initial policy, for KL. Built only when the recipe uses KL.
+
+Two forms: one rank holding the plain Hugging Face model (beside actor_train's rank 0), or,
+when actor_train is sharded by megatron, ranks of actor_train's own backend and layout built
+frozen (`TrainBackendSpec.frozen`: the same model code, log-prob passes only), so the
+reference is split over the GPUs exactly as the policy is."""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ from typing import Any
 
 import torch
 
+from roll_core.backends.train import get_train_backend
+from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.backends.train.packing import (
     check_packing_support,
     micro_batches,
@@ -34,9 +41,18 @@ class Reference(Worker):
         num_threads: int | None = None,
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
+        dtype: str = "float32",
+        spec: TrainBackendSpec | None = None,
         **rank_info: Any,
     ) -> None:
+        """`dtype`: the weights' dtype (float32, bfloat16 or float16; e.g. a large teacher of
+        on-policy distillation in bfloat16). ``spec``: a frozen sharded train backend
+        (megatron) instead of the plain model; the other arguments are then unused (the spec
+        carries them)."""
         super().__init__(**rank_info)
+        self.dtype = dtype
+        self.spec = spec
+        self.backend: Any = None
         self.model_path = model_path
         self.device_name = device
         self.micro_batch_size = micro_batch_size
@@ -45,12 +61,21 @@ class Reference(Worker):
         self.max_tokens = max_tokens_per_micro_batch
         self.model: Any = None
 
+    @classmethod
+    def needs_process_group(cls, world_size: int, kwargs: dict[str, Any]) -> bool:
+        """The sharded form's ranks form a torch.distributed group, as actor_train's do."""
+        return kwargs.get("spec") is not None
+
     @dispatch("all")
     def setup(self) -> dict[str, Any]:
+        if self.spec is not None:
+            self.backend = get_train_backend(self.spec.backend)(self.spec)
+            return {"device": str(self.backend.device)}
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
         self.device = resolve_device(self.device_name)
-        self.model = load_causal_lm(self.model_path, device=self.device)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        self.model = load_causal_lm(self.model_path, device=self.device, dtype=dtype[self.dtype])
         self._varlen = (
             check_packing_support(self.model, role="reference") if self.packing else False
         )
@@ -62,6 +87,10 @@ class Reference(Worker):
     @dispatch("dp", collect="concat")
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
+        """Next-token log-probs [B, T-1] of this rank's rows (0 where a row has no next
+        token)."""
+        if self.backend is not None:  # sharded: this rank's rows, computed by its replica
+            return self.backend.log_probs(batch, temperature=temperature)
         out = []
         for rows, mb in micro_batches(
             batch,

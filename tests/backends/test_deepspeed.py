@@ -2,7 +2,8 @@
 backend on the same global batch.
 
 The global batch has 5 rows of unequal length: the driver's token-balanced split gives the
-ranks unequal rows (and micro-batch counts), which exercises the lock-step dummy micro-batch.
+ranks 2 and 3 rows, so 1 and 2 micro-batches of 2 rows: the rank with one splits it in two to
+keep in lock step (sharded.py; tests/backends/test_fsdp2.py covers the dummy micro-batch).
 The objective normalises by the global token count, so the sharded update equals the
 single-process one up to float summation order: same loss, weights within 1e-6.
 """

@@ -1,7 +1,8 @@
 """2-rank FSDP2 (gloo, CPU) against the 1-rank torch backend on the same global batch.
 
 The global batch has 5 rows of unequal length: the driver's token-balanced split gives the
-ranks unequal rows (and micro-batch counts), which exercises the lock-step dummy micro-batch.
+ranks 2 and 3 rows, so 1 and 2 micro-batches of 2 rows: the rank with one splits it in two to
+keep in lock step (sharded.py; test_packing.py covers the dummy micro-batch by hand).
 The objective normalises by the global token count, so the sharded update equals the
 single-process one up to float summation order: same loss, weights within 1e-6.
 """

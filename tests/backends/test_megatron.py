@@ -11,11 +11,14 @@ uneven token-balanced split over the ranks).
 
 Costs (2 shared cores, load ~1.5-3): 18-21 s per 2-rank layout, 39 s for the 4-rank one,
 27 s for the CLI run; the 8-rank TP2 x PP2 x EP2 x DP2 + SP layout takes 65 s at load 1.5 and
-several minutes on a busy machine: it runs only with ROLL_TEST_MEGATRON_8=1.
+several minutes on a busy machine: it runs only with ROLL_TEST_MEGATRON_8=1. The PP=2 layout
+also launches the frozen reference's 2 ranks; the rlvr run into vLLM (megatron, vLLM and a
+critic in one launch) took 117 s at load 6-10 (75 s at load 6 without the critic).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -23,6 +26,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 pytest.importorskip("megatron.core")
@@ -36,6 +40,7 @@ from roll_core.engine import Cluster, LocalExecutor  # noqa: E402
 from roll_core.models import resolve_model_path  # noqa: E402
 from roll_core.workers.actor_train import ActorTrain  # noqa: E402
 from roll_core.workers.objectives import get_objective  # noqa: E402
+from roll_core.workers.reference import Reference  # noqa: E402
 
 ROWS, WIDTH, PROMPT = 8, 12, 4
 TOL = 1e-5
@@ -172,6 +177,7 @@ def reference(model: str) -> dict[str, Any]:
         return clip(params, max_norm)
 
     torch.nn.utils.clip_grad_norm_ = keep_grads  # type: ignore[assignment]
+    initial_log_probs = backend.log_probs(sft_batch())
     try:
         algo = AlgorithmConfig.model_validate(ALGO)
         out = [backend.train_step(sft_batch(), get_objective("sft")) for _ in range(2)]
@@ -180,7 +186,8 @@ def reference(model: str) -> dict[str, Any]:
         torch.nn.utils.clip_grad_norm_ = clip  # type: ignore[assignment]
     weights = hf_names({n: p.detach().clone() for n, p in backend.model.named_parameters()})
     return {"metrics": out, "grads": grads, "weights": weights,
-            "log_probs": backend.log_probs(sft_batch())}  # fmt: skip
+            "log_probs": backend.log_probs(sft_batch()),
+            "initial_log_probs": initial_log_probs}  # fmt: skip
 
 
 # ---- one launch of a layout -----------------------------------------------------------------
@@ -194,10 +201,26 @@ def close(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
     torch.testing.assert_close(a, b, rtol=0, atol=TOL, msg=name)
 
 
-def check_layout(model: str, layout: dict[str, Any], world: int, tmp: Path) -> None:
+def check_frozen_reference(model: str, layout: dict[str, Any], world: int, ex: Any,
+                           want: torch.Tensor) -> None:  # fmt: skip
+    """The KL reference of a megatron run (roles.build_reference): the frozen megatron model
+    on the same layout gives the starting model's log-probs."""
+    spec = TrainBackendSpec(backend="megatron", frozen=True, **backend_kwargs(model),
+                            megatron=MegatronConfig(**layout))  # fmt: skip
+    ref = Cluster("reference", Reference, ex, world_size=world,
+                  worker_kwargs={"model_path": model, "spec": spec})  # fmt: skip
+    ref.run("setup")
+    close(torch.cat(ref.run_dp("log_probs", sft_batch())), want, "reference log_probs")
+
+
+def check_layout(
+    model: str, layout: dict[str, Any], world: int, tmp: Path, *, frozen_reference: bool = False
+) -> None:
     ref = reference(model)
     ex = LocalExecutor()
     try:
+        if frozen_reference:
+            check_frozen_reference(model, layout, world, ex, ref["initial_log_probs"])
         actor = Cluster(
             "actor_train", GradActorTrain, ex, world_size=world,
             worker_kwargs={"spec": TrainBackendSpec(
@@ -271,8 +294,9 @@ def test_tensor_parallel_dense(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_pipeline_parallel_dense(tmp_path: Path) -> None:
-    """PP=2 (1F1B), Qwen3 dense: the tied embedding lives on both stages."""
-    check_layout(tiny_qwen3(), {"pp": 2}, 2, tmp_path)
+    """PP=2 (1F1B), Qwen3 dense: the tied embedding lives on both stages. Also the frozen
+    reference on that layout (forward-only pipeline of unwrapped chunks)."""
+    check_layout(tiny_qwen3(), {"pp": 2}, 2, tmp_path, frozen_reference=True)
 
 
 @pytest.mark.slow
@@ -343,7 +367,8 @@ def test_roll_sft_with_the_megatron_backend(roll, tiny_recipe, tmp_path: Path) -
 def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> None:
     """`roll train rlvr` on a tiny Qwen3-MoE with actor_train.backend megatron, EP=2 (2
     ranks), hf inference: the weight sync streams per-expert checkpoint names into the hf
-    model's fused expert tensors, so the behaviour log-probs equal the trainer's."""
+    model's fused expert tensors, so the behaviour log-probs equal the trainer's; the KL
+    reference runs on the same EP=2 layout."""
     import json
 
     model = tiny_qwen3_moe(tmp_path / "moe")
@@ -362,3 +387,61 @@ def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> 
         s["train_infer/logprob_diff_max"] for s in steps if "train_infer/logprob_diff_max" in s
     ]
     assert len(diffs) == 2 and max(diffs) < 1e-5, diffs
+    # grpo's KL: the reference is the frozen megatron twin with EP=2, the starting policy
+    assert steps[0]["actor/kl_loss"] < 1e-7, steps[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_roll_train_rlvr_dense_tensor_parallel_into_vllm(roll, tmp_path: Path) -> None:
+    """`roll train rlvr` on tiny-qwen3 (dense) with actor_train.backend megatron, TP=2 + SP (2
+    ranks), and actor_infer.backend vllm (CPU build): the weight sync gathers each tensor over
+    the TP ranks, renames it to the HF checkpoint name and streams it in buckets into vLLM,
+    whose loader fuses q/k/v and gate/up itself. Step 2 samples with the weights synced after
+    step 1's update (lr 1e-2: a stale engine would be off by ~1e-1), so its log-probs equal
+    the trainer's only if the sync is right. The same launch runs the critic (gae, one torch
+    rank) beside megatron."""
+    import json
+
+    recipe = {
+        "pipeline": "rlvr",
+        "name": "tiny-rl-megatron-vllm",
+        "runs_dir": str(tmp_path / "runs"),
+        "model": {"path": "builtin:tiny-qwen3"},
+        "data": {
+            "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 16},
+            "max_prompt_length": 64,
+        },
+        "rollout": {"n": 4, "prompts_per_step": 4, "max_new_tokens": 6},
+        # no KL: the reference's 2 megatron ranks are checked in the MoE run and on PP=2
+        "algorithm": {"preset": "ppo", "kl": {"coef": 0.0}},
+        # random responses meet this about half the time: the groups have variance
+        "reward": {
+            "domains": {"math": {"rewards": [{"name": "format", "pattern": ".*[A-Za-z].*"}]}}
+        },
+        "trainer": {"max_steps": 2, "micro_batch_size": 8},
+        "actor_train": {
+            "backend": "megatron",
+            "world_size": 2,
+            "megatron": {"tp": 2, "sp": True},
+            "num_threads": 1,
+            "optim": {"lr": 1.0e-2},
+        },  # fmt: skip
+        "critic": {"num_threads": 1},
+        "actor_infer": {"backend": "vllm", "num_threads": 1},
+        "sync": {"bucket_mb": 1},  # the 1.7 MB model: two buckets
+        "eval": {"every_steps": None},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    r = roll("train", "rlvr", str(path), "--run-id", "mgt-vllm", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [json.loads(x) for x in (tmp_path / "runs" / "mgt-vllm" / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2]
+    first, second = steps
+    assert first["train/lr"] == 1.0e-2 and first["train/grad_norm"] > 0  # the weights moved
+    assert second["sync/buckets"] == 2 and second["sync/tensors"] == 24
+    # fp32 on both sides; vLLM's CPU kernels differ from megatron's by ~1e-6
+    assert second["train_infer/logprob_diff_max"] < 1e-4, second
+    assert all(s["critic/grad_norm"] > 0 and "critic/value_loss" in s for s in steps)

@@ -48,6 +48,15 @@ def test_megatron_options_need_the_megatron_backend() -> None:
         role(2, backend="fsdp2", tp=2)
 
 
+def test_lora_is_a_recipe_error() -> None:
+    """megatron-core has no LoRA here: refused at validate time, saying what to set instead."""
+    with pytest.raises(ValidationError, match=r"lora is supported by the torch backend only "
+                       r"\(backend is megatron.*remove actor_train.lora"):  # fmt: skip
+        ActorTrainConfig.model_validate(
+            {"backend": "megatron", "world_size": 2, "megatron": {"tp": 2}, "lora": {"rank": 4}}
+        )
+
+
 def dense() -> dict:
     """tiny-qwen3's config.json: Qwen3 dense, 2 layers, 4 heads, 2 key/value heads."""
     return json.loads((Path(resolve_model_path("builtin:tiny-qwen3")) / "config.json").read_text())
@@ -124,3 +133,43 @@ def test_megatron_tp_does_not_change_the_inference_engines_plan() -> None:
     layouts = [[], ["actor_train.megatron.tp=1", "actor_train.megatron.sp=false"]]
     infer = [gpu_plan(load_recipe(recipe, o)).memory[0].roles["actor_infer"] for o in layouts]
     assert infer[0]["params"] == infer[1]["params"] > 0
+
+
+def test_kl_reference_is_sharded_as_the_policy() -> None:
+    """KL on with a megatron actor_train: the reference is a frozen megatron model on
+    actor_train's 16 ranks (not one unsharded 30B rank on GPU 0), and each GPU holds its share
+    of the weights (the same bytes as the policy's params) for the whole run."""
+    from roll_core.config import load_recipe
+    from roll_core.engine.resource_plan import gpu_plan
+    from roll_core.pipelines.rlvr import plan as plan_rows
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-megatron-rlvr.yaml"
+    plain, kl = (load_recipe(recipe, o) for o in ([], ["algorithm.kl.coef=0.04"]))
+    (row,) = [r for r in plan_rows(kl) if r.role == "reference"]
+    assert (row.worker, row.backend, row.world_size) == ("Reference", "megatron", 16)
+    assert "tp2 x pp2 x ep4" in row.detail
+    assert not [r for r in plan_rows(plain) if r.role == "reference"]
+    without, with_ref = (gpu_plan(c).memory[0].roles["actor_train"] for c in (plain, kl))
+    assert "reference" not in without
+    assert with_ref["reference"] == with_ref["params"] == without["params"] > 0
+
+
+def test_only_megatron_builds_a_frozen_backend() -> None:
+    """`TrainBackendSpec.frozen` (the sharded reference) is megatron's alone: the other
+    backends' frozen roles load the plain model, so asking them for one is a caller's bug."""
+    from roll_core.backends.train.base import TrainBackendSpec
+
+    assert TrainBackendSpec(model_path="m", backend="megatron", frozen=True).frozen
+    with pytest.raises(ConfigError, match="frozen .* fsdp2 train backend"):
+        TrainBackendSpec(model_path="m", backend="fsdp2", frozen=True)
+
+
+def test_a_sharded_critic_is_a_recipe_error() -> None:
+    """The critic stays one torch rank beside a megatron policy: asking for a sharded one says
+    so and what to do instead."""
+    from roll_core.config.rlvr import CriticConfig
+
+    with pytest.raises(ValidationError, match=r"critic.backend 'megatron' is not built: the "
+                       r"critic is one torch rank .* remove critic.backend"):  # fmt: skip
+        CriticConfig.model_validate({"backend": "megatron"})
+    assert CriticConfig.model_validate({}).backend == "torch"

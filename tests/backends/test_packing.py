@@ -129,6 +129,47 @@ def test_ordered_layout_keeps_the_token_order_for_images() -> None:
     assert packed.tolist() == [[0, 1, 2, 3], [4, 8, 9, 0], [12, 13, 14, 0]]
 
 
+def test_split_to_count_halves_the_heaviest_part_by_tokens() -> None:
+    from roll_core.backends.train.packing import split_to_count
+
+    lengths = [4, 1, 1, 2, 3, 1]
+    attn = torch.tensor([[1] * n + [0] * (4 - n) for n in lengths])
+    batch = Batch(tensors={"input_ids": attn * 7, "attention_mask": attn})
+    parts = [([0, 1, 2, 3], batch.select([0, 1, 2, 3])), ([4, 5], batch.select([4, 5]))]
+    # 8 tokens vs 4: the first part splits where its running sum (4, 5, 6) is closest to 4:
+    # after row 0; then [1, 2, 3] (4 tokens) ties with [4, 5] (4): the earlier one splits at
+    # 1 + 1 = 2 of 4: [1, 2] | [3]
+    out = split_to_count(parts, 4)
+    assert [rows for rows, _ in out] == [[0], [1, 2], [3], [4, 5]]
+    assert [mb.tensors["attention_mask"].sum().item() for _, mb in out] == [4, 2, 2, 4]
+    # DPO pairs (group 2) stay together; single units cannot split further
+    out = split_to_count(parts, 5, group=2)
+    assert [rows for rows, _ in out] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_ranks_in_lock_step_split_then_run_dummies() -> None:
+    """sharded.py: a rank brings its micro-batches to the largest count of any rank (here 4):
+    its 2-row part splits, then its single rows cannot, so one dummy (a copy of its last
+    micro-batch, flagged) makes up the count."""
+    from types import SimpleNamespace
+
+    from roll_core.backends.train.sharded import ShardedTrainBackend
+
+    attn = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    batch = Batch(tensors={"input_ids": attn, "attention_mask": attn})
+    rank = SimpleNamespace(
+        micro_batches=lambda b, objective=None: [([0, 1], b.select([0, 1])), ([2], b.select([2]))],
+        _max_over_ranks=lambda n: 4,
+    )
+    out = ShardedTrainBackend.aligned_chunks(rank, batch)  # type: ignore[arg-type]
+    assert [(rows, dummy) for rows, _, dummy in out] == [
+        ([0], False),
+        ([1], False),
+        ([2], False),
+        ([2], True),
+    ]
+
+
 def test_trim_cuts_input_and_target_columns_only() -> None:
     mb = Batch(
         tensors={

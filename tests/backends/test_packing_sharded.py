@@ -9,7 +9,7 @@ the padded 1-process torch backend, fp32, one launch per backend with several ch
   weight changes within ``1e-5 * lr`` mean gradients within about 1e-5.
 
 The driver's token-balanced split gives the ranks unequal rows, and the 24-token budget
-unequal micro-batch counts (the lock-step dummy micro-batch runs).
+unequal micro-batch counts (brought into lock step by splitting or a dummy micro-batch).
 """
 
 from __future__ import annotations

@@ -446,3 +446,27 @@ def test_free_text_env_lines_are_edited_with_readline(cli_env: dict[str, str]) -
     output = term.finish()
     assert term.proc.returncode == 0, output
     assert "<answer>42</answer>" in output, output[-2000:]
+
+
+AGENT = f"agent:{Path(__file__).resolve().parents[2] / 'examples/agents/calculator_agent.py'}:run"
+TOOL_TEMPLATE = str(Path(__file__).resolve().parents[2] / "examples/agents/chatml-tools.jinja")
+
+
+def test_agent_program_played_by_its_expert(cli_env: dict[str, str]) -> None:
+    args = ["debug-env", AGENT, "low=2", "high=9", "--policy", "expert"]
+    res = _run([*args, "--chat-template", TOOL_TEMPLATE], cli_env)
+    assert res.returncode == 0, res.stderr
+    assert "task {'question': '8*8', 'answer': 64}" in res.stdout
+    assert '{"name": "calc", "arguments": {"x": "8*8"}}' in res.stdout  # call 1: the tool call
+    assert "<|im_start|>tool\n64<|im_end|>" in res.stdout  # call 2 sees the tool's result
+    assert "status done · reward 1 · success True" in res.stdout
+    res = _run(["debug-env", AGENT, "--policy", "random"], cli_env)
+    assert res.returncode == 2 and "--policy model or --policy expert" in res.stderr
+
+
+@pytest.mark.slow
+def test_agent_program_played_by_a_model(cli_env: dict[str, str]) -> None:
+    args = ["debug-env", AGENT, "--policy", "model", "--model", "builtin:tiny-qwen3"]
+    res = _run([*args, "--chat-template", TOOL_TEMPLATE, "--max-new-tokens", "8"], cli_env)
+    assert res.returncode == 0, res.stderr
+    assert "call 1 · 85 prompt tokens" in res.stdout and "status done · reward 0" in res.stdout

@@ -62,6 +62,10 @@ class TrainBackendSpec:
     max_tokens_per_micro_batch: int | None = None
     """Token budget of a micro-batch (real tokens when packed, rows x longest row when
     padded); rows are grouped by length to fill it. None: `micro_batch_size` rows."""
+    frozen: bool = False
+    """Log-prob passes only (the reference role on a sharded backend): no optimizer, no
+    gradient buffers, no LR schedule. Backend megatron only (the other backends' frozen roles
+    load the plain model: workers/reference.py, workers/teacher.py)."""
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1:
@@ -75,6 +79,13 @@ class TrainBackendSpec:
                 f"actor_train.max_tokens_per_micro_batch must be positive, got {budget}.",
                 hint="Set it to at least the longest row (prompt + response tokens), or "
                 "remove it to count micro-batches in rows.",
+            )
+        if self.frozen and self.backend != "megatron":
+            raise ConfigError(
+                f"a frozen (log-prob only) {self.backend} train backend was asked for; only "
+                "the megatron backend builds one.",
+                hint="A bug in the caller: frozen roles of the other backends load the plain "
+                "model (workers/reference.py).",
             )
         for name in ("fsdp2", "deepspeed", "megatron"):
             if getattr(self, name) is not None and self.backend != name:

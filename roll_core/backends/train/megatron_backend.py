@@ -133,6 +133,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             gradient_checkpointing=spec.gradient_checkpointing,
             lora=spec.lora,
             megatron=spec.megatron,
+            frozen=spec.frozen,
         )
 
     def _build(
@@ -151,7 +152,10 @@ class MegatronTrainBackend(TorchTrainBackend):
         gradient_checkpointing: bool = False,
         lora: Any = None,
         megatron: MegatronConfig | None = None,
+        frozen: bool = False,
     ) -> None:
+        """``frozen``: log-prob passes only (the reference role): the chunks are not wrapped in
+        megatron's DDP and get no optimizer or schedule; `log_probs` is all it serves."""
         if lora is not None:
             raise ConfigError(
                 "actor_train.lora is not supported with the megatron backend.",
@@ -190,14 +194,22 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.config = transformer_config(
             self.dims, self.layout, params_dtype, cpu=self.device.type == "cpu"
         )
-        self.config.recompute_granularity = "full" if gradient_checkpointing else None
-        if gradient_checkpointing:
+        recompute = gradient_checkpointing and not frozen  # no backward: nothing to recompute
+        self.config.recompute_granularity = "full" if recompute else None
+        if recompute:
             self.config.recompute_method, self.config.recompute_num_layers = "uniform", 1
         chunks = build_chunks(self.dims, self.config, self.layout)
         if self.device.type == "cuda":
             chunks = [c.to(self.device) for c in chunks]
         self.shards = ShardMap(self.dims, chunks)
         load_hf_weights(model_path, self.shards)
+        if frozen:
+            for chunk in chunks:
+                chunk.requires_grad_(False)
+            self.chunks = chunks
+            self.model = torch.nn.ModuleList(chunks)  # type: ignore[assignment]
+            self.optimizer = self.scheduler = None  # type: ignore[assignment]
+            return
         keep_padding_row_frozen(chunks, self.hf_config.get("pad_token_id"))
         self._wrap(chunks, optim, total_steps, params_dtype)
 

@@ -176,6 +176,39 @@ def micro_batches(
     return out
 
 
+def split_to_count(
+    parts: list[tuple[list[int], Batch]], count: int, *, group: int = 1
+) -> list[tuple[list[int], Batch]]:
+    """`parts` (from :func:`micro_batches`) split until there are `count` of them, or no part
+    has two units of `group` rows left: each split halves the part with the most real tokens
+    at the unit boundary closest to half its tokens. Data-parallel ranks must run the same
+    number of micro-batches (their forwards and backwards meet in collectives); a rank with
+    fewer spreads its own rows over more, smaller micro-batches instead of running copies
+    whose loss is discarded. The loss does not depend on the partition (see the module
+    docstring); each half stays within the budget its part met."""
+    parts = list(parts)
+    while len(parts) < count:
+        splittable = [k for k, (rows, _) in enumerate(parts) if len(rows) >= 2 * group]
+        if not splittable:
+            break
+        sizes = [row_lengths(mb) for _, mb in parts]
+        k = max(splittable, key=lambda k: (sum(sizes[k]), -k))
+        rows, mb = parts[k]
+        units = [sum(sizes[k][u : u + group]) for u in range(0, len(rows), group)]
+        half, run, cut = sum(units) / 2, 0, 1
+        best = None
+        for u in range(1, len(units)):  # cut after unit u-1: both sides keep >= 1 unit
+            run += units[u - 1]
+            if best is None or abs(run - half) < best:
+                best, cut = abs(run - half), u
+        c = cut * group
+        parts[k : k + 1] = [
+            (rows[:c], mb.select(list(range(c)))),
+            (rows[c:], mb.select(list(range(c, len(rows))))),
+        ]
+    return parts
+
+
 def scatter_rows(
     parts: list[tuple[list[int], torch.Tensor]], n_rows: int, width: int
 ) -> torch.Tensor:

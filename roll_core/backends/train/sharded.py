@@ -9,8 +9,9 @@ by the world size before backward (exact in binary for power-of-two world sizes)
 
 Collectives run inside every forward and backward (parameter all-gather, gradient
 reduce-scatter), so every rank must run the same number of micro-batches: ranks with fewer
-rows run extra "dummy" micro-batches (a copy of one of theirs, loss times zero, metrics
-dropped). The updates are those of one big batch on one rank, up to float summation order.
+rows split theirs into smaller ones, and only when single rows are left run extra "dummy"
+micro-batches (a copy of one of theirs, loss times zero, metrics dropped). The updates are
+those of one big batch on one rank, up to float summation order.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from roll_core.backends.train.base import TrainBackendSpec, add_metrics
-from roll_core.backends.train.packing import pad_log_probs
+from roll_core.backends.train.packing import pad_log_probs, split_to_count
 from roll_core.backends.train.torch_backend import (
     TorchTrainBackend,
     add_router_aux_loss,
@@ -136,12 +137,15 @@ class ShardedTrainBackend(TorchTrainBackend):
     def aligned_chunks(
         self, batch: Batch, objective: Any = None
     ) -> list[tuple[list[int], Batch, bool]]:
-        """This rank's micro-batches (see `micro_batches`), padded with dummies to the largest
-        count of any rank. Each entry is (row indices, micro-batch, is_dummy)."""
+        """This rank's micro-batches (see `micro_batches`) brought to the largest count of any
+        rank: split (packing.split_to_count), then, when single rows are left, padded with
+        dummies. Each entry is (row indices, micro-batch, is_dummy)."""
         chunks = self.micro_batches(batch, objective) if len(batch) else []
         n = self._max_over_ranks(len(chunks))
         if n and not chunks:
             raise RuntimeError("a rank got an empty shard; the batch has fewer rows than ranks")
+        group = int(getattr(objective, "rows_per_group", 1))
+        chunks = split_to_count(chunks, n, group=group)
         dummy = chunks[-1] if chunks else ([], batch)
         return [(r, c, False) for r, c in chunks] + [(*dummy, True)] * (n - len(chunks))
 

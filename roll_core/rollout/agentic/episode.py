@@ -11,6 +11,7 @@ from typing import Any
 
 from roll_core.backends.infer import Completion, SamplingParams
 from roll_core.data.vision import VisionInputs
+from roll_core.envs.agents import AgentProgram
 from roll_core.envs.base import TextEnv, observation_images
 from roll_core.rollout.agentic.chat import ChatFormat, TokenTrace, first_messages
 
@@ -27,6 +28,7 @@ class EnvSpec:
     factory: Callable[[], TextEnv]
     system_prompt: str | None = None  # None: the env's own
     groups_per_step: int = 1
+    agent: AgentProgram | None = None  # an agent program instead of an env (agent_episode.py)
 
 
 @dataclass
@@ -98,6 +100,8 @@ class RolloutSettings:
     async_generation_ratio: int = 0
     turn_barrier: bool = False  # the lockstep baseline (benchmarks): see _TurnBarrier
     seed: int = 0
+    endpoint_port: int = 0  # agent envs: the OpenAI-compatible endpoint's port (0: any free)
+    served_model: str = "policy"  # agent envs: the model name GET /v1/models lists
 
 
 def window_prompt(

@@ -56,7 +56,9 @@ from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.data.vision import VisionInputs
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.errors import WorkerDiedError
+from roll_core.rollout.agentic.agent_episode import play_agent_episode
 from roll_core.rollout.agentic.chat import ChatFormat
+from roll_core.rollout.agentic.endpoint import AgentEndpoint, AgentSession
 from roll_core.rollout.agentic.episode import (
     EnvSpec,
     EpisodeCancelled,
@@ -166,6 +168,11 @@ class EnvRolloutManager:
         self.version = 0
         self.running: dict[int, _Episode] = {}
         self.barrier = _TurnBarrier() if settings.turn_barrier else None
+        self.endpoint = (  # agent programs call the policy through it (bring your own agent)
+            AgentEndpoint(port=settings.endpoint_port, model=settings.served_model)
+            if any(spec.agent is not None for spec in specs)
+            else None
+        )
 
     # ---- public API ---------------------------------------------------------------------------
     def next_batch(self, step: int) -> AgenticResult:
@@ -266,6 +273,8 @@ class EnvRolloutManager:
             ep.cancel.set()
         self.router.close()  # waiting episodes: RouterClosed -> cancelled
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.endpoint is not None:
+            self.endpoint.close()
 
     def _abandon_unneeded(self) -> int:
         """After a sync step's batch (async_generation_ratio 0): the training groups not taken
@@ -405,7 +414,25 @@ class EnvRolloutManager:
             return completion
 
         try:
-            self._play_turns(group, ep, generate, env_call)
+            if group.spec.agent is not None and self.endpoint is not None:
+                session = AgentSession(
+                    ep.traj,
+                    self.chat,
+                    generate,
+                    max_new_tokens=ep.params.max_new_tokens,
+                    max_context=s.max_context,
+                    model=s.served_model,
+                )
+                play_agent_episode(
+                    ep.traj,
+                    group.spec.agent,
+                    endpoint=self.endpoint,
+                    session=session,
+                    cancel=ep.cancel,
+                    remaining=remaining,
+                )
+            else:
+                self._play_turns(group, ep, generate, env_call)
         finally:
             self.router.release(id(ep))
 

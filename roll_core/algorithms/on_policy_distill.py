@@ -1,0 +1,81 @@
+"""On-policy distillation: the per-token reverse KL to a teacher as the advantage.
+
+The student samples its own responses; a frozen teacher scores every sampled token; the
+advantage of token t of a response is
+
+    A_t = coef * (log p_teacher(y_t | x, y_<t) - log p_student(y_t | x, y_<t))
+
+the negative single-sample (k1) estimate of the per-token reverse KL KL(student || teacher),
+so that maximising sum_t A_t * log p_student(y_t) with the policy gradient lowers the reverse
+KL on the student's own samples. Source: Agarwal et al., "On-Policy Distillation of Language
+Models: Learning from Self-Generated Mistakes" (GKD, arXiv 2306.13649) with the reverse KL as
+the divergence and student samples only (their lambda = 1); the per-token advantage with
+no discounting and no baseline as in Thinking Machines' "On-Policy Distillation" (Lu et al.,
+2025, no arXiv id) and ROLL's on-policy distillation.
+
+Departures, each deliberate:
+
+* ``p_student`` is the trainer's log-prob of the sampled token before the update
+  (``old_log_probs``), not the sampler's: trainer and teacher then run the same forward
+  code, and a teacher identical to the student gives exactly 0.
+* ``mode: sequence`` (not in the sources) gives every token of a response the mean of that
+  response's per-token terms: the whole response is credited with its average log-ratio,
+  as a sequence-level reward would be (no per-token credit assignment).
+* ``reward_weight`` adds the task reward's advantage (the recipe's estimator, e.g. GRPO) times
+  that weight: GKD mixes a supervised term instead; the sum of two advantages is ROLL's mix.
+* ``clip`` bounds each token's reverse-KL term to [-clip, clip] (not in the sources; off by
+  default): one token the teacher finds impossible can otherwise dominate a batch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+DistillMode = Literal["token", "sequence"]
+DISTILL_MODES: tuple[str, ...] = ("token", "sequence")
+
+
+def on_policy_distill_advantages(
+    *,
+    teacher_log_probs: torch.Tensor,
+    student_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    mode: DistillMode = "token",
+    coef: float = 1.0,
+    clip: float | None = None,
+    task_advantages: torch.Tensor | None = None,
+    reward_weight: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Advantages ``[B, T]`` from the teacher's and the student's log-probs of the sampled
+    tokens (all ``[B, T]``, 0/1 ``response_mask``), zero outside the mask.
+
+    ``task_advantages`` (``[B, T]``, the estimator's advantages of the task reward) enters
+    with weight ``reward_weight`` (0: pure distillation; it is not read). Returns the
+    advantages and ``distill/...`` metrics: ``reverse_kl`` (the masked token mean of
+    student - teacher log-prob, the k1 estimate of KL(student || teacher) per token),
+    ``teacher_log_prob`` (masked mean) and ``kl_advantage_abs_max``.
+    """
+    if mode not in DISTILL_MODES:
+        raise ValueError(f"unknown on-policy distillation mode {mode!r}; valid: token, sequence")
+    mask = response_mask.to(teacher_log_probs.dtype)
+    log_ratio = (teacher_log_probs - student_log_probs) * mask
+    if clip is not None:
+        log_ratio = log_ratio.clamp(-clip, clip) * mask
+    tokens = mask.sum(dim=-1, keepdim=True)
+    if mode == "sequence":  # each response's mean term on each of its tokens (0 for empty rows)
+        log_ratio = (log_ratio.sum(dim=-1, keepdim=True) / tokens.clamp(min=1)) * mask
+    advantages = coef * log_ratio
+    if task_advantages is not None and reward_weight != 0.0:
+        advantages = advantages + reward_weight * task_advantages * mask
+    total = mask.sum().clamp(min=1)
+    raw = (student_log_probs - teacher_log_probs) * mask
+    metrics = {
+        "distill/reverse_kl": float(raw.sum() / total),
+        "distill/teacher_log_prob": float((teacher_log_probs * mask).sum() / total),
+        "distill/kl_advantage_abs_max": float((coef * log_ratio).abs().max())
+        if log_ratio.numel()
+        else 0.0,
+    }
+    return advantages * mask, metrics

@@ -1,0 +1,100 @@
+"""On-policy distillation advantages, with hand-computed numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roll_core.algorithms.on_policy_distill import on_policy_distill_advantages
+
+# Two responses; row 0 has 3 response tokens, row 1 has 2 then padding.
+TEACHER = torch.tensor([[-1.0, -0.5, -2.0, 0.0], [-0.2, -3.0, -9.0, -9.0]])
+STUDENT = torch.tensor([[-2.0, -0.5, -1.0, 0.0], [-0.7, -1.0, -1.0, -1.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+
+
+def test_token_mode_is_teacher_minus_student_per_token() -> None:
+    adv, m = on_policy_distill_advantages(
+        teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=MASK
+    )
+    # row 0: -1-(-2)=1, -0.5-(-0.5)=0, -2-(-1)=-1 ; row 1: -0.2-(-0.7)=0.5, -3-(-1)=-2
+    assert adv.tolist() == [[1.0, 0.0, -1.0, 0.0], [0.5, -2.0, 0.0, 0.0]]
+    # reverse KL (student - teacher) over the 5 tokens: (-1 + 0 + 1 - 0.5 + 2) / 5 = 0.3
+    assert m["distill/reverse_kl"] == pytest.approx(0.3)
+    # teacher log-prob mean: (-1 - 0.5 - 2 - 0.2 - 3) / 5 = -1.34
+    assert m["distill/teacher_log_prob"] == pytest.approx(-1.34)
+    assert m["distill/kl_advantage_abs_max"] == 2.0
+
+
+def test_padding_never_leaks_even_with_huge_values_there() -> None:
+    teacher = TEACHER.clone()
+    teacher[1, 2:] = -1e9  # padding positions hold garbage
+    adv, m = on_policy_distill_advantages(
+        teacher_log_probs=teacher, student_log_probs=STUDENT, response_mask=MASK
+    )
+    assert adv[1, 2:].tolist() == [0.0, 0.0]
+    assert m["distill/reverse_kl"] == pytest.approx(0.3)
+
+
+def test_sequence_mode_spreads_each_response_mean() -> None:
+    adv, _ = on_policy_distill_advantages(
+        teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=MASK, mode="sequence"
+    )
+    # row 0 mean (1 + 0 - 1) / 3 = 0 ; row 1 mean (0.5 - 2) / 2 = -0.75
+    assert adv.tolist() == [[0.0, 0.0, 0.0, 0.0], [-0.75, -0.75, 0.0, 0.0]]
+
+
+def test_coef_clip_and_mixing_with_the_task_advantage() -> None:
+    task = torch.tensor([[2.0, 2.0, 2.0, 2.0], [-1.0, -1.0, -1.0, -1.0]])
+    adv, m = on_policy_distill_advantages(
+        teacher_log_probs=TEACHER,
+        student_log_probs=STUDENT,
+        response_mask=MASK,
+        coef=0.5,
+        clip=1.5,
+        task_advantages=task,
+        reward_weight=0.25,
+    )
+    # kl terms clipped to [-1.5, 1.5]: [1, 0, -1], [0.5, -1.5]; times 0.5: [.5, 0, -.5], [.25, -.75]
+    # plus 0.25 x task: +0.5 on row 0, -0.25 on row 1; padding stays 0
+    assert adv.tolist() == [[1.0, 0.5, 0.0, 0.0], [0.0, -1.0, 0.0, 0.0]]
+    assert m["distill/kl_advantage_abs_max"] == 0.75
+    # the metric reports the unclipped divergence
+    assert m["distill/reverse_kl"] == pytest.approx(0.3)
+
+
+def test_zero_reward_weight_ignores_the_task_advantage() -> None:
+    task = torch.full((2, 4), float("nan"))
+    adv, _ = on_policy_distill_advantages(
+        teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=MASK,
+        task_advantages=task, reward_weight=0.0,
+    )  # fmt: skip
+    assert not adv.isnan().any()
+
+
+def test_fully_masked_rows_and_batches_give_zeros() -> None:
+    mask = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    for mode in ("token", "sequence"):
+        adv, m = on_policy_distill_advantages(
+            teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=mask, mode=mode
+        )
+        assert adv.tolist() == [[0.0] * 4, [0.5, 0.0, 0.0, 0.0]]
+        assert m["distill/reverse_kl"] == pytest.approx(-0.5)
+    adv, m = on_policy_distill_advantages(
+        teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=torch.zeros(2, 4)
+    )
+    assert adv.abs().sum() == 0 and m["distill/reverse_kl"] == 0.0
+
+
+def test_identical_teacher_and_student_give_zero_advantage() -> None:
+    adv, m = on_policy_distill_advantages(
+        teacher_log_probs=STUDENT, student_log_probs=STUDENT, response_mask=MASK
+    )
+    assert adv.abs().sum() == 0 and m["distill/reverse_kl"] == 0.0
+
+
+def test_unknown_mode_is_an_error() -> None:
+    with pytest.raises(ValueError, match="token, sequence"):
+        on_policy_distill_advantages(
+            teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=MASK, mode="tok"
+        )
