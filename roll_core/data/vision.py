@@ -14,6 +14,13 @@ one tensor, or ``None`` for a text-only sample, per row), so ``select`` / ``spli
 ``concat`` / pickling keep every sample's images with its row. :func:`vision_model_inputs`
 concatenates them for one forward pass, the layout the Qwen-VL models expect.
 
+Positions: given the token ids and the model's ``image_token_id``, :func:`vision_model_inputs`
+and :func:`concat_vision` also give ``mm_token_type_ids`` (:func:`token_type_ids`: 1 at every
+``<|image_pad|>``, 0 elsewhere), from which the model computes its 3-D (t, h, w) rope positions
+(mrope) for the image tokens, as the checkpoints were trained and as vLLM computes them.
+Without them transformers falls back to plain 1-D positions. roll handles images only (no
+video inputs, token type 2).
+
 Image values of a row (:func:`read_images`) may be a path (relative paths are relative to the
 data file's directory), raw bytes, a ``{"bytes": ..., "path": ...}`` dict (what
 ``datasets.Image`` stores), a ``PIL.Image.Image`` (a decoded ``datasets.Image`` column), or a
@@ -44,6 +51,10 @@ log = logging.getLogger(__name__)
 
 VISION_FIELDS = ("pixel_values", "image_grid_thw")
 """The Batch non-tensor fields that carry a sample's vision inputs."""
+
+IMAGE_TOKEN_TYPE = 1
+"""The ``mm_token_type_ids`` value of an image placeholder token (text: 0; video, 2, is not
+used: roll has no video inputs)."""
 
 
 class BadImageError(DataError):
@@ -97,12 +108,22 @@ def sample_vision(batch: Batch, i: int) -> VisionInputs | None:
 
 
 def vision_model_inputs(
-    batch: Batch, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    batch: Batch,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    image_token_id: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """``pixel_values`` / ``image_grid_thw`` of the whole batch concatenated in row order (the
-    model's input layout), on ``device``; {} when no sample has an image."""
+    model's input layout), on ``device``; {} when no sample has an image. With
+    ``image_token_id`` (the model config's), also ``mm_token_type_ids`` of the batch's
+    ``input_ids`` (:func:`token_type_ids`): what the model needs for its 3-D rope positions."""
     return concat_vision(
-        [sample_vision(batch, i) for i in range(len(batch))], device=device, dtype=dtype
+        [sample_vision(batch, i) for i in range(len(batch))],
+        device=device,
+        dtype=dtype,
+        input_ids=batch.tensors["input_ids"] if image_token_id is not None else None,
+        image_token_id=image_token_id,
     )
 
 
@@ -110,17 +131,35 @@ def concat_vision(
     inputs: Sequence[VisionInputs | None],
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    *,
+    input_ids: torch.Tensor | None = None,
+    image_token_id: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The model keyword arguments for samples with these vision inputs, in order."""
+    """The model keyword arguments for samples with these vision inputs, in order. With
+    ``input_ids`` ``[B, T]`` (the rows' ids, any padding) and ``image_token_id``, also their
+    ``mm_token_type_ids`` (:func:`token_type_ids`)."""
+    if (input_ids is None) != (image_token_id is None):
+        raise ValueError("concat_vision: give both input_ids and image_token_id, or neither")
     present = [v for v in inputs if v is not None and v.num_images]
     if not present:
         return {}
     pixels = torch.cat([v.pixel_values for v in present])
     grid = torch.cat([v.image_grid_thw for v in present])
-    return {
+    out = {
         "pixel_values": pixels.to(device=device, dtype=dtype or pixels.dtype),
         "image_grid_thw": grid.to(device=device),
     }
+    if input_ids is not None and image_token_id is not None:
+        out["mm_token_type_ids"] = token_type_ids(input_ids, image_token_id).to(device=device)
+    return out
+
+
+def token_type_ids(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+    """``mm_token_type_ids`` of ``input_ids`` (same shape, int32): :data:`IMAGE_TOKEN_TYPE` at
+    every image placeholder (``image_token_id``), 0 elsewhere (text and padding). Qwen2.5-VL's
+    ``get_rope_index`` gives each run of image tokens the (t, h, w) positions of its image's
+    grid, every later token continuing after the image's largest position."""
+    return (input_ids == image_token_id).to(torch.int32) * IMAGE_TOKEN_TYPE
 
 
 # -- reading images ---------------------------------------------------------------------------

@@ -110,3 +110,11 @@ def vision_token_ids(config: Any) -> list[int]:
     these ids (their logits are -inf while sampling; log-probs are of the raw logits)."""
     names = ("image_token_id", "video_token_id", "vision_start_token_id")
     return sorted({int(i) for n in names if (i := getattr(config, n, None)) is not None})
+
+
+def image_token_id(config: Any) -> int | None:
+    """The image placeholder id of a VLM's config (``<|image_pad|>``), None for a text model:
+    with it the forwards build ``mm_token_type_ids`` (roll_core/data/vision.py), so the model
+    uses its 3-D (mrope) positions for image tokens."""
+    value = getattr(config, "image_token_id", None)
+    return None if value is None else int(value)

@@ -26,6 +26,7 @@ from roll_core.data.vision import vision_model_inputs
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm
+from roll_core.models.vision import image_token_id
 
 
 class Reference(Worker):
@@ -79,6 +80,7 @@ class Reference(Worker):
             check_packing_support(self.model, role="reference") if self.packing else False
         )
         self._rope = rope_module(self.model) if self.packing else None
+        self._image_token = image_token_id(self.model.config)  # VLMs: 3-D rope positions
         self.model.eval()
         return {"device": str(self.device)}
 
@@ -103,7 +105,8 @@ class Reference(Worker):
                 self.device,
                 packing=self.packing,
                 rope=self._rope,
-                vision=vision_model_inputs(mb, self.device),  # VLM rows: their images
+                # VLM rows: their images and token types (the model's 3-D rope positions)
+                vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
                 varlen=self._varlen,
             ).logits
             ids = mb.tensors["input_ids"]

@@ -30,6 +30,7 @@ from roll_core.data.vision import VisionInputs, concat_vision, vision_model_inpu
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm, load_tokenizer
+from roll_core.models.vision import image_token_id
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -59,6 +60,7 @@ class Teacher(Worker):
         self.model = load_causal_lm(spec.model_path, dtype=_DTYPES[spec.dtype], device=self.device)
         self._varlen = check_packing_support(self.model, role="teacher") if spec.packing else False
         self._rope = rope_module(self.model) if spec.packing else None
+        self._image_token = image_token_id(self.model.config)  # VLMs: 3-D rope positions
         self.model.eval()
         self.model.requires_grad_(False)
         return {
@@ -75,7 +77,8 @@ class Teacher(Worker):
     def _logits(self, mb: Batch) -> torch.Tensor:
         if self.model is None:
             raise RuntimeError("Teacher.setup() was not called")
-        vision = vision_model_inputs(mb, self.device)  # image rows: the images the student sees
+        # image rows: the images the student sees, their token types (3-D rope positions)
+        vision = vision_model_inputs(mb, self.device, image_token_id=self._image_token)
         with self._autocast():
             out = model_forward(
                 self.model,
@@ -143,7 +146,12 @@ class Teacher(Worker):
             attn[i, width - len(p) :] = 1
         with self._autocast():
             out = self.model.generate(
-                **concat_vision(vision or [], device=self.device),
+                **concat_vision(
+                    vision or [],
+                    device=self.device,
+                    input_ids=ids if self._image_token is not None else None,
+                    image_token_id=self._image_token,
+                ),
                 input_ids=ids.to(self.device),
                 attention_mask=attn.to(self.device),
                 max_new_tokens=max_new_tokens,

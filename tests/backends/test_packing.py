@@ -416,14 +416,18 @@ def test_vision_language_packed_equals_padded(tmp_path_factory: pytest.TempPathF
 
     image_pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     vision = vision_model_inputs(batch) | {"mm_token_type_ids": (ids == image_pad).int()}
+    assert backend._image_token == image_pad  # the trainer builds the same token types
+    built = vision_model_inputs(batch, image_token_id=backend._image_token)
+    assert torch.equal(built["mm_token_type_ids"], vision["mm_token_type_ids"])
     model = backend.model.eval()
     with torch.no_grad():
         padded_logits = model_forward(model, batch, backend.device, packing=False, vision=vision)
         packed_logits = model_forward(
             model, batch, backend.device, packing=True, rope=backend._rope, vision=vision
         )
-        plain = model_forward(
-            model, batch, backend.device, packing=False, vision=vision_model_inputs(batch)
+        # what the model computes without token types: 1-D positions for the image tokens
+        plain = model(
+            input_ids=ids, attention_mask=attn, use_cache=False, **vision_model_inputs(batch)
         )
     valid = attn.bool()
     assert (padded_logits.logits - plain.logits)[valid].abs().max() > 1e-4  # rope 3-D mattered

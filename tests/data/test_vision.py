@@ -18,6 +18,7 @@ from roll_core.data.vision import (
     image_rows,
     read_images,
     sample_vision,
+    token_type_ids,
     vision_fields,
     vision_model_inputs,
 )
@@ -87,6 +88,37 @@ def test_vision_inputs_travel_with_their_rows_through_select_split_concat() -> N
     assert vision_fields([None, None]) == {} and concat_vision([None]) == {}
     # 2x2 merge: a (1, 2, 4) grid is 8 patches = 2 image tokens
     assert _vision(8, 1, 0.0).num_image_tokens(2) == [2]
+
+
+def test_token_types_mark_image_placeholders_for_the_3d_rope() -> None:
+    # id 9 is the image placeholder; row 1 is text only, 0 is padding
+    ids = torch.tensor([[1, 9, 9, 2, 0], [3, 4, 5, 0, 0]])
+    assert token_type_ids(ids, 9).tolist() == [[0, 1, 1, 0, 0], [0, 0, 0, 0, 0]]
+    batch = Batch(tensors={"input_ids": ids}, non_tensors=vision_fields([_vision(8, 1, 1.0), None]))
+    model_in = vision_model_inputs(batch, image_token_id=9)
+    assert model_in["mm_token_type_ids"].tolist() == [[0, 1, 1, 0, 0], [0, 0, 0, 0, 0]]
+    assert "mm_token_type_ids" not in vision_model_inputs(batch)  # no token id: none built
+    text_only = Batch(tensors={"input_ids": ids}, non_tensors=vision_fields([None, None]))
+    assert vision_model_inputs(text_only, image_token_id=9) == {}  # no image: no kwargs
+    with pytest.raises(ValueError, match="both input_ids and image_token_id"):
+        concat_vision([_vision(8, 1, 1.0)], input_ids=ids[:1])
+
+
+def test_model_forward_refuses_images_without_token_types() -> None:
+    from roll_core.backends.train.packing import model_forward
+
+    batch = Batch(
+        tensors={"input_ids": torch.tensor([[1, 9, 2]]), "attention_mask": torch.ones(1, 3)},
+        non_tensors=vision_fields([_vision(4, 1, 1.0)]),
+    )
+    with pytest.raises(ValueError, match="mm_token_type_ids"):
+        model_forward(
+            lambda **kw: None,
+            batch,
+            torch.device("cpu"),
+            packing=False,
+            vision=vision_model_inputs(batch),
+        )
 
 
 def test_shapes_dataset_is_deterministic_and_test_images_are_not_in_train(tmp_path: Path) -> None:

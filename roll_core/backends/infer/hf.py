@@ -6,7 +6,8 @@ requests' seeds, so a given set of requests gives the same responses on every ru
 resume). Behaviour log-probs are log softmax(raw logits / temperature) of the sampled tokens,
 the quantity the trainer recomputes, so `train_infer/logprob_diff` measures only numerics.
 Vision-language models get each request's `vision` inputs (pixel_values, image_grid_thw),
-concatenated in row order, next to the left-padded ids.
+concatenated in row order, next to the left-padded ids, and the rows' ``mm_token_type_ids``
+(1 at image placeholders): the model's 3-D (mrope) positions, those the trainer and vLLM use.
 
 `generate_request` / `abort` / `pause` / `resume` are the request-level engine (RequestEngine,
 backends/infer/base.py): continuous batching on a background thread, hf_engine.py. Both paths
@@ -30,7 +31,7 @@ from roll_core.data.vision import concat_vision
 from roll_core.errors import ModelError
 from roll_core.models import load_causal_lm, load_tokenizer
 from roll_core.models.loading import is_vision_model
-from roll_core.models.vision import vision_token_ids
+from roll_core.models.vision import image_token_id, vision_token_ids
 
 _GLOBAL_RNG = threading.Lock()
 
@@ -87,6 +88,8 @@ class HFInferBackend:
         self.is_vision = is_vision_model(model_path)
         # never sample an image placeholder (docs/vlm.md): None for text models
         self.suppress = vision_token_ids(self.model.config) if self.is_vision else None
+        # the image tokens' mm_token_type_ids give them the model's 3-D rope positions
+        self.image_token = image_token_id(self.model.config) if self.is_vision else None
         self.model.eval()
         self.version = 0
         self._targets: dict[str, torch.Tensor] | None = None
@@ -109,7 +112,7 @@ class HFInferBackend:
         sampling = params.temperature > 0
         # transformers samples from torch's global RNG: hold it (ranks of the local executor
         # share one process) and restore it, so sampling neither races nor disturbs training.
-        vision = concat_vision([r.vision for r in requests], device=self.device)
+        vision = self.vision_inputs([r.vision for r in requests], ids)
         if vision and not self.is_vision:
             raise ModelError(
                 f"{self.model_path} is a text-only model, but requests carry images.",
@@ -128,6 +131,18 @@ class HFInferBackend:
             self._completion(r, new_tokens[i].tolist(), logp[i].tolist(), params, start, end)
             for i, r in enumerate(requests)
         ]
+
+    def vision_inputs(self, inputs: list[Any], ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's vision keyword arguments for rows `ids` ([B, L], any padding) with
+        these per-row vision inputs: pixel values, grids and, for a VLM, the rows'
+        ``mm_token_type_ids``, from which ``generate`` computes the 3-D rope positions (and
+        their per-row offsets for the decoding steps) as the trainer does."""
+        return concat_vision(
+            inputs,
+            device=self.device,
+            input_ids=ids if self.image_token is not None else None,
+            image_token_id=self.image_token,
+        )
 
     # ---- request-level serving (RequestEngine; hf_engine.py) ---------------------------------
     def generate_request(self, request: Request, params: SamplingParams) -> Completion:
@@ -176,7 +191,7 @@ class HFInferBackend:
         vision: dict[str, torch.Tensor] | None = None,
     ) -> Any:
         return self.model.generate(  # type: ignore[operator]
-            **(vision or {}),  # VLMs: pixel_values + image_grid_thw of the rows, in row order
+            **(vision or {}),  # VLMs: pixel_values, image_grid_thw, mm_token_type_ids
             input_ids=ids.to(self.device),
             attention_mask=attn.to(self.device),
             max_new_tokens=params.max_new_tokens,

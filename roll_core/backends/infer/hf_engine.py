@@ -22,10 +22,14 @@ of the processed distribution (after top-p/top-k), not of raw logits / temperatu
 packs sequences with its paged cache, which has no route for Qwen2.5-VL's pixel values and
 3D (mrope) position ids. The loop below is what ``model.generate`` does per step, per row.
 
-Vision-language requests share the batch: their prefill takes their pixel values, and their
-position ids come from the model's own ``_prepare_position_ids_for_generation`` (the 4-row
-text + mrope positions Qwen2.5-VL's ``generate`` uses); each decoding step adds 1 to every
-row's last position, exactly as ``generate`` does.
+Vision-language requests share the batch: their prefill takes their pixel values and token
+types (``mm_token_type_ids``, 1 at image placeholders), and their position ids come from the
+model's own ``_prepare_position_ids_for_generation`` (the 4-row text + 3-D mrope positions
+Qwen2.5-VL's ``generate`` uses, computed per row from that row's own images). Each row keeps
+its own last position (``_pos`` ``[4, B]``: a row after an image continues from its image's
+largest position, its own rope delta); each decoding step adds 1 to every row's last
+position, exactly as ``generate`` does, so rows with different images (or none) decode
+together with the positions each would get alone.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ from typing import Any
 import torch
 
 from roll_core.backends.infer.base import Completion, Request, SamplingParams
-from roll_core.data.vision import concat_vision
 from roll_core.errors import ConfigError, ModelError
 
 
@@ -295,7 +298,7 @@ class HFEngine:
             ids[i, width - len(x) :] = torch.tensor(x)
             mask[i, width - len(x) :] = 1
         ids, mask = ids.to(device), mask.to(device)
-        vision = concat_vision([s.request.vision for s in admit], device=device)
+        vision = backend.vision_inputs([s.request.vision for s in admit], ids)
         model_kwargs = {"attention_mask": mask, **(vision or {})}
         pos = backend.model._prepare_position_ids_for_generation(ids, model_kwargs)
         pos = pos if pos.dim() == 3 else pos.unsqueeze(0)  # [P, B, L]

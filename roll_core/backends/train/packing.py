@@ -412,7 +412,15 @@ def model_forward(
 ) -> Any:
     """`call(**inputs)` (a causal LM's forward) on micro-batch `mb`, packed or padded; the
     output's ``logits`` are ``[B, T - logits_from, V]`` either way (zeros on padding when
-    packed), so callers cannot tell the two paths apart."""
+    packed), so callers cannot tell the two paths apart. `vision` with images must carry
+    ``mm_token_type_ids`` (``vision_model_inputs(..., image_token_id=...)``): without them the
+    model would give the image tokens 1-D positions, not the 3-D ones it was trained with."""
+    if vision and "pixel_values" in vision and "mm_token_type_ids" not in vision:
+        raise ValueError(
+            "model_forward: vision inputs without mm_token_type_ids; build them with "
+            "vision_model_inputs(batch, device, image_token_id=image_token_id(model.config)) "
+            "so the image tokens get the model's 3-D rope positions"
+        )
     if packing:
         kwargs, layout = packed_inputs(
             mb, device, logits_from=logits_from, vision=vision, rope=rope, varlen=varlen

@@ -40,7 +40,7 @@ from roll_core.models.lora import (
     load_adapter,
     save_adapter,
 )
-from roll_core.models.vision import load_processor, vision_token_ids
+from roll_core.models.vision import image_token_id, load_processor, vision_token_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -178,6 +178,7 @@ class TorchTrainBackend:
         self.max_tokens = self.spec.max_tokens_per_micro_batch
         self._varlen = check_packing_support(model) if self.packing else False
         self._rope = rope_module(model) if self.packing else None
+        self._image_token = image_token_id(model.config)  # VLMs: their mm_token_type_ids
 
     def micro_batches(self, batch: Batch, objective: Any = None) -> list[tuple[list[int], Batch]]:
         """(row indices, micro-batch) of `batch`: `micro_batch_size` rows, or the token budget
@@ -217,7 +218,8 @@ class TorchTrainBackend:
     def model_output(self, mb: Batch, *, logits_from: int = 0) -> Any:
         """The model's whole output on one micro-batch (see :meth:`forward`): its `logits`,
         and the router's `aux_loss` of a mixture-of-experts model that returns one."""
-        vision = vision_model_inputs(mb, self.device)  # VLM rows: their pixel_values, grids
+        # VLM rows: their pixel_values, grids and token types (3-D rope positions)
+        vision = vision_model_inputs(mb, self.device, image_token_id=self._image_token)
         with self._autocast():
             return model_forward(
                 self._call_model,
@@ -322,7 +324,12 @@ class TorchTrainBackend:
             attn[i, width - len(p) :] = 1
         with self._autocast():
             out = self.model.generate(  # type: ignore[operator]
-                **concat_vision(vision or [], device=self.device),
+                **concat_vision(
+                    vision or [],
+                    device=self.device,
+                    input_ids=ids if self._image_token is not None else None,
+                    image_token_id=self._image_token,
+                ),
                 input_ids=ids.to(self.device),
                 attention_mask=attn.to(self.device),
                 max_new_tokens=max_new_tokens,
