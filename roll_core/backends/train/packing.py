@@ -40,10 +40,13 @@ PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "fl
 
 
 def check_packing_support(model: Any, *, role: str = "actor_train") -> bool:
-    """Whether the model's attention takes packed rows as one variable-length sequence
-    (flash-attention: True) or as bins of a dense mask (sdpa / eager / flex: False); a
-    ConfigError (before the first step) when it cannot take packed input at all (an
-    attention implementation outside :data:`PACKING_ATTENTION`)."""
+    """Whether the rows are packed into one sequence (True) or into bins (False, see
+    :class:`PackedRows`): one sequence where the attention reads row boundaries as
+    variable-length sequences (flash-attention), and for a mixture-of-experts model whose
+    router load-balancing loss is computed (`output_router_logits`): that loss averages over
+    every token of the forward, so bins' filler tokens would change it. A ConfigError (before
+    the first step) when the model cannot take packed input at all (an attention
+    implementation outside :data:`PACKING_ATTENTION`)."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
     if impl not in PACKING_ATTENTION:
@@ -53,7 +56,9 @@ def check_packing_support(model: Any, *, role: str = "actor_train") -> bool:
             hint=f"Set {role}.packing: false (right-padded micro-batches), or load the model "
             f"with one of {', '.join(PACKING_ATTENTION)}.",
         )
-    return str(impl).startswith("flash_attention")
+    return str(impl).startswith("flash_attention") or bool(
+        getattr(config, "output_router_logits", False)
+    )
 
 
 def row_lengths(batch: Batch) -> list[int]:
