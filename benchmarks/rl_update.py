@@ -69,7 +69,7 @@ def main() -> None:
         )
     )
     batch = make_batch()
-    algo = AlgorithmConfig(preset="grpo", kl={"coef": 0.0}).model_dump()
+    algo = AlgorithmConfig(preset="grpo", kl={"coef": 0.0})
     objective = get_objective("rl", algorithm=algo, temperature=1.0)
 
     def step() -> tuple[float, float]:
