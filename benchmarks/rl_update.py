@@ -7,6 +7,7 @@ forward and of the update; `--skip` leaves the pass out (what `trainer.old_log_p
 does for one-update steps); `--profile` adds a torch.profiler table of the update.
 
     OMP_NUM_THREADS=1 python benchmarks/rl_update.py [--micro 32] [--skip] [--profile]
+        [--precision fp32|bf16] [--ckpt]
 
 Run it on two checkouts (PYTHONPATH=...) to compare code versions (docs/performance.md).
 """
@@ -59,6 +60,8 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=32)
     ap.add_argument("--skip", action="store_true", help="no old-log-prob pass")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--ckpt", action="store_true", help="gradient checkpointing")
     a = ap.parse_args()
     backend = TorchTrainBackend(
         TrainBackendSpec(
@@ -66,10 +69,12 @@ def main() -> None:
             optim=OptimConfig(lr=1e-5),
             total_steps=100,
             micro_batch_size=a.micro,
+            precision=a.precision,
+            gradient_checkpointing=a.ckpt,
         )
     )
     batch = make_batch()
-    algo = AlgorithmConfig(preset="grpo", kl={"coef": 0.0}).model_dump()
+    algo = AlgorithmConfig(preset="grpo", kl={"coef": 0.0})
     objective = get_objective("rl", algorithm=algo, temperature=1.0)
 
     def step() -> tuple[float, float]:
@@ -85,7 +90,9 @@ def main() -> None:
     runs = [step() for _ in range(5)]
     old = sorted(r[0] for r in runs)[2] * 1e3
     update = sorted(r[1] for r in runs)[2] * 1e3
-    print(f"micro {a.micro}: old-log-prob {old:.1f} ms, update {update:.1f} ms (CPU)")
+    print(
+        f"{a.precision} ckpt={a.ckpt} micro {a.micro}: old-log-prob {old:.1f} ms, update {update:.1f} ms (CPU)"
+    )
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -1,22 +1,41 @@
-"""roll against TRL's GRPOTrainer on the same small GRPO setup, in one command.
+"""roll against TRL's GRPOTrainer on the same small GRPO setup, a matrix of configurations.
 
 Same start model (the built-in tiny Qwen3 after a short, cached SFT warm start on tiny-arith),
 same data (data/tiny-arith), same reward (exact match of the stripped response with the
-answer), same hyper-parameters: 16 prompts x 8 samples per step, at most 6 new tokens,
-temperature 1, AdamW lr 2e-5 betas (0.9, 0.999), constant LR, grad-norm clip 1, clip 0.2, no
-KL, group-std advantage scaling (eps 1e-4), token-mean loss over the batch (TRL's `dapo`), one
-optimizer step per batch in micro-batches of 32. TRL runs in its own virtualenv
-(.cache/bench-trl-venv: `pip install -c constraints-cpu.txt torch==2.13.0 trl
-transformers==<roll's>`, made on first use), so its dependencies never touch roll's.
+answer), same hyper-parameters in both arms of a cell: 128 completions per step (128 / group
+prompts x group samples), at most 6 new tokens, temperature 1, AdamW lr 2e-5 betas (0.9,
+0.999), constant LR, grad-norm clip 1, clip 0.2, no KL, group-std advantage scaling (eps
+1e-4), token-mean loss over the batch (TRL's `dapo`), one optimizer step per batch. TRL runs
+in its own virtualenv (.cache/bench-trl-venv: `pip install -c constraints-cpu.txt torch==2.13.0
+trl transformers==<roll's>`, made on first use), so its dependencies never touch roll's.
 
-For each seed both arms run back to back, alternating which goes first (a shared machine's
-load then hits both alike), each as its own process with the same torch thread count. Printed
-per seed and on average: completions/s (completions of steps 2..N divided by their wall time,
-so model loading, imports and the first step's warm-up are out for both), the ratio roll/TRL,
-and held-out accuracy after N steps (greedy, the first --eval-rows test prompts, scored by the
-same code for both models).
+The matrix (each flag takes one or more values; the default is every combination, 16 cells):
 
-    python benchmarks/vs_trl.py [--steps 30] [--seeds 0 1 2] [--threads 2]
+    --precision fp32 bf16   fp32, or bfloat16 autocast (roll: actor_train.precision: bf16;
+                            TRL: bf16=True, its default) for training and generation
+    --ckpt off on           gradient checkpointing (roll: model.gradient_checkpointing;
+                            TRL: gradient_checkpointing, on by default in GRPOConfig)
+    --micro 32 128          rows per forward/backward (TRL: per_device_train_batch_size, with
+                            gradient_accumulation_steps = 128 / micro)
+    --group 8 16            samples per prompt (16 prompts x 8, or 8 prompts x 16)
+
+Not in the matrix yet: the issue's response-length axis (long responses, from the packing
+issue). The configuration of the first version of this benchmark is the cell
+`--precision fp32 --ckpt off --micro 32 --group 8` (there TRL now runs without checkpointing,
+like roll; the first version left TRL's default, checkpointing on).
+
+For each cell and seed both arms run back to back, alternating which goes first (a shared
+machine's load then hits both alike), each as its own process with the same torch thread
+count. Printed per cell and seed, and per cell on average: completions/s (completions of steps
+2..N divided by their wall time, so model loading, imports and the first step's warm-up are
+out for both), the ratio roll/TRL, the same ratio in process CPU time, peak resident memory of
+each arm's process, held-out accuracy after N steps (greedy, the first --eval-rows test
+prompts, scored by the same code for both models), and the median step split: roll's
+generate / log-probs / update / sync (its metrics rollout/gen_active_s, time/old_log_prob +
+time/reference, time/train, sync/seconds), TRL's generate and the rest of its step.
+Everything also lands in results.json of the run folder.
+
+    python benchmarks/vs_trl.py [--steps 30] [--seeds 0 1 2] [--threads 2] [matrix flags]
 
 Not a test: timings are wall clock on whatever machine runs it (docs/performance.md).
 """
@@ -24,19 +43,41 @@ Not a test: timings are wall clock on whatever machine runs it (docs/performance
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
 VENV = CACHE / "bench-trl-venv"
 DATA = ROOT / "data" / "tiny-arith"
-PROMPTS, N, NEW_TOKENS, MICRO, LR = 16, 8, 6, 32, 2e-5
+ROWS, NEW_TOKENS, LR = 128, 6, 2e-5
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of the matrix, the same in both arms."""
+
+    precision: str  # fp32 | bf16 (autocast)
+    ckpt: bool  # gradient checkpointing
+    micro: int  # rows per forward/backward
+    group: int  # samples per prompt
+
+    @property
+    def prompts(self) -> int:
+        return ROWS // self.group
+
+    @property
+    def name(self) -> str:
+        ckpt = "ckpt" if self.ckpt else "no-ckpt"
+        return f"{self.precision} {ckpt} micro {self.micro} {self.prompts}x{self.group}"
 
 
 def env(threads: int) -> dict[str, str]:
@@ -52,11 +93,19 @@ def env(threads: int) -> dict[str, str]:
     return e
 
 
-def run(args: list[str], threads: int) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(args, env=env(threads), cwd=ROOT, capture_output=True, text=True)
-    if res.returncode:
-        sys.exit(f"failed: {' '.join(args)}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return res
+def run(args: list[str], threads: int) -> tuple[str, float]:
+    """(stdout, peak resident MiB) of the process `args`; exits with its output if it fails.
+    The peak is the process's own (`ru_maxrss` of its `wait4`), so arms never mix."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(args, env=env(threads), cwd=ROOT, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode:
+        sys.exit(f"failed: {' '.join(args)}\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return stdout, usage.ru_maxrss / 1024  # KiB on Linux
 
 
 def ensure_trl_venv() -> Path:
@@ -107,24 +156,22 @@ def warm_start(steps: int, threads: int) -> Path:
     return final
 
 
-def roll_arm(model: Path, seed: int, steps: int, threads: int, work: Path) -> dict[str, float]:
-    import yaml
-
-    recipe = {
+def roll_recipe(model: Path, cell: Cell, seed: int, steps: int, threads: int, work: Path) -> dict:
+    return {
         "pipeline": "rlvr",
         "name": "vs-trl",
         "seed": seed,
         "runs_dir": str(work),
-        "model": {"path": str(model)},
+        "model": {"path": str(model), "gradient_checkpointing": cell.ckpt},
         "data": {"train": {"path": str(DATA / "train.jsonl")}, "max_prompt_length": 64},
         "rollout": {
-            "n": N,
-            "prompts_per_step": PROMPTS,
+            "n": cell.group,
+            "prompts_per_step": cell.prompts,
             "max_new_tokens": NEW_TOKENS,
             "temperature": 1.0,
             # one generate call per step, as TRL makes
             "deterministic": True,
-            "chunk_size": PROMPTS * N,
+            "chunk_size": ROWS,
             "max_chunks_in_flight": 1,
         },
         "algorithm": {
@@ -134,9 +181,10 @@ def roll_arm(model: Path, seed: int, steps: int, threads: int, work: Path) -> di
             "loss_agg_mode": "token-mean",
         },
         "reward": {"domains": {"math": "exact_match"}, "isolation": "thread"},
-        "trainer": {"max_steps": steps, "micro_batch_size": MICRO},
+        "trainer": {"max_steps": steps, "micro_batch_size": cell.micro},
         "actor_train": {
             "num_threads": threads,
+            "precision": cell.precision,
             "optim": {
                 "lr": LR,
                 "betas": [0.9, 0.999],
@@ -145,47 +193,62 @@ def roll_arm(model: Path, seed: int, steps: int, threads: int, work: Path) -> di
                 "max_grad_norm": 1.0,
             },
         },
+        # actor_infer.precision auto: the trainer's (bf16 autocast generation, as TRL's)
         "actor_infer": {"num_threads": threads},
         "checkpoint": {"every_steps": None},
         "tracking": {"backends": ["jsonl"]},
     }
-    path = work / f"roll-{seed}.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+
+
+def median_of(rows: list[dict], *keys: str) -> float:
+    """Median over `rows` of the sum of `keys` (absent keys count 0)."""
+    return statistics.median(sum(float(r.get(k, 0.0)) for k in keys) for r in rows)
+
+
+def roll_arm(
+    model: Path, cell: Cell, seed: int, steps: int, threads: int, work: Path
+) -> dict[str, float | str]:
+    import yaml
+
     run_id = f"roll-{seed}"
-    run(
-        [
-            str(Path(sys.executable).with_name("roll")),
-            "train",
-            "rlvr",
-            str(path),
-            "--run-id",
-            run_id,
-        ],
-        threads,
-    )
+    path = work / f"{run_id}.yaml"
+    recipe = roll_recipe(model, cell, seed, steps, threads, work)
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    roll = str(Path(sys.executable).with_name("roll"))
+    _, peak = run([roll, "train", "rlvr", str(path), "--run-id", run_id], threads)
     rows = [json.loads(x) for x in (work / run_id / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in sorted(rows, key=lambda r: r["step"]) if "actor/pg_loss" in r]
-    times = [r["time"] for r in steps]
+    done = [r for r in sorted(rows, key=lambda r: r["step"]) if "actor/pg_loss" in r]
+    times = [r["time"] for r in done]
+    cpu = [r["perf/process_cpu_total_s"] for r in done]
+    later = done[1:]
     return {
-        "completions_per_s": (len(times) - 1) * PROMPTS * N / (times[-1] - times[0]),
-        "completions_per_cpu_s": (len(steps) - 1)
-        * PROMPTS
-        * N
-        / (steps[-1]["perf/process_cpu_total_s"] - steps[0]["perf/process_cpu_total_s"]),
+        "completions_per_s": (len(times) - 1) * ROWS / (times[-1] - times[0]),
+        "completions_per_cpu_s": (len(cpu) - 1) * ROWS / (cpu[-1] - cpu[0]),
+        "peak_mib": peak,
         "step_s": statistics.median(b - a for a, b in zip(times, times[1:], strict=False)),
-        "generate_s": statistics.median(r["rollout/gen_active_s"] for r in steps[1:]),
+        "generate_s": median_of(later, "rollout/gen_active_s"),
+        "log_probs_s": median_of(later, "time/old_log_prob", "time/reference"),
+        "update_s": median_of(later, "time/train"),
+        "sync_s": median_of(later, "sync/seconds"),
         "model": str(work / run_id / "final"),
     }
 
 
 def trl_arm(
-    python: Path, model: Path, seed: int, steps: int, threads: int, work: Path
-) -> dict[str, float]:
+    python: Path, model: Path, cell: Cell, seed: int, steps: int, threads: int, work: Path
+) -> dict[str, float | str]:
     out = work / f"trl-{seed}"
-    args = {"model": str(model), "seed": seed, "steps": steps, "threads": threads, "out": str(out)}
-    res = run([str(python), __file__, "--trl-worker", json.dumps(args)], threads)
-    result = json.loads(res.stdout.strip().splitlines()[-1])
-    return {**result, "model": str(out / "final")}
+    args = {
+        "model": str(model),
+        "seed": seed,
+        "steps": steps,
+        "threads": threads,
+        "out": str(out),
+        "cell": asdict(cell),
+    }
+    stdout, peak = run([str(python), __file__, "--trl-worker", json.dumps(args)], threads)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {**result, "peak_mib": peak, "model": str(out / "final")}
 
 
 def trl_worker(spec: dict) -> None:
@@ -196,6 +259,7 @@ def trl_worker(spec: dict) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(spec["threads"])
+    cell = Cell(**spec["cell"])
     rows = [json.loads(x) for x in (DATA / "train.jsonl").read_text().splitlines()]
     data = Dataset.from_list(
         [
@@ -222,9 +286,9 @@ def trl_worker(spec: dict) -> None:
         output_dir=spec["out"],
         seed=spec["seed"],
         max_steps=spec["steps"],
-        per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=PROMPTS * N // MICRO,  # one optimizer step per generation
-        num_generations=N,
+        per_device_train_batch_size=cell.micro,
+        gradient_accumulation_steps=ROWS // cell.micro,  # one optimizer step per generation
+        num_generations=cell.group,
         max_completion_length=NEW_TOKENS,
         temperature=1.0,
         top_p=1.0,
@@ -242,7 +306,8 @@ def trl_worker(spec: dict) -> None:
         loss_type="dapo",
         scale_rewards="group",
         use_cpu=True,
-        bf16=False,
+        bf16=cell.precision == "bf16",
+        gradient_checkpointing=cell.ckpt,
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -268,15 +333,16 @@ def trl_worker(spec: dict) -> None:
     trainer.model.generate = timed_generate  # TRL generates with this model object on CPU
     trainer.train()
     trainer.save_model(str(Path(spec["out"]) / "final"))
-    rate = (len(stamps) - 1) * PROMPTS * N / (stamps[-1] - stamps[0])
     steps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    generate_s = statistics.median(gen[1:]) if len(gen) > 1 else float("nan")
     print(
         json.dumps(
             {
-                "completions_per_s": rate,
-                "completions_per_cpu_s": (len(cpu) - 1) * PROMPTS * N / (cpu[-1] - cpu[0]),
+                "completions_per_s": (len(stamps) - 1) * ROWS / (stamps[-1] - stamps[0]),
+                "completions_per_cpu_s": (len(cpu) - 1) * ROWS / (cpu[-1] - cpu[0]),
                 "step_s": statistics.median(steps),
-                "generate_s": statistics.median(gen[1:]) if len(gen) > 1 else float("nan"),
+                "generate_s": generate_s,
+                "rest_s": statistics.median(steps) - generate_s,
             }
         )
     )
@@ -302,6 +368,56 @@ def accuracy(model: str, rows: list[dict], threads: int) -> float:
     return right / len(rows)
 
 
+HEADER = (
+    f"{'seed':>4} {'roll c/s':>9} {'TRL c/s':>8} {'ratio':>6} {'CPU ratio':>9} "
+    f"{'roll MiB':>8} {'TRL MiB':>8} {'roll acc':>8} {'TRL acc':>8}   "
+    "roll step = gen / logp / update / sync s | TRL step = gen + rest s"
+)
+
+
+def row_text(label: str, r: dict, t: dict) -> str:
+    return (
+        f"{label:>4} {r['completions_per_s']:>9.1f} {t['completions_per_s']:>8.1f} "
+        f"{r['completions_per_s'] / t['completions_per_s']:>6.2f} "
+        f"{r['completions_per_cpu_s'] / t['completions_per_cpu_s']:>9.2f} "
+        f"{r['peak_mib']:>8.0f} {t['peak_mib']:>8.0f} {r['accuracy']:>8.3f} {t['accuracy']:>8.3f}   "
+        f"{r['step_s']:.3f} = {r['generate_s']:.3f} / {r['log_probs_s']:.3f} / "
+        f"{r['update_s']:.3f} / {r['sync_s']:.3f} | {t['step_s']:.3f} = {t['generate_s']:.3f}"
+        f" + {t['rest_s']:.3f}"
+    )
+
+
+def mean_row(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """Per-arm means over seeds (ratios are then ratios of means)."""
+
+    def avg(arms: list[dict]) -> dict:
+        return {k: statistics.mean(a[k] for a in arms) for k, v in arms[0].items() if k != "model"}
+
+    return avg([r for r, _ in runs]), avg([t for _, t in runs])
+
+
+def run_cell(cell: Cell, a: argparse.Namespace, python: Path, model: Path, test: list) -> list:
+    """Both arms of `cell` for every seed, printed as they finish; the (roll, TRL) results."""
+    work = a.work / cell.name.replace(" ", "-")
+    work.mkdir(parents=True)
+    print(f"\n== {cell.name} (load average {os.getloadavg()[0]:.1f})\n{HEADER}", flush=True)
+    runs = []
+    for k, seed in enumerate(a.seeds):
+        arms = {
+            "roll": lambda s=seed: roll_arm(model, cell, s, a.steps, a.threads, work),
+            "trl": lambda s=seed: trl_arm(python, model, cell, s, a.steps, a.threads, work),
+        }
+        order = ["roll", "trl"] if k % 2 == 0 else ["trl", "roll"]
+        got = {name: arms[name]() for name in order}
+        for name in got:
+            got[name]["accuracy"] = accuracy(str(got[name]["model"]), test, a.threads)
+        runs.append((got["roll"], got["trl"]))
+        print(row_text(str(seed), got["roll"], got["trl"]), flush=True)
+    if len(runs) > 1:
+        print(row_text("mean", *mean_row(runs)), flush=True)
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -309,55 +425,38 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each arm")
     ap.add_argument("--sft-steps", type=int, default=600, help="warm start (cached)")
     ap.add_argument("--eval-rows", type=int, default=300)
+    ap.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
+    ap.add_argument("--ckpt", nargs="+", choices=["off", "on"], default=["off", "on"])
+    ap.add_argument("--micro", nargs="+", type=int, choices=[32, 128], default=[32, 128])
+    ap.add_argument("--group", nargs="+", type=int, choices=[8, 16], default=[8, 16])
     ap.add_argument("--trl-worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.trl_worker:
         return trl_worker(json.loads(a.trl_worker))
+    cells = [
+        Cell(p, c == "on", m, g)
+        for p, c, m, g in itertools.product(a.precision, a.ckpt, a.micro, a.group)
+    ]
     python = ensure_trl_venv()
     model = warm_start(a.sft_steps, a.threads)
-    work = CACHE / "bench-vs-trl" / time.strftime("%Y%m%d-%H%M%S")
-    work.mkdir(parents=True)
+    a.work = CACHE / "bench-vs-trl" / time.strftime("%Y%m%d-%H%M%S")
+    a.work.mkdir(parents=True)
     test = [json.loads(x) for x in (DATA / "test.jsonl").read_text().splitlines()][: a.eval_rows]
     print(f"start model accuracy: {accuracy(str(model), test, a.threads):.3f}", flush=True)
-    print(
-        f"{'seed':>4} {'roll c/s':>9} {'TRL c/s':>8} {'ratio':>6} {'roll acc':>9} {'TRL acc':>8}"
-        f" {'roll c/cpu-s':>13} {'TRL c/cpu-s':>12} {'ratio':>6}"
-    )
     results = []
-    for k, seed in enumerate(a.seeds):
-        arms = {
-            "roll": lambda s=seed: roll_arm(model, s, a.steps, a.threads, work),
-            "trl": lambda s=seed: trl_arm(python, model, s, a.steps, a.threads, work),
-        }
-        order = ["roll", "trl"] if k % 2 == 0 else ["trl", "roll"]
-        got = {name: arms[name]() for name in order}
-        for name in got:
-            got[name]["accuracy"] = accuracy(got[name]["model"], test, a.threads)
-        r, t = got["roll"], got["trl"]
-        ratio = r["completions_per_s"] / t["completions_per_s"]
-        cpu_ratio = r["completions_per_cpu_s"] / t["completions_per_cpu_s"]
-        results.append((r, t, ratio, cpu_ratio))
+    for cell in cells:
+        runs = run_cell(cell, a, python, model, test)
+        results.append({"cell": asdict(cell), "runs": [{"roll": r, "trl": t} for r, t in runs]})
+        (a.work / "results.json").write_text(json.dumps(results, indent=1))
+    print("\nsummary (means over seeds): roll/TRL completions/s, CPU-time ratio, accuracy")
+    for res in results:
+        r, t = mean_row([(x["roll"], x["trl"]) for x in res["runs"]])
         print(
-            f"{seed:>4} {r['completions_per_s']:>9.1f} {t['completions_per_s']:>8.1f} "
-            f"{ratio:>6.2f} {r['accuracy']:>9.3f} {t['accuracy']:>8.3f} "
-            f"{r['completions_per_cpu_s']:>13.1f} {t['completions_per_cpu_s']:>12.1f} "
-            f"{cpu_ratio:>6.2f}   median step s (generate s): "
-            f"roll {r['step_s']:.3f} ({r['generate_s']:.3f}), "
-            f"TRL {t['step_s']:.3f} ({t['generate_s']:.3f})",
-            flush=True,
+            f"{Cell(**res['cell']).name:<34} {r['completions_per_s'] / t['completions_per_s']:>5.2f}"
+            f" {r['completions_per_cpu_s'] / t['completions_per_cpu_s']:>5.2f}"
+            f"  {r['accuracy']:.3f} / {t['accuracy']:.3f}"
         )
-    mean = statistics.mean
-    print(
-        f"mean {mean(r['completions_per_s'] for r, *_ in results):>9.1f} "
-        f"{mean(t['completions_per_s'] for _, t, *_ in results):>8.1f} "
-        f"{mean(x[2] for x in results):>6.2f} "
-        f"{mean(r['accuracy'] for r, *_ in results):>9.3f} "
-        f"{mean(t['accuracy'] for _, t, *_ in results):>8.3f} "
-        f"{mean(r['completions_per_cpu_s'] for r, *_ in results):>13.1f} "
-        f"{mean(t['completions_per_cpu_s'] for _, t, *_ in results):>12.1f} "
-        f"{mean(x[3] for x in results):>6.2f}"
-    )
-    print(f"runs in {work}; {os.cpu_count()} CPUs visible, load average {os.getloadavg()[0]:.1f}")
+    print(f"runs in {a.work}; {os.cpu_count()} CPUs visible, load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -167,8 +167,14 @@ def load_causal_lm(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> PreTrainedModel:
-    """Load ``name_or_path`` as a causal LM in ``dtype`` on ``device``."""
+    """Load ``name_or_path`` as a causal LM in ``dtype`` on ``device``. Under bf16 autocast
+    on CPU its ``sdpa`` attention then runs in float32 (roll_core/models/attention.py), in
+    every roll process alike."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from roll_core.models.attention import use_float32_attention_on_cpu_autocast
+
+    use_float32_attention_on_cpu_autocast()
 
     resolved = resolve_model_path(name_or_path)
     # a vision-language model: the full model (vision tower + LM), not its text part alone

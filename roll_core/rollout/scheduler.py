@@ -181,34 +181,41 @@ class _StepRun:
         self.router0 = dict(sched.router.stats)
 
     # ---- prompts and requests -------------------------------------------------------------
-    def _pull_prompt(self) -> bool:
-        """Pull one prompt and send its n requests (deterministic: in chunks of chunk_size, in
-        pull order)."""
-        try:
-            prompt = next(self.s.prompts)
-        except StopIteration:
-            return False
-        group = self.pulled
-        self.pulled += 1
-        self.groups[group] = []
-        requests = []
-        for k in range(self.s.n):
-            self.s._uid += 1
-            seed = hash((self.s.seed, self.step, group, k)) % 2**31
-            requests.append(Request(self.s._uid, prompt.prompt_ids, seed, vision=prompt.vision))
+    def _pull_prompts(self, count: int) -> int:
+        """Pull up to `count` prompts and send their n requests each; the number pulled.
+        Deterministic: the requests of all of them, in pull order, in chunks of chunk_size
+        (so one step's prompts share generate calls: 16 prompts x 8 samples with chunk_size
+        128 is one call); streaming: each request on its own."""
+        pulled: list[tuple[Request, Prompt, int]] = []
+        for _ in range(count):
+            try:
+                prompt = next(self.s.prompts)
+            except StopIteration:
+                break
+            group = self.pulled
+            self.pulled += 1
+            self.groups[group] = []
+            for k in range(self.s.n):
+                self.s._uid += 1
+                seed = hash((self.s.seed, self.step, group, k)) % 2**31
+                request = Request(self.s._uid, prompt.prompt_ids, seed, vision=prompt.vision)
+                pulled.append((request, prompt, group))
         router, params = self.s.router, self.s.params
+        requests = [r for r, _, _ in pulled]
         if self.s.deterministic:
             size = self.s.chunk_size
             futures = []
             for i in range(0, len(requests), size):
                 futures += router.submit_batch(requests[i : i + size], params)
         else:
-            session = (self.step, group) if self.s.group_affinity else None
-            futures = [router.submit(r, params, session=session) for r in requests]
+            futures = [
+                router.submit(r, params, session=(self.step, g) if self.s.group_affinity else None)
+                for r, _, g in pulled
+            ]
         submitted = time.time()
-        for request, future in zip(requests, futures, strict=True):
+        for (request, prompt, group), future in zip(pulled, futures, strict=True):
             self.futures[future] = ("gen", (request, prompt, group, submitted))
-        return True
+        return len({g for _, _, g in pulled})
 
     # ---- completions --------------------------------------------------------------------------
     def _on_generated(
@@ -249,7 +256,7 @@ class _StepRun:
         rewards = [x.reward for x in group]
         if self.s.dynamic_sampling and max(rewards) == min(rewards):
             self.dropped += 1
-            if self.extra < self.s.max_additional_prompts and self._pull_prompt():
+            if self.extra < self.s.max_additional_prompts and self._pull_prompts(1):
                 self.extra += 1
             return
         self.kept.append((sample.group, sorted(group, key=lambda x: x.uid)))
@@ -257,9 +264,7 @@ class _StepRun:
     # ---- the loop -------------------------------------------------------------------------------
     def execute(self) -> RolloutResult:
         start = time.time()
-        for _ in range(self.s.prompts_per_step):
-            if not self._pull_prompt():
-                break
+        self._pull_prompts(self.s.prompts_per_step)
         while self.futures:
             done, _ = wait(list(self.futures), return_when=FIRST_COMPLETED)
             for future in done:

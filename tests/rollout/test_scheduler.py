@@ -110,3 +110,15 @@ def test_batch_layout_is_token_in_token_out(infer: Cluster) -> None:
     assert batch.tensors["behaviour_log_probs"][0, p - 1 : p - 1 + r].tolist() == pytest.approx(
         s.log_probs
     )
+
+
+def test_deterministic_chunks_span_prompts(infer: Cluster) -> None:
+    # 6 prompts x 4 samples = 24 requests, in chunks of chunk_size across prompts (pull
+    # order): one generate call for the step with chunk_size 24, three with chunk_size 8
+    # (one call per prompt would be 6 in both)
+    one = make(infer, chunk_size=24).next_batch(step=1)
+    three = make(infer, chunk_size=8).next_batch(step=1)
+    assert one.metrics["rollout/gen_calls"] == 1
+    assert three.metrics["rollout/gen_calls"] == 3
+    assert len(one.groups) == len(three.groups) == 6
+    assert all(len(g) == 4 for g in one.groups + three.groups)
