@@ -9,8 +9,10 @@ at the goal (reward 1, a success), in a hole, after ``max_turns`` moves, or when
 answers without a call.
 
 Partial credit (a reward below 1 that is not a success): an episode that ends on the ice gets
-``0.1`` per cell the player stands closer to the goal than the start (a hole gets 0), so a
-model that has not found the goal yet still learns which way it lies and that holes are worse. Trained with ``roll train agentic recipes/tiny-frozenlake-agent.yaml``
+``0.1`` plus ``0.1`` per cell the player stands closer to the goal than the start; a hole, or a
+reply that is not a move, gets 0. So a model that has not found the goal yet still learns that
+a well-formed move beats a broken one, that holes are worse than ice, and which way the goal
+lies. Trained with ``roll train agentic recipes/tiny-frozenlake-agent.yaml``
 (docs/agentic.md, "Bring your own agent"); the same file runs against any OpenAI-compatible
 server: ``run(openai.AsyncOpenAI(base_url=...), make_task(0))``.
 
@@ -94,8 +96,8 @@ def _score(lake: list[str], pos: tuple[int, int]) -> dict[str, Any]:
         return {"reward": 1.0, "success": True}
     if lake[pos[0]][pos[1]] == "H":
         return {"reward": 0.0, "success": False}
-    progress = 2 * (size - 1) - (size - 1 - pos[0]) - (size - 1 - pos[1])
-    return {"reward": 0.1 * progress, "success": False}
+    progress = pos[0] + pos[1]  # cells closer to the goal than the start
+    return {"reward": 0.1 * (1 + progress), "success": False}
 
 
 async def run(client: Any, task: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +110,7 @@ async def run(client: Any, task: dict[str, Any]) -> dict[str, Any]:
         message = response.choices[0].message
         messages.append(message)  # the assistant message as returned, unchanged
         if not message.tool_calls:
-            break  # no move: the episode ends where the player stands
+            return {"reward": 0.0, "success": False}  # not a move: the episode ends
         for call in message.tool_calls:
             try:
                 direction = json.loads(call.function.arguments).get("direction")
