@@ -69,7 +69,9 @@ def make_task(
     random lake with a path from S to G, resampled until it has one."""
     rng = random.Random(seed)
     while True:
-        cells = [["F" if rng.random() < p_frozen else "H" for _ in range(size)] for _ in range(size)]
+        cells = [
+            ["F" if rng.random() < p_frozen else "H" for _ in range(size)] for _ in range(size)
+        ]
         cells[0][0], cells[-1][-1] = "S", "G"
         rows = ["".join(row) for row in cells]
         if _has_path(rows):
@@ -91,7 +93,6 @@ def step(lake: list[str], pos: tuple[int, int], direction: str) -> tuple[int, in
 
 
 def _score(lake: list[str], pos: tuple[int, int]) -> dict[str, Any]:
-    size = len(lake)
     if lake[pos[0]][pos[1]] == "G":
         return {"reward": 1.0, "success": True}
     if lake[pos[0]][pos[1]] == "H":
