@@ -117,7 +117,7 @@ async def run(client: Any, task: dict[str, Any]) -> dict[str, Any]:
                 direction = json.loads(call.function.arguments).get("direction")
             except (json.JSONDecodeError, AttributeError):
                 direction = None
-            if direction in STEP:
+            if isinstance(direction, str) and direction in STEP:
                 pos = step(lake, pos, direction)
                 result = view(lake, pos)
             else:
