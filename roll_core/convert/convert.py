@@ -47,6 +47,13 @@ from roll_core.convert.megatron import (
     write_legacy,
     write_torch_dist,
 )
+from roll_core.convert.roll_megatron import (
+    VOCAB_DIVISIBLE_BY,
+    RollReader,
+    rank_files_dir,
+    refuse_options,
+)
+from roll_core.convert.safe_load import load_torch_file
 from roll_core.convert.staging import check_dst, io_errors, publish, staging
 from roll_core.convert.tensors import (
     gate_up_from_mcore,
@@ -215,8 +222,10 @@ def mcore_to_hf(
         )
     check_dst(src, dst, overwrite)
     with io_errors(f"reading {src}"):
-        reader = open_checkpoint(src)
+        reader = _open_reader(src, arch)
     user_config = _read_json(hf_config) if hf_config is not None else None
+    if user_config is None:  # roll's checkpoints record the model's config.json
+        user_config = getattr(reader, "hf_config", None)
     if vocab_size is None and user_config is not None:
         vocab_size = user_config.get("vocab_size")
     dims, spec = _checkpoint_dims(reader, vocab_size, arch, user_config, hf_config)
@@ -227,6 +236,11 @@ def mcore_to_hf(
         notes.append(
             f"the real vocabulary size is unknown, so the padded size {dims.padded_vocab_size} was "
             "kept; pass --vocab-size or --hf-config to drop the padding."
+        )
+    if isinstance(reader, RollReader) and tokenizer is None:
+        notes.append(
+            "roll's checkpoints hold no tokenizer: pass --tokenizer (the run's model or final/ "
+            "directory) to copy it."
         )
     steps = plan(dims)
     with staging(dst) as tmp, io_errors(f"converting {src} into {dst}"):
@@ -258,6 +272,26 @@ def mcore_to_hf(
         sum(len(k.hf) for k, _, _ in steps), n_params, _dtypes_written(main_dtype, seen), files,
         notes, reader.ep,
     )  # fmt: skip
+
+
+def _open_reader(src: Path, arch: str | None) -> Any:
+    """A Megatron-LM checkpoint reader, or :class:`RollReader` where SRC is (or leads to) the
+    per-rank files of roll's `megatron` train backend."""
+    roll_dir = rank_files_dir(src) if src.is_dir() else None
+    if roll_dir is None:
+        return open_checkpoint(src)
+    refuse_options(arch)
+    return RollReader(roll_dir, load_torch_file, _roll_dims)
+
+
+def _roll_dims(config: dict[str, Any], tp: int) -> ModelDims:
+    """The shape of the model a roll megatron run trained (its config.json, padded as the
+    backend pads the vocabulary for ``tp``)."""
+    spec = get_arch(str(config.get("model_type", "<missing model_type>")))
+    vocab = int(config.get("vocab_size") or 0)
+    dims = dims_from_hf_config(spec, config, padded_vocab_size(vocab, VOCAB_DIVISIBLE_BY, tp))
+    check_dims(spec, dims)
+    return dims
 
 
 def _checkpoint_dims(

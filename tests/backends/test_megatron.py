@@ -75,7 +75,7 @@ def tiny_qwen3_moe(directory: Path) -> str:
         )  # fmt: skip
         torch.manual_seed(0)
         AutoModelForCausalLM.from_config(cfg).save_pretrained(directory)
-        for f in Path(tiny_qwen3()).glob("*token*"):
+        for f in [*Path(tiny_qwen3()).glob("*token*"), Path(tiny_qwen3()) / "chat_template.jinja"]:
             shutil.copy(f, directory)
     return str(directory)
 
@@ -213,6 +213,48 @@ def check_frozen_reference(model: str, layout: dict[str, Any], world: int, ex: A
     close(torch.cat(ref.run_dp("log_probs", sft_batch())), want, "reference log_probs")
 
 
+def check_offload_round_trip(actor: Any) -> None:
+    """`actor_train.offload` on megatron: every part's storage is freed (0 bytes held) and
+    comes back; the steps after it still match the torch backend (the caller checks), so the
+    round trip changed no number."""
+    parts = ["optimizer", "grads", "params"]
+    for report in actor.run("offload", parts):
+        for part in parts:
+            assert report[f"bytes/{part}"] > 0, (part, report)
+            assert report[f"held/{part}"] == 0, (part, report)
+    for report in actor.run("reload"):
+        assert all(report[f"bytes/{part}"] > 0 for part in parts), report
+
+
+def check_convert(ckpt: Path, final: Path, tmp: Path) -> None:
+    """`roll convert mcore2hf` on the run's own per-rank checkpoint gives `final/` bit for bit
+    (the checkpoint was saved right after the export); a missing rank file or a file of
+    another layout is an error naming the file."""
+    from roll_core.convert import mcore_to_hf
+    from roll_core.errors import CheckpointError
+
+    result = mcore_to_hf(ckpt, tmp / "converted", tokenizer=final)
+    assert result.layout == "roll megatron"
+    converted = load_file(str(tmp / "converted" / "model.safetensors"))
+    exported = load_file(str(final / "model.safetensors"))
+    assert converted.keys() == exported.keys()
+    for name, t in exported.items():
+        assert torch.equal(converted[name], t), name
+    ranks = sorted(ckpt.glob("megatron-rank*.pt"))
+    partial = tmp / "partial"
+    partial.mkdir()
+    for f in ranks[:-1]:
+        os.link(f, partial / f.name)
+    with pytest.raises(CheckpointError, match=ranks[-1].name):
+        mcore_to_hf(partial, tmp / "bad")
+    state = torch.load(ranks[-1], weights_only=False)
+    state["layout"] = {**state["layout"], "tp": state["layout"]["tp"] + 1}
+    torch.save(state, partial / ranks[-1].name)
+    with pytest.raises(CheckpointError, match=f"{ranks[-1].name} was saved with layout"):
+        mcore_to_hf(partial, tmp / "bad")
+    assert not (tmp / "bad").exists()
+
+
 def check_layout(
     model: str, layout: dict[str, Any], world: int, tmp: Path, *, frozen_reference: bool = False
 ) -> None:
@@ -246,6 +288,8 @@ def check_layout(
                 ref["metrics"][step]["train/grad_norm"], rel=TOL
             )
             assert out[0]["train/lr"] == ref["metrics"][step]["train/lr"]
+            if step == 0:
+                check_offload_round_trip(actor)
             if dp == 1 and step in (0, 2):
                 # megatron clips its gradient buffer in place; the reference's are unclipped
                 got = actor.run("full_grads")[0]
@@ -274,6 +318,7 @@ def check_layout(
         # -- resume: step 4 changes weights, Adam moments, the LR step and RNG; loading the
         # checkpoint and repeating it gives the same bits
         actor.run("save", str(tmp / "ckpt"))
+        check_convert(tmp / "ckpt", tmp / "final", tmp)
         actor.run_dp("train_step", sft_batch(), objective="sft")
         expected = actor.run_rank0("state_digest")
         actor.run("load", str(tmp / "ckpt"))
@@ -361,6 +406,70 @@ def test_roll_sft_with_the_megatron_backend(roll, tiny_recipe, tmp_path: Path) -
     (rank0,) = (run / "checkpoints").rglob("megatron-rank00000.pt")
     layout = torch.load(rank0, weights_only=False)["layout"]
     assert (layout["tp"], layout["sp"]) == (2, True), layout  # the recipe's section was used
+
+
+@pytest.mark.slow
+def test_roll_sft_moe_expert_parallel_then_convert(roll, tiny_recipe, tmp_path: Path) -> None:
+    """`roll sft` on the tiny Qwen3-MoE with actor_train.backend megatron, EP=2 (2 ranks): it
+    trains (the loss falls), checkpoints with the recipe's layout, `final/` loads in
+    transformers; `roll convert mcore2hf` on the run's checkpoints (through `latest`) writes
+    the same tensors bit for bit (the last checkpoint is the final step), so transformers gives
+    the same logits from both; a checkpoint missing a rank's file is refused, naming it."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_qwen3_moe(tmp_path / "moe")
+    recipe = tiny_recipe(
+        model={"path": model},
+        trainer={"max_steps": 4, "micro_batch_size": 4, "grad_accum_steps": 1},
+        actor_train={
+            "backend": "megatron",
+            "world_size": 2,
+            "megatron": {"ep": 2},
+            "num_threads": 1,
+            "optim": {"lr": 3.0e-3, "warmup_steps": 1},
+        },
+        eval={"every_steps": 4, "exact_match": False},
+        checkpoint={"every_steps": 2, "keep_last": 1},
+    )
+    r = roll("sft", str(recipe), "--run-id", "mgt-moe-sft", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "runs" / "mgt-moe-sft"
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    losses = [s["train/loss"] for s in steps if "train/loss" in s]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    ckpt = run / "checkpoints" / "step-000004" / "actor_train"
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "megatron-rank00000.pt", "megatron-rank00001.pt"
+    ]  # fmt: skip
+    assert torch.load(ckpt / "megatron-rank00000.pt", weights_only=False)["layout"]["ep"] == 2
+
+    out = tmp_path / "converted"
+    r = roll("convert", "mcore2hf", str(run / "checkpoints"), str(out), "--tokenizer",
+             str(run / "final"))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "roll megatron checkpoint" in r.stdout, r.stdout
+    final = load_file(str(run / "final" / "model.safetensors"))
+    converted = load_file(str(out / "model.safetensors"))
+    assert final.keys() == converted.keys() and any(".experts.3." in n for n in final)
+    assert all(torch.equal(converted[n], t) for n, t in final.items())
+    ids = torch.tensor([[5, 17, 33, 2, 90, 41]])
+    logits = []
+    for path in (run / "final", out, Path(model)):
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        assert hf.config.model_type == "qwen3_moe"
+        with torch.no_grad():
+            logits.append(hf(ids).logits)
+    assert torch.equal(logits[0], logits[1])
+    assert not torch.allclose(logits[0], logits[2])  # trained: not the starting model
+
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    shutil.copy(ckpt / "megatron-rank00000.pt", partial)
+    r = roll("convert", "mcore2hf", str(partial), str(tmp_path / "bad"))
+    assert r.returncode != 0
+    assert "megatron-rank00001.pt" in r.stderr and "partial" in r.stderr, r.stderr
 
 
 @pytest.mark.slow

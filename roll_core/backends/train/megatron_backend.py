@@ -55,6 +55,7 @@ from roll_core.backends.train.sharded import (
 )
 from roll_core.backends.train.torch_backend import TorchTrainBackend, token_log_probs
 from roll_core.config.schema import MegatronConfig, OptimConfig
+from roll_core.convert.roll_megatron import RANK_FILE
 from roll_core.data import Batch
 from roll_core.errors import CheckpointError, ConfigError
 
@@ -553,6 +554,30 @@ class MegatronTrainBackend(TorchTrainBackend):
             for p, data in saved:
                 p.data = data
 
+    def offload_tensors(self, part: str) -> list[torch.Tensor]:
+        """What `actor_train.offload` moves for ``part`` (backends/train/offload.py):
+        `optimizer`: the AdamW moments of this rank's shard (and, in bf16, its fp32 master
+        shard); `grads`: megatron DDP's gradient buffers (persistent, zeroed at each step's
+        start: moved whole); `params`: DDP's contiguous parameter buffers, every parameter
+        (views of them) and the model's buffers."""
+        if part == "optimizer":
+            out: list[torch.Tensor] = []
+            for opt in _inner_optimizers(self.optimizer):
+                for state in opt.state.values():
+                    out += [v for k, v in state.items()
+                            if isinstance(v, torch.Tensor) and k != "step"]  # fmt: skip
+            for chained in getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]:
+                for group in getattr(chained, "shard_fp32_from_float16_groups", None) or []:
+                    out += list(group)
+            return out
+        buffers = [b for c in self.chunks for b in (*c.buffers, *c.expert_parallel_buffers)]
+        if part == "grads":
+            return [b.grad_data for b in buffers]
+        if part == "params":
+            params = [b.param_data for b in buffers if b.param_data is not None]
+            return params + list(self.model.parameters()) + list(self.model.buffers())
+        raise ValueError(f"unknown offload part {part!r}")
+
     def shareable_parameters(self) -> list[torch.Tensor]:
         return []
 
@@ -584,19 +609,23 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     # ---- checkpoints: every rank its own shards ---------------------------------------------
     def save(self, path: Path) -> None:
-        """This rank's model shards, optimizer shard, LR schedule and RNG (one file per rank)."""
+        """This rank's model shards, optimizer shard, LR schedule and RNG (one file per rank),
+        with its place in the layout and the model's config.json: what `roll convert
+        mcore2hf` needs to assemble the HF model from the files alone."""
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
         path.mkdir(parents=True, exist_ok=True)
         state = {
             "layout": self._layout_key(),
+            "place": self.shards.place.to_dict(),
+            "hf_config": dict(self.hf_config),
             "model": [c.module.state_dict() for c in self.chunks],
             "optimizer": [o.state_dict() for o in _inner_optimizers(self.optimizer)],
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(),
             "tracker": get_cuda_rng_tracker().get_states(),
         }
-        torch.save(state, path / f"megatron-rank{self.rank:05d}.pt")
+        torch.save(state, path / RANK_FILE.format(rank=self.rank))
         dist.barrier()
 
     def _layout_key(self) -> dict[str, Any]:
@@ -607,7 +636,7 @@ class MegatronTrainBackend(TorchTrainBackend):
     def load(self, path: Path) -> None:
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-        file = path / f"megatron-rank{self.rank:05d}.pt"
+        file = path / RANK_FILE.format(rank=self.rank)
         if not file.is_file():
             raise CheckpointError(
                 f"{path} holds no megatron checkpoint for rank {self.rank} ({file.name}): was "

@@ -19,8 +19,6 @@ import torch
 import torch.distributed as dist
 
 from roll_core.convert.archs import (
-    LEGACY_EXPERT_NAMES,
-    LOCAL_NAMES,
     KeyMap,
     ModelDims,
     check_dims,
@@ -29,11 +27,9 @@ from roll_core.convert.archs import (
 )
 from roll_core.convert.convert import _producer, hf_names, plan, to_hf
 from roll_core.convert.hf import HFReader
+from roll_core.convert.roll_megatron import VOCAB_DIVISIBLE_BY, RankPlace
 from roll_core.convert.tensors import merge_tp, padded_vocab_size, split_tp
 from roll_core.errors import ConfigError, UsageError
-
-VOCAB_DIVISIBLE_BY = 128
-"""Megatron-LM's default `make_vocab_size_divisible_by` (times tp): the padded vocabulary."""
 
 
 @dataclass(frozen=True)
@@ -246,17 +242,6 @@ def keep_padding_row_frozen(chunks: list[Any], pad_token_id: int | None) -> None
 # ---- where each canonical parameter lives ----------------------------------------------------
 
 
-def _local_name(key: KeyMap, local_layer: int | None, local_expert: int | None) -> str:
-    """The parameter name inside a chunk built with the local spec."""
-    if local_layer is None:
-        return key.mcore
-    if key.per_expert:
-        name = LEGACY_EXPERT_NAMES[key.mcore][0].format(e=local_expert)
-    else:
-        name = LOCAL_NAMES.get(key.mcore, key.mcore)
-    return f"decoder.layers.{local_layer}.{name}"
-
-
 def _tp_rank_size(key: KeyMap) -> tuple[int, int]:
     from megatron.core import parallel_state as ps
 
@@ -265,46 +250,45 @@ def _tp_rank_size(key: KeyMap) -> tuple[int, int]:
     return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
 
 
+def rank_place(dims: ModelDims, chunks: list[Any]) -> RankPlace:
+    """This rank's place in the layout (saved with its checkpoint file, so `roll convert`
+    assembles the shards offline with the same rules)."""
+    from megatron.core import parallel_state as ps
+
+    layers: dict[int, tuple[int, int]] = {}  # global layer -> (chunk, local index)
+    for c, chunk in enumerate(chunks):
+        for j, layer in enumerate(chunk.decoder.layers):
+            layers[layer.layer_number - 1] = (c, j)
+    n_local = dims.num_experts // ps.get_expert_model_parallel_world_size() if dims.moe else 0
+    return RankPlace(
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        etp_rank=ps.get_expert_tensor_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+        edp_rank=ps.get_expert_data_parallel_rank(),
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        layers=layers,
+        n_local_experts=n_local,
+        tied_embeddings=dims.tied_embeddings,
+    )
+
+
 class ShardMap:
-    """Which of this rank's parameters holds which (canonical parameter, layer, expert)."""
+    """Which of this rank's parameters holds which (canonical parameter, layer, expert): the
+    rules of roll_core/convert/roll_megatron.py's RankPlace over this rank's chunks."""
 
     def __init__(self, dims: ModelDims, chunks: list[Any]) -> None:
-        from megatron.core import parallel_state as ps
-
         self.dims = dims
         self.steps = plan(dims)
-        self.layers: dict[int, tuple[int, int]] = {}  # global layer -> (chunk, local index)
-        for c, chunk in enumerate(chunks):
-            for j, layer in enumerate(chunk.decoder.layers):
-                self.layers[layer.layer_number - 1] = (c, j)
+        self.place = rank_place(dims, chunks)
         self.params = [dict(chunk.named_parameters()) for chunk in chunks]
-        n_local = dims.num_experts // ps.get_expert_model_parallel_world_size() if dims.moe else 0
-        self.n_local_experts = n_local
-        self.ep_rank = ps.get_expert_model_parallel_rank()
 
     def locate(
         self, key: KeyMap, layer: int | None, expert: int | None, *, copies: bool = True
     ) -> list[torch.Tensor]:
         """This rank's tensors of the step, or []. ``copies``: with a tied embedding and PP,
         the last stage's copy of the embedding (`output_layer.weight`) too."""
-        if layer is None:
-            found = [p[key.mcore] for p in self.params if key.mcore in p]
-            tied = key.mcore == "embedding.word_embeddings.weight" and self.dims.tied_embeddings
-            if tied and copies:
-                # the last stage's copy of a tied embedding (only with PP > 1)
-                found += [
-                    p["output_layer.weight"] for p in self.params if "output_layer.weight" in p
-                ]
-            return found
-        if layer not in self.layers:
-            return []
-        chunk, local = self.layers[layer]
-        local_expert = None
-        if key.per_expert:
-            if expert is None or expert // self.n_local_experts != self.ep_rank:
-                return []
-            local_expert = expert % self.n_local_experts
-        return [self.params[chunk][_local_name(key, local, local_expert)]]
+        found = self.place.locate(key, layer, expert, self.params, copies=copies)
+        return [self.params[chunk][name] for chunk, name in found]
 
 
 @torch.no_grad()
@@ -329,16 +313,6 @@ def load_hf_weights(model_path: str, shards: ShardMap) -> None:
             t.copy_(part)
 
 
-def _owner_rank_in(key: KeyMap) -> bool:
-    """Whether this rank sends its shard of an (owned) tensor: one copy per TP / expert-TP
-    rank, from data-parallel rank 0 (expert-data-parallel rank 0 for experts)."""
-    from megatron.core import parallel_state as ps
-
-    if key.per_expert:
-        return ps.get_expert_data_parallel_rank() == 0
-    return ps.get_data_parallel_rank() == 0
-
-
 @torch.no_grad()
 def iter_hf_tensors(shards: ShardMap) -> Iterator[tuple[str, torch.Tensor]]:
     """Every HF tensor of the trained model, by HF name, assembled on global rank 0 (which
@@ -348,8 +322,8 @@ def iter_hf_tensors(shards: ShardMap) -> Iterator[tuple[str, torch.Tensor]]:
     for key, layer, expert in shards.steps:
         mine = shards.locate(key, layer, expert, copies=False)
         payload = None
-        if mine and _owner_rank_in(key):
-            payload = (_tp_rank_size(key)[0], mine[0].detach().cpu().clone())
+        if mine and shards.place.owns(key):
+            payload = (shards.place.tp_rank_of(key), mine[0].detach().cpu().clone())
         gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
         dist.gather_object(payload, gathered if rank == 0 else None, dst=0)
         if rank != 0:

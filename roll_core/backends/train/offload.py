@@ -12,6 +12,11 @@ Three parts can leave the device between training turns, each chosen in the reci
   (`zero_grad(set_to_none=True)`), so they are released, not copied (ZeRO-3 keeps a flat
   gradient partition buffer: it is moved like the others).
 
+A backend whose state lives elsewhere says which tensors each part is with
+`offload_tensors(part)` (megatron: its DDP's contiguous parameter and gradient buffers and
+its distributed optimizer's shards; gradients are a persistent buffer there, so they are moved,
+not released).
+
 The moving is `roll_core.backends.offload.StorageStash` (storage backed up and resized to 0;
 pinned CPU memory on a GPU), the same for the three backends. State the backend already keeps
 in CPU memory (fsdp2 `cpu_offload`, DeepSpeed `offload_optimizer` / `offload_param`) is left
@@ -105,13 +110,17 @@ class TrainOffloader:
         for part in TRAIN_PARTS:
             if part not in parts or self.stashes[part].offloaded:
                 continue
-            if part == "optimizer":
+            own = getattr(self.backend, "offload_tensors", None)
+            moved = 0
+            if own is not None:
+                tensors = own(part)
+            elif part == "optimizer":
                 tensors = optimizer_tensors(self.backend)
             elif part == "params":
                 tensors = param_tensors(self.backend)
             else:
                 tensors = grad_buffers(self.backend)
-            moved = release_grads(self.backend) if part == "grads" else 0
+                moved = release_grads(self.backend)
             moved += self.stashes[part].offload(tensors, device=self.device)
             out[part] = float(moved)
         return out
@@ -120,7 +129,10 @@ class TrainOffloader:
         """Bytes the device still holds for `part` (0 once it is offloaded): what tests and
         the report check the offload against."""
         tensors: list[torch.Tensor]
-        if part == "optimizer":
+        own = getattr(self.backend, "offload_tensors", None)
+        if own is not None:
+            tensors = own(part)
+        elif part == "optimizer":
             tensors = optimizer_tensors(self.backend)
         elif part == "params":
             tensors = param_tensors(self.backend)
