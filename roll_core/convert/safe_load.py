@@ -53,6 +53,9 @@ _PLAIN = {
     ("types", "SimpleNamespace"),
     ("torch.serialization", "_get_layout"),
     ("torch.nn.parameter", "Parameter"),
+    # how pickle protocol 2 stores bytes (numpy RNG states in roll's megatron checkpoints):
+    # str -> bytes, nothing else (torch's weights_only loader allows it too)
+    ("_codecs", "encode"),
 }
 
 
