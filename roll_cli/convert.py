@@ -109,7 +109,9 @@ def mcore2hf(
         Path,
         typer.Argument(
             help="Megatron checkpoint: the root (with latest_checkpointed_iteration.txt) or one "
-            "iter_XXXXXXX directory; legacy or torch_dist layout.",
+            "iter_XXXXXXX directory; legacy or torch_dist layout. Or a roll run's megatron "
+            "checkpoint (checkpoints/step-N, its actor_train/, checkpoints/ or the run "
+            "directory: megatron-rank*.pt files).",
             show_default=False,
         ),
     ],

@@ -477,7 +477,9 @@ def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> 
     """`roll train rlvr` on a tiny Qwen3-MoE with actor_train.backend megatron, EP=2 (2
     ranks), hf inference: the weight sync streams per-expert checkpoint names into the hf
     model's fused expert tensors, so the behaviour log-probs equal the trainer's; the KL
-    reference runs on the same EP=2 layout."""
+    reference runs on the same EP=2 layout. actor_train offloads its optimizer, grads and
+    params between the colocated turns (CPU: both roles share the host): the bytes move every
+    turn and the reloaded weights still give the trainer's log-probs."""
     import json
 
     model = tiny_qwen3_moe(tmp_path / "moe")
@@ -487,7 +489,9 @@ def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> 
         "trainer.max_steps=2", "rollout.prompts_per_step=4", "rollout.n=4",
         "eval.every_steps=null", "eval.max_samples=8", "actor_train.backend=megatron",
         "actor_train.world_size=2", "actor_train.megatron.ep=2", "actor_train.packing=false",
-        "actor_train.num_threads=1", "trainer.micro_batch_size=8", "--run-id", "mgt-moe",
+        "actor_train.num_threads=1", "trainer.micro_batch_size=8",
+        "actor_train.offload.optimizer=true", "actor_train.offload.grads=true",
+        "actor_train.offload.params=true", "--run-id", "mgt-moe",
         timeout=900,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -498,6 +502,8 @@ def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> 
     assert len(diffs) == 2 and max(diffs) < 1e-5, diffs
     # grpo's KL: the reference is the frozen megatron twin with EP=2, the starting policy
     assert steps[0]["actor/kl_loss"] < 1e-7, steps[0]
+    assert all(s["offload/actor_train_bytes"] > 0 for s in steps), steps
+    assert all(s["reload/actor_train_bytes"] > 0 for s in steps), steps
 
 
 @pytest.mark.slow
