@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from roll_core.convert.archs import LEGACY_EXPERT_NAMES, LOCAL_NAMES, KeyMap
+from roll_core.convert.archs import LEGACY_EXPERT_NAMES, LOCAL_NAMES, KeyMap, args_from_dims
+from roll_core.convert.tensors import merge_tp
 from roll_core.errors import CheckpointError, UsageError
 
 RANK_FILE = "megatron-rank{rank:05d}.pt"
@@ -164,6 +165,9 @@ class RollReader:
             self.ranks.append((RankPlace.from_dict(state["place"]), state["model"]))
         self.dims = dims_of(self.hf_config, self.tp)
         self.num_layers = self.dims.num_layers
+        from roll_core.convert.convert import plan  # convert.py imports this module
+
+        self._keys = {k.mcore: k for k, _, _ in plan(self.dims)}
         self._names = [[set(m) for m in model] for _, model in self.ranks]
 
     def _check_files(self, world: int) -> None:
@@ -191,18 +195,13 @@ class RollReader:
     def args(self) -> dict[str, Any]:
         """Megatron-LM-style args describing the model (what `mcore_to_hf` reads the shape
         from)."""
-        from roll_core.convert.archs import args_from_dims
-
         dtype = str(self.read("embedding.word_embeddings.weight").dtype).removeprefix("torch.")
         return args_from_dims(self.dims, tp=self.tp, pp=self.pp, ep=self.ep, dtype=dtype,
                               transformer_impl="local", divisible_by=VOCAB_DIVISIBLE_BY)  # fmt: skip
 
     def read(self, name: str, layer: int | None = None, expert: int | None = None) -> torch.Tensor:
         """The global Megatron tensor ``name`` (of ``layer``, ``expert``), merged over TP."""
-        from roll_core.convert.convert import plan
-        from roll_core.convert.tensors import merge_tp
-
-        key = next(k for k, _, _ in plan(self.dims) if k.mcore == name)
+        key = self._keys[name]
         parts: dict[int, torch.Tensor] = {}
         for (place, model), names in zip(self.ranks, self._names, strict=True):
             if not place.owns(key):

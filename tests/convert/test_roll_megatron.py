@@ -134,3 +134,20 @@ def test_a_checkpoint_without_places_says_what_to_do(ckpt: Path, tmp_path: Path)
 def test_arch_does_not_apply(ckpt: Path, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--arch qwen2 does not apply"):
         mcore_to_hf(ckpt, tmp_path / "out", arch="qwen2")
+
+
+def test_a_damaged_rank_file_is_named(ckpt: Path, tmp_path: Path) -> None:
+    """One byte changed inside a tensor's data: the zip container's CRC names the file."""
+    import zipfile
+
+    path = ckpt / "megatron-rank00001.pt"
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    head = info.header_offset  # the local header: name and extra lengths at bytes 26 and 28
+    start = head + 30 + int.from_bytes(raw[head + 26 : head + 28], "little")
+    start += int.from_bytes(raw[head + 28 : head + 30], "little")
+    raw[start + info.file_size // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"megatron-rank00001\.pt is damaged"):
+        mcore_to_hf(ckpt, tmp_path / "out")
