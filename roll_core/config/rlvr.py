@@ -271,14 +271,15 @@ class TrainOffloadConfig(Strict):
 
     optimizer: OffloadSwitch = Field(
         default="auto",
-        description="AdamW moments (and ZeRO's fp32 master partitions) to CPU memory after "
-        "the update; back before the next one. Costs two copies of the optimizer state per "
-        "step.",
+        description="AdamW moments (and ZeRO's fp32 master partitions; megatron: its "
+        "distributed optimizer's shard) to CPU memory after the update; back before the next "
+        "one. Costs two copies of the optimizer state per step.",
     )
     grads: OffloadSwitch = Field(
         default="auto",
         description="Release the gradients the update left (each step starts from zero "
-        "gradients, so nothing is copied; ZeRO-3's flat gradient buffer is copied).",
+        "gradients, so nothing is copied; ZeRO-3's flat gradient buffer and megatron DDP's "
+        "gradient buffers are copied).",
     )
     params: OffloadSwitch = Field(
         default="auto",
