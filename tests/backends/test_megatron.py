@@ -5,8 +5,10 @@ Each layout is one launch of its ranks (a subprocess each, through a real Cluste
 ActorTrain, as a pipeline builds it); within it: two SFT steps and one RL (policy-gradient)
 step give the torch backend's losses, gradients (layouts without data parallelism: the
 distributed optimizer keeps only a shard of the reduced gradient) and weights within 1e-5;
-log-probs match; the HF export (`final/`) equals the trained weights; a checkpoint resumes bit
-for bit. The global batch has 8 rows of unequal length (padding inside micro-batches, an
+log-probs match; an offload of optimizer, grads and params after the first step frees every
+byte and changes no number; the HF export (`final/`) equals the trained weights; `roll convert
+mcore2hf` on the layout's own checkpoint equals `final/` bit for bit (a partial or mixed one is
+an error naming the file); a checkpoint resumes bit for bit. The global batch has 8 rows of unequal length (padding inside micro-batches, an
 uneven token-balanced split over the ranks).
 
 Costs (2 shared cores, load ~1.5-3): 18-21 s per 2-rank layout, 39 s for the 4-rank one,
@@ -14,6 +16,9 @@ Costs (2 shared cores, load ~1.5-3): 18-21 s per 2-rank layout, 39 s for the 4-r
 several minutes on a busy machine: it runs only with ROLL_TEST_MEGATRON_8=1. The PP=2 layout
 also launches the frozen reference's 2 ranks; the rlvr run into vLLM (megatron, vLLM and a
 critic in one launch) took 117 s at load 6-10 (75 s at load 6 without the critic).
+At load 10-18 (2026-11-27, with the offload and convert checks): EP=2 121 s, TP=2 67 s, PP=2
+112 s, the 4-rank layout 118 s, the 8-rank one 205 s; `roll sft` on the MoE with EP=2 plus
+`roll convert` twice 111 s; the MoE rlvr run with offload 222 s.
 """
 
 from __future__ import annotations
