@@ -98,3 +98,31 @@ def test_unknown_mode_is_an_error() -> None:
         on_policy_distill_advantages(
             teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=MASK, mode="tok"
         )
+
+
+def test_the_grpo_presets_loss_turns_each_advantage_into_its_gradient() -> None:
+    """What the `grpo` preset does with the distillation advantage (token mode): one update on
+    fresh samples, so the PPO ratio is exactly 1 and its clip never binds (the loss is the
+    plain policy gradient / importance-sampling loss of the sources), and seq-mean-token-mean
+    divides token t of response i by (tokens of i) x (responses). No group normalisation."""
+    from roll_core.algorithms.policy_losses import policy_loss
+
+    student = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
+    teacher = torch.tensor([[-3.0, -1.0], [-4.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv, _ = on_policy_distill_advantages(
+        teacher_log_probs=teacher, student_log_probs=student, response_mask=mask
+    )
+    # calc: A = teacher - student = [[-2, +1], [-4, 0 (padding)]]
+    assert adv.tolist() == [[-2.0, 1.0], [-4.0, 0.0]]
+    log_probs = student.clone().requires_grad_(True)
+    loss, metrics = policy_loss("ppo", log_probs=log_probs, old_log_probs=student,
+                                advantages=adv, response_mask=mask,
+                                agg_mode="seq-mean-token-mean", clip_low=0.2, clip_high=0.2)  # fmt: skip
+    loss.backward()
+    # calc: d loss / d logp = -A / (len_i * 2): row 0: 2/4 = 0.5, -1/4 = -0.25; row 1: 4/2 = 2
+    # (a gradient step lowers the log-prob of the tokens the teacher finds less likely)
+    assert log_probs.grad.tolist() == [[0.5, -0.25], [2.0, 0.0]]
+    # calc: loss = -(mean(-2, 1) + mean(-4)) / 2 = -(-0.5 - 4) / 2 = 2.25
+    assert float(loss) == pytest.approx(2.25)
+    assert metrics["actor/clipfrac"] == 0.0
