@@ -124,5 +124,5 @@ def test_the_grpo_presets_loss_turns_each_advantage_into_its_gradient() -> None:
     # (a gradient step lowers the log-prob of the tokens the teacher finds less likely)
     assert log_probs.grad.tolist() == [[0.5, -0.25], [2.0, 0.0]]
     # calc: loss = -(mean(-2, 1) + mean(-4)) / 2 = -(-0.5 - 4) / 2 = 2.25
-    assert float(loss) == pytest.approx(2.25)
+    assert float(loss.detach()) == pytest.approx(2.25)
     assert metrics["actor/clipfrac"] == 0.0
