@@ -26,7 +26,11 @@ from roll_core.config.on_policy_distill import OnPolicyDistillConfig
 from roll_core.data import encode_prompt
 from roll_core.models import load_causal_lm, load_tokenizer
 from roll_core.models.builtin import materialize_builtin
-from roll_core.pipelines.on_policy_distill import teacher_log_probs, teacher_prompts
+from roll_core.pipelines.on_policy_distill import (
+    teacher_distributions,
+    teacher_log_probs,
+    teacher_prompts,
+)
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.scheduler import Prompt, Sample
 from roll_core.workers.reference import Reference
@@ -44,9 +48,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(materialize_builtin("tiny-qwen3", tmp_path_factory.mktemp("models")))
 
 
-def sampled_batch(path: str, temperature: float) -> tuple[object, list[Prompt], object]:
+def sampled_batch(
+    path: str, temperature: float, *, in_vocab: bool = False
+) -> tuple[object, list[Prompt], object]:
     """Three responses sampled from the model (the last ends with EOS, the others are cut),
-    in the rollout batch layout (right-padded)."""
+    in the rollout batch layout (right-padded). The untrained model also samples ids beyond
+    the tokenizer's 259 (its embedding has 320 rows); `in_vocab` replaces those by '1' (mode
+    full's distributions cover the tokenizer's ids only)."""
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device=torch.device("cpu"), dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(0)
@@ -59,6 +67,8 @@ def sampled_batch(path: str, temperature: float) -> tuple[object, list[Prompt], 
                 logits = model(torch.tensor([ids])).logits[0, -1] / temperature
                 ids.append(int(torch.multinomial(logits.softmax(-1), 1, generator=gen)))
         response = ids[len(p.prompt_ids) :]
+        if in_vocab:
+            response = [x if x < len(tok) else tok.convert_tokens_to_ids("1") for x in response]
         if i == 2:
             response[-1] = tok.eos_token_id  # an EOS token is scored like any other
         prompts.append(p)
@@ -149,3 +159,38 @@ def test_the_students_own_path_as_teacher_gives_zero_kl_and_advantages(model_dir
     assert float(adv.abs().max()) < 1e-6
     assert abs(metrics["distill/reverse_kl"]) < 1e-6
 
+
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_full_mode_distributions_sit_at_the_sampled_positions(model_dir, top_k) -> None:
+    """mode full: the teacher's whole next-token distribution (privileged prompt, so moved
+    back) at each response position, against the unpadded forward; top_k: the k largest
+    log-probs in order, then the log of the rest."""
+    batch, prompts, tok = sampled_batch(model_dir, 1.0, in_vocab=True)
+    opd = OnPolicyDistillConfig(teacher={"context_key": "answer"}, mode="full", top_k=top_k)
+    contexts = teacher_prompts(opd, prompts, prompt_key="prompt",
+                               encode=lambda text: encode_prompt(tok, text), source="rows")  # fmt: skip
+    vocab = len(tok)
+    got = teacher_distributions(batch, {"teacher": teacher(model_dir)}, opd, contexts,
+                                pad_id=tok.pad_token_id, temperature=1.0, vocab_size=vocab)  # fmt: skip
+    model = load_causal_lm(model_dir, device=torch.device("cpu"), dtype=torch.float32).eval()
+    t = batch.tensors
+    for i, p in enumerate(prompts):
+        head, r, start = (
+            contexts["teacher"][i],
+            int(t["response_lengths"][i]),
+            len(p.prompt_ids) - 1,
+        )
+        response = t["input_ids"][i, start + 1 : start + 1 + r].tolist()
+        with torch.no_grad():
+            logits = model(torch.tensor([head + response])).logits[0, :, :vocab]
+        want = torch.log_softmax(logits.float(), -1)[len(head) - 1 : len(head) - 1 + r]
+        dist = got["teacher_dist_logprobs"][i, start : start + r]
+        if top_k is None:
+            assert torch.allclose(dist, want, atol=1e-5)
+        else:
+            values, ids = want.topk(top_k, dim=-1)
+            assert torch.allclose(dist[:, :top_k], values, atol=1e-5)
+            assert got["teacher_dist_ids"][i, start : start + r].tolist() == ids.tolist()
+            rest = 1 - values.exp().sum(-1)
+            assert torch.allclose(dist[:, top_k].exp(), rest, atol=1e-5)
+        assert got["teacher_dist_logprobs"][i, :start].abs().sum() == 0
