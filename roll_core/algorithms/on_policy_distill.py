@@ -38,10 +38,11 @@ sample the exact reverse KL of the two next-token distributions,
 
     KL_t = sum_v q_student(v | x, y_<t) (log q_student(v | ...) - log p_teacher(v | ...)),
 
-is added to the loss (:func:`full_reverse_kl`, aggregated as the policy loss is), and the
+is added to the loss (:func:`full_divergence`, aggregated as the policy loss is), and the
 gradient does not flow through the sampling (as in GKD). ``top_k`` (roll's departure, as in
 ``roll distill``) groups both distributions into the teacher's k most likely tokens plus one
 tail bucket: a lower bound of the full divergence, exact when the tail is negligible.
+``divergence: forward_kl | jsd`` (GKD's other divergences) replace the reverse KL there.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from typing import Literal
 
 import torch
 
-from roll_core.algorithms.distill import reverse_kl, student_log_probs
+from roll_core.algorithms.distill import DIVERGENCES, student_log_probs
 
 DistillMode = Literal["token", "sequence", "full"]
 DISTILL_MODES: tuple[str, ...] = ("token", "sequence", "full")
@@ -75,7 +76,7 @@ def on_policy_distill_advantages(
     advantages and ``distill/...`` metrics: ``reverse_kl`` (the masked token mean of
     student - teacher log-prob, the k1 estimate of KL(student || teacher) per token),
     ``teacher_log_prob`` (masked mean) and ``kl_advantage_abs_max``. ``mode: full`` puts no
-    reverse-KL term into the advantages (its signal is :func:`full_reverse_kl` in the loss):
+    reverse-KL term into the advantages (its signal is :func:`full_divergence` in the loss):
     only the task part remains, and the metrics are the same.
     """
     if mode not in DISTILL_MODES:
@@ -104,12 +105,16 @@ def on_policy_distill_advantages(
     return advantages * mask, metrics
 
 
-def full_reverse_kl(
+def full_divergence(
     student_logits: torch.Tensor,
     teacher_log_probs: torch.Tensor,
     teacher_ids: torch.Tensor | None = None,
+    *,
+    divergence: str = "reverse_kl",
 ) -> torch.Tensor:
-    """``mode: full``: the exact reverse KL ``KL(q_student || p_teacher)`` per position ``[N]``.
+    """``mode: full``: the divergence of the two next-token distributions per position ``[N]``;
+    ``reverse_kl`` (default) is ``KL(q_student || p_teacher)``, ``forward_kl`` and ``jsd`` (beta
+    0.5) are GKD's other choices (:data:`~roll_core.algorithms.distill.DIVERGENCES`).
 
     ``student_logits`` ``[N, V]`` (already divided by the sampling temperature, with gradient);
     ``teacher_log_probs`` ``[N, K]`` from :func:`~roll_core.algorithms.distill.teacher_targets`
@@ -119,4 +124,4 @@ def full_reverse_kl(
     if teacher_ids is None:
         student_logits = student_logits[:, : teacher_log_probs.shape[-1]]
     student = student_log_probs(student_logits, teacher_ids)
-    return reverse_kl(student, teacher_log_probs.to(student.dtype))
+    return DIVERGENCES.get(divergence)(student, teacher_log_probs.to(student.dtype))

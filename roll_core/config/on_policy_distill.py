@@ -89,6 +89,12 @@ class OnPolicyDistillConfig(Strict):
         "sampled position is added to the loss (GKD, Agarwal et al.; `top_k` bounds the "
         "teacher's share).",
     )
+    divergence: Literal["reverse_kl", "forward_kl", "jsd"] = Field(
+        default="reverse_kl",
+        description="`mode: full` only: the per-position divergence added to the loss: "
+        "`reverse_kl` KL(student || teacher) (the sources' choice), `forward_kl` KL(teacher || "
+        "student), `jsd` (GKD's generalised Jensen-Shannon, beta 0.5).",
+    )
     top_k: int | None = Field(
         default=None,
         gt=0,
@@ -131,6 +137,12 @@ class OnPolicyDistillConfig(Strict):
                 "clip bounds each token's sampled reverse-KL advantage, and mode full has no "
                 "such advantage (it adds the exact per-position reverse KL to the loss): remove "
                 "clip, or use mode token"
+            )
+        if self.mode != "full" and self.divergence != "reverse_kl":
+            raise ValueError(
+                f"divergence {self.divergence!r} needs the whole distributions of mode full; "
+                f"mode {self.mode!r} estimates the reverse KL from the sampled token: set mode: "
+                "full, or remove divergence"
             )
         if self.mode != "full" and self.top_k is not None:
             raise ValueError(

@@ -142,24 +142,25 @@ def _full_distill_term(
     algo: AlgorithmConfig,
     agg: dict[str, Any],
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """`algorithm.on_policy_distill.mode: full`: coef x the exact reverse KL of the student's
-    next-token distributions (``scaled``: the response positions' logits / temperature) to the
+    """`algorithm.on_policy_distill.mode: full`: coef x the exact divergence (reverse KL by
+    default) of the student's next-token distributions (``scaled``: the response positions' logits / temperature) to the
     teacher's (``teacher_dist_*`` of the batch), aggregated as the policy loss is."""
     from roll_core.algorithms import agg_loss
-    from roll_core.algorithms.on_policy_distill import full_reverse_kl
+    from roll_core.algorithms.on_policy_distill import full_divergence
 
     t = mb.tensors
     mask = t["response_mask"]
     ids = t.get("teacher_dist_ids")
-    per_position = full_reverse_kl(
+    opd = algo.on_policy_distill
+    assert opd is not None
+    per_position = full_divergence(
         scaled,
         t["teacher_dist_logprobs"][:, offset:][picked],
         ids[:, offset:][picked] if ids is not None else None,
+        divergence=opd.divergence,
     )
     loss_mat = torch.zeros(mask.shape, dtype=per_position.dtype, device=mask.device)
     loss_mat[:, offset:] = loss_mat[:, offset:].masked_scatter(picked, per_position)
-    opd = algo.on_policy_distill
-    assert opd is not None
     term = opd.coef * agg_loss(
         loss_mat,
         mask,
@@ -169,7 +170,7 @@ def _full_distill_term(
         global_num_seqs=agg["global_num_seqs"],
     )
     mean = float(per_position.detach().sum() / mask.sum().clamp(min=1))
-    return term, {"distill/full_reverse_kl": mean, "actor/distill_loss": float(term.detach())}
+    return term, {"distill/full_divergence": mean, "actor/distill_loss": float(term.detach())}
 
 
 def _response_log_probs(

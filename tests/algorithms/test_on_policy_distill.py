@@ -129,12 +129,12 @@ def test_the_grpo_presets_loss_turns_each_advantage_into_its_gradient() -> None:
 
 
 def test_full_mode_is_the_exact_reverse_kl_of_the_distributions() -> None:
-    from roll_core.algorithms.on_policy_distill import full_reverse_kl
+    from roll_core.algorithms.on_policy_distill import full_divergence
 
     # student q = softmax([0, 0]) = [0.5, 0.5]; teacher p = [0.9, 0.1]
     logits = torch.zeros(1, 2, requires_grad=True)
     teacher = torch.tensor([[0.9, 0.1]]).log()
-    kl = full_reverse_kl(logits, teacher)
+    kl = full_divergence(logits, teacher)
     # calc: 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.5 (-0.587787) + 0.5 (1.609438) = 0.510826
     assert float(kl.detach()) == pytest.approx(0.510826, abs=1e-6)
     kl.sum().backward()
@@ -142,16 +142,19 @@ def test_full_mode_is_the_exact_reverse_kl_of_the_distributions() -> None:
     assert logits.grad.tolist()[0] == pytest.approx([-0.549306, 0.549306], abs=1e-6)
     # the student's logits beyond the shared vocabulary (here id 2) are dropped
     wide = torch.tensor([[0.0, 0.0, 5.0]])
-    assert float(full_reverse_kl(wide, teacher)) == pytest.approx(0.510826, abs=1e-6)
+    assert float(full_divergence(wide, teacher)) == pytest.approx(0.510826, abs=1e-6)
+    # divergence forward_kl: KL(p || q) = 0.9 ln(0.9/0.5) + 0.1 ln(0.1/0.5) = 0.529008 - 0.160944
+    forward = full_divergence(wide, teacher, divergence="forward_kl")
+    assert float(forward) == pytest.approx(0.368064, abs=1e-6)
 
 
 def test_full_mode_with_top_k_groups_the_students_tail_like_the_teachers() -> None:
-    from roll_core.algorithms.on_policy_distill import full_reverse_kl
+    from roll_core.algorithms.on_policy_distill import full_divergence
 
     # student q = [0.5, 0.3, 0.2]; the teacher's top 1 is token 0 (0.8), tail bucket 0.2
     logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
     teacher = torch.tensor([[0.8, 0.2]]).log()
-    kl = full_reverse_kl(logits, teacher, torch.tensor([[0]]))
+    kl = full_divergence(logits, teacher, torch.tensor([[0]]))
     # calc: grouped q = [0.5, 0.5]: 0.5 ln(0.5/0.8) + 0.5 ln(0.5/0.2) = -0.235002 + 0.458145
     assert float(kl) == pytest.approx(0.223144, abs=1e-6)
 

@@ -51,6 +51,8 @@ def test_top_k_and_clip_belong_to_their_own_modes(tmp_path: Path) -> None:
         config(tmp_path, {"teacher": teacher, "mode": "full", "clip": 3.0})
     with pytest.raises(ValidationError, match="top_k bounds the teacher's distributions"):
         config(tmp_path, {"teacher": teacher, "mode": "token", "top_k": 64})
+    with pytest.raises(ValidationError, match="divergence 'jsd' needs the whole distributions"):
+        config(tmp_path, {"teacher": teacher, "divergence": "jsd"})
     cfg = config(tmp_path, {"teacher": teacher, "mode": "full", "top_k": 64})
     assert cfg.algorithm.on_policy_distill.top_k == 64
 
