@@ -11,6 +11,8 @@ adds what the teachers need to the one RL loop (pipelines/rl_loop.py)::
         lp = teacher.log_probs(teacher_batch)       # a frozen Reference worker
         teacher_log_probs[rows] = lp moved to the student's response positions
     advantages = coef * (teacher - student) [+ reward_weight * task advantages]
+    mode full: the teachers' next-token distributions at the same positions go into the batch
+               instead, and the `rl` objective adds coef * their divergence to the loss
 
 A teacher is a frozen one-rank Reference worker on actor_train's rank-0 device (as the KL
 reference, roles.py), built by `build_rl_roles`; it holds no state a checkpoint must keep,
