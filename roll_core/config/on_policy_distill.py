@@ -85,7 +85,7 @@ class OnPolicyDistillConfig(Strict):
         default="token",
         description="`token`: each token's advantage is its own term (Thinking Machines); "
         "`sequence`: every token of a response gets the response's mean term; `full`: no "
-        "advantage, the exact reverse KL of the whole next-token distributions at every "
+        "advantage, the exact `divergence` of the whole next-token distributions at every "
         "sampled position is added to the loss (GKD, Agarwal et al.; `top_k` bounds the "
         "teacher's share).",
     )
@@ -105,7 +105,7 @@ class OnPolicyDistillConfig(Strict):
     coef: float = Field(
         default=1.0,
         gt=0,
-        description="Weight of the reverse-KL advantage (`mode: full`: of the reverse-KL loss).",
+        description="Weight of the reverse-KL advantage (`mode: full`: of the divergence loss).",
     )
     clip: float | None = Field(
         default=None,
@@ -135,7 +135,7 @@ class OnPolicyDistillConfig(Strict):
         if self.mode == "full" and self.clip is not None:
             raise ValueError(
                 "clip bounds each token's sampled reverse-KL advantage, and mode full has no "
-                "such advantage (it adds the exact per-position reverse KL to the loss): remove "
+                "such advantage (it adds the exact per-position divergence to the loss): remove "
                 "clip, or use mode token"
             )
         if self.mode != "full" and self.divergence != "reverse_kl":

@@ -143,8 +143,9 @@ def _full_distill_term(
     agg: dict[str, Any],
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`algorithm.on_policy_distill.mode: full`: coef x the exact divergence (reverse KL by
-    default) of the student's next-token distributions (``scaled``: the response positions' logits / temperature) to the
-    teacher's (``teacher_dist_*`` of the batch), aggregated as the policy loss is."""
+    default) of the student's next-token distributions (``scaled``: the response positions'
+    logits / temperature) to the teacher's (``teacher_dist_*`` of the batch), aggregated as
+    the policy loss is."""
     from roll_core.algorithms import agg_loss
     from roll_core.algorithms.on_policy_distill import full_divergence
 
