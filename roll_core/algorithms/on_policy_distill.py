@@ -25,6 +25,24 @@ Departures, each deliberate:
   that weight: GKD mixes a supervised term instead; the sum of two advantages is ROLL's mix.
 * ``clip`` bounds each token's reverse-KL term to [-clip, clip] (not in the sources; off by
   default): one token the teacher finds impossible can otherwise dominate a batch.
+* The student's term is its log-prob at the sampling temperature, and so is the teacher's
+  (both ``log_softmax(logits / T)``): at T = 1 (the recipes) both are the raw distributions.
+  Thinking Machines' cookbook takes the student's log-probs from the sampler instead.
+* Loss aggregation is the recipe's (the ``grpo`` preset: mean over each response's tokens,
+  then over responses); Thinking Machines sum over tokens. With one update per step the PPO
+  ratio is exactly 1 and its clip never binds: the loss is their importance-sampling loss.
+
+``mode: full`` is GKD as the paper writes it (Agarwal et al., sec. 3, with the reverse KL as
+D and lambda = 1): no sampled estimate, no advantage; at every position of the student's own
+sample the exact reverse KL of the two next-token distributions,
+
+    KL_t = sum_v q_student(v | x, y_<t) (log q_student(v | ...) - log p_teacher(v | ...)),
+
+is added to the loss (:func:`full_divergence`, aggregated as the policy loss is), and the
+gradient does not flow through the sampling (as in GKD). ``top_k`` (roll's departure, as in
+``roll distill``) groups both distributions into the teacher's k most likely tokens plus one
+tail bucket: a lower bound of the full divergence, exact when the tail is negligible.
+``divergence: forward_kl | jsd`` (GKD's other divergences) replace the reverse KL there.
 """
 
 from __future__ import annotations
@@ -33,8 +51,10 @@ from typing import Literal
 
 import torch
 
-DistillMode = Literal["token", "sequence"]
-DISTILL_MODES: tuple[str, ...] = ("token", "sequence")
+from roll_core.algorithms.distill import DIVERGENCES, student_log_probs
+
+DistillMode = Literal["token", "sequence", "full"]
+DISTILL_MODES: tuple[str, ...] = ("token", "sequence", "full")
 
 
 def on_policy_distill_advantages(
@@ -55,10 +75,14 @@ def on_policy_distill_advantages(
     with weight ``reward_weight`` (0: pure distillation; it is not read). Returns the
     advantages and ``distill/...`` metrics: ``reverse_kl`` (the masked token mean of
     student - teacher log-prob, the k1 estimate of KL(student || teacher) per token),
-    ``teacher_log_prob`` (masked mean) and ``kl_advantage_abs_max``.
+    ``teacher_log_prob`` (masked mean) and ``kl_advantage_abs_max``. ``mode: full`` puts no
+    reverse-KL term into the advantages (its signal is :func:`full_divergence` in the loss):
+    only the task part remains, and the metrics are the same.
     """
     if mode not in DISTILL_MODES:
-        raise ValueError(f"unknown on-policy distillation mode {mode!r}; valid: token, sequence")
+        raise ValueError(
+            f"unknown on-policy distillation mode {mode!r}; valid: {', '.join(DISTILL_MODES)}"
+        )
     mask = response_mask.to(teacher_log_probs.dtype)
     log_ratio = (teacher_log_probs - student_log_probs) * mask
     if clip is not None:
@@ -66,7 +90,7 @@ def on_policy_distill_advantages(
     tokens = mask.sum(dim=-1, keepdim=True)
     if mode == "sequence":  # each response's mean term on each of its tokens (0 for empty rows)
         log_ratio = (log_ratio.sum(dim=-1, keepdim=True) / tokens.clamp(min=1)) * mask
-    advantages = coef * log_ratio
+    advantages = coef * log_ratio if mode != "full" else torch.zeros_like(log_ratio)
     if task_advantages is not None and reward_weight != 0.0:
         advantages = advantages + reward_weight * task_advantages * mask
     total = mask.sum().clamp(min=1)
@@ -79,3 +103,25 @@ def on_policy_distill_advantages(
         else 0.0,
     }
     return advantages * mask, metrics
+
+
+def full_divergence(
+    student_logits: torch.Tensor,
+    teacher_log_probs: torch.Tensor,
+    teacher_ids: torch.Tensor | None = None,
+    *,
+    divergence: str = "reverse_kl",
+) -> torch.Tensor:
+    """``mode: full``: the divergence of the two next-token distributions per position ``[N]``;
+    ``reverse_kl`` (default) is ``KL(q_student || p_teacher)``, ``forward_kl`` and ``jsd`` (beta
+    0.5) are GKD's other choices (:data:`~roll_core.algorithms.distill.DIVERGENCES`).
+
+    ``student_logits`` ``[N, V]`` (already divided by the sampling temperature, with gradient);
+    ``teacher_log_probs`` ``[N, K]`` from :func:`~roll_core.algorithms.distill.teacher_targets`
+    at the same temperature: ``K`` the shared vocabulary (the student's logits beyond it are
+    dropped) or, with ``teacher_ids`` ``[N, k]``, the teacher's top k plus its tail bucket
+    (the student's distribution is grouped the same way)."""
+    if teacher_ids is None:
+        student_logits = student_logits[:, : teacher_log_probs.shape[-1]]
+    student = student_log_probs(student_logits, teacher_ids)
+    return DIVERGENCES.get(divergence)(student, teacher_log_probs.to(student.dtype))

@@ -14,8 +14,8 @@ from pydantic import Field, model_validator
 
 from roll_core.config.schema import Strict
 
-DistillModeName = Literal["token", "sequence"]
-_MODES = ("token", "sequence")
+DistillModeName = Literal["token", "sequence", "full"]
+_MODES = ("token", "sequence", "full")
 
 
 class DistillTeacherConfig(Strict):
@@ -83,10 +83,30 @@ class OnPolicyDistillConfig(Strict):
     )
     mode: DistillModeName = Field(
         default="token",
-        description="`token`: each token's advantage is its own term (Agarwal et al., Thinking "
-        "Machines); `sequence`: every token of a response gets the response's mean term.",
+        description="`token`: each token's advantage is its own term (Thinking Machines); "
+        "`sequence`: every token of a response gets the response's mean term; `full`: no "
+        "advantage, the exact `divergence` of the whole next-token distributions at every "
+        "sampled position is added to the loss (GKD, Agarwal et al.; `top_k` bounds the "
+        "teacher's share).",
     )
-    coef: float = Field(default=1.0, gt=0, description="Weight of the reverse-KL advantage.")
+    divergence: Literal["reverse_kl", "forward_kl", "jsd"] = Field(
+        default="reverse_kl",
+        description="`mode: full` only: the per-position divergence added to the loss: "
+        "`reverse_kl` KL(student || teacher) (the sources' choice), `forward_kl` KL(teacher || "
+        "student), `jsd` (GKD's generalised Jensen-Shannon, beta 0.5).",
+    )
+    top_k: int | None = Field(
+        default=None,
+        gt=0,
+        description="`mode: full` only: the teacher sends its k most likely tokens plus one "
+        "bucket for the rest of its mass at each position (as `roll distill`'s `top_k`); null: "
+        "the whole vocabulary (fine for small vocabularies; [tokens, vocab] floats per step).",
+    )
+    coef: float = Field(
+        default=1.0,
+        gt=0,
+        description="Weight of the reverse-KL advantage (`mode: full`: of the divergence loss).",
+    )
     clip: float | None = Field(
         default=None,
         gt=0,
@@ -109,6 +129,28 @@ class OnPolicyDistillConfig(Strict):
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"mode: unknown value {mode!r}; {hint}valid: {', '.join(_MODES)}")
         return data
+
+    @model_validator(mode="after")
+    def _full_only(self) -> OnPolicyDistillConfig:
+        if self.mode == "full" and self.clip is not None:
+            raise ValueError(
+                "clip bounds each token's sampled reverse-KL advantage, and mode full has no "
+                "such advantage (it adds the exact per-position divergence to the loss): remove "
+                "clip, or use mode token"
+            )
+        if self.mode != "full" and self.divergence != "reverse_kl":
+            raise ValueError(
+                f"divergence {self.divergence!r} needs the whole distributions of mode full; "
+                f"mode {self.mode!r} estimates the reverse KL from the sampled token: set mode: "
+                "full, or remove divergence"
+            )
+        if self.mode != "full" and self.top_k is not None:
+            raise ValueError(
+                f"top_k bounds the teacher's distributions of mode full, but mode is "
+                f"{self.mode!r}, which reads only the teacher's log-prob of the sampled token: "
+                "remove top_k, or set mode: full"
+            )
+        return self
 
     @model_validator(mode="after")
     def _some_teacher(self) -> OnPolicyDistillConfig:

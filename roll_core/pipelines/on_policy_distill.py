@@ -11,6 +11,8 @@ adds what the teachers need to the one RL loop (pipelines/rl_loop.py)::
         lp = teacher.log_probs(teacher_batch)       # a frozen Reference worker
         teacher_log_probs[rows] = lp moved to the student's response positions
     advantages = coef * (teacher - student) [+ reward_weight * task advantages]
+    mode full: the teachers' next-token distributions at the same positions go into the batch
+               instead, and the `rl` objective adds coef * their divergence to the loss
 
 A teacher is a frozen one-rank Reference worker on actor_train's rank-0 device (as the KL
 reference, roles.py), built by `build_rl_roles`; it holds no state a checkpoint must keep,
@@ -291,15 +293,41 @@ def teacher_batch(batch: Batch, rows: list[int], prompts: list[list[int] | None]
 def to_student_positions(
     log_probs: torch.Tensor, teacher_prompt_lengths: torch.Tensor, batch: Batch, rows: list[int]
 ) -> torch.Tensor:
-    """Teacher log-probs [len(rows), Tt-1] moved to the rows' response positions in the
-    student's batch; [len(rows), T-1], 0 elsewhere."""
+    """Teacher log-probs [len(rows), Tt-1, ...] (trailing dims: a distribution per position)
+    moved to the rows' response positions in the student's batch; [len(rows), T-1, ...], 0
+    elsewhere."""
     t = batch.tensors
-    out = torch.zeros((len(rows), t["input_ids"].shape[1] - 1), dtype=log_probs.dtype)
+    width = t["input_ids"].shape[1] - 1
+    out = torch.zeros((len(rows), width, *log_probs.shape[2:]), dtype=log_probs.dtype)
     lengths = t["attention_mask"].sum(dim=1)
     for k, i in enumerate(rows):
         r = int(t["response_lengths"][i])
         p, tp = int(lengths[i]) - r, int(teacher_prompt_lengths[k])
         out[k, p - 1 : p - 1 + r] = log_probs[k, tp - 1 : tp - 1 + r]
+    return out
+
+
+Score = Callable[[Cluster, Batch], dict[str, torch.Tensor]]
+
+
+def _scored(batch: Batch, teachers: dict[str, Cluster], opd: OnPolicyDistillConfig,
+            contexts: dict[str, dict[int, list[int]]], *, pad_id: int,
+            score: Score) -> dict[str, torch.Tensor]:  # fmt: skip
+    """`score` of each teacher on its rows (its own prompts where it has privileged context),
+    every field moved back to the batch's target positions [B, T-1, ...]."""
+    out: dict[str, torch.Tensor] = {}
+    for role, rows in teacher_of_rows(opd, list(batch.non_tensors["domain"])).items():
+        ctx = contexts.get(role)
+        if ctx is None and len(rows) == len(batch):  # its own prompts: the batch as it is
+            return score(teachers[role], batch)
+        index = batch.non_tensors["prompt_index"]
+        prompts = [ctx[index[i]] if ctx is not None else None for i in rows]
+        tb, plens = teacher_batch(batch, rows, prompts, pad_id=pad_id)
+        for key, value in score(teachers[role], tb).items():
+            moved = to_student_positions(value, plens, batch, rows)
+            if key not in out:
+                out[key] = torch.zeros((len(batch), *moved.shape[1:]), dtype=moved.dtype)
+            out[key][rows] = moved
     return out
 
 
@@ -314,19 +342,34 @@ def teacher_log_probs(
 ) -> torch.Tensor:
     """Every teacher's log-probs of the sampled tokens of its rows, [B, T-1] in the batch's
     target space (0 outside the responses)."""
-    out = torch.zeros_like(batch.tensors["response_mask"])
-    owners = teacher_of_rows(opd, list(batch.non_tensors["domain"]))
-    for role, rows in owners.items():
-        ctx = contexts.get(role)
-        if ctx is None and len(rows) == len(batch):  # its own prompts: the batch as it is
-            out = teachers[role].log_probs(batch, temperature=temperature)
-            continue
-        index = batch.non_tensors["prompt_index"]
-        prompts = [ctx[index[i]] if ctx is not None else None for i in rows]
-        tb, plens = teacher_batch(batch, rows, prompts, pad_id=pad_id)
-        lp = teachers[role].log_probs(tb, temperature=temperature)
-        out[rows] = to_student_positions(lp, plens, batch, rows)
+
+    def score(teacher: Cluster, b: Batch) -> dict[str, torch.Tensor]:
+        return {"log_probs": teacher.log_probs(b, temperature=temperature)}
+
+    out = _scored(batch, teachers, opd, contexts, pad_id=pad_id, score=score)["log_probs"]
     return out * batch.tensors["response_mask"]
+
+
+def teacher_distributions(
+    batch: Batch,
+    teachers: dict[str, Cluster],
+    opd: OnPolicyDistillConfig,
+    contexts: dict[str, dict[int, list[int]]],
+    *,
+    pad_id: int,
+    temperature: float,
+    vocab_size: int,
+) -> dict[str, torch.Tensor]:
+    """`mode: full`: every teacher's next-token distributions at the response positions of its
+    rows: ``teacher_dist_logprobs`` [B, T-1, K] and, with `top_k`, ``teacher_dist_ids``
+    [B, T-1, k] (Reference.distributions; 0 outside the responses)."""
+
+    def score(teacher: Cluster, b: Batch) -> dict[str, torch.Tensor]:
+        got = teacher.distributions(b, temperature=temperature, top_k=opd.top_k,
+                                    vocab_size=vocab_size)  # fmt: skip
+        return {f"teacher_dist_{k}": v for k, v in got.items()}
+
+    return _scored(batch, teachers, opd, contexts, pad_id=pad_id, score=score)
 
 
 def per_teacher_metrics(batch: Batch, opd: OnPolicyDistillConfig) -> dict[str, float]:
@@ -350,10 +393,12 @@ def distill_advantages(
     contexts: dict[str, dict[int, list[int]]],
     *,
     pad_id: int,
+    vocab_size: int,
 ) -> Callable[[Batch, RLState], dict[str, float]]:
     """The RL loop's advantage hook (`RLHooks.advantages`): the task reward's advantages (rlvr's
     estimator, KL in the reward, overlong shaping), then the teachers' reverse-KL advantages
-    mixed in (algorithms/on_policy_distill.py)."""
+    mixed in (algorithms/on_policy_distill.py); `mode: full` also puts the teachers'
+    distributions into the batch (the `rl` objective adds their reverse KL to the loss)."""
     algo, opd = cfg.algorithm, cfg.algorithm.on_policy_distill
     temperature = cfg.rollout.temperature or 1.0
 
@@ -361,13 +406,24 @@ def distill_advantages(
     # for a group one (rollout.n may be 1); overlong filtering still masks its responses
     task = algo if opd.reward_weight > 0 else algo.model_copy(update={"adv_estimator": "reinforce"})
 
+    def score(batch: Batch) -> None:
+        """`teacher_log_probs` (and in mode full `teacher_dist_*`) into the batch. Mode full
+        runs the teacher twice: its distributions cover the tokenizer's vocabulary only
+        (renormalised there, as the student's are in the loss), while the sampled-token
+        log-probs of the logged reverse KL are over the model's whole output layer, like the
+        student's `old_log_probs`."""
+        t = batch.tensors
+        if opd.mode == "full":
+            t.update(teacher_distributions(batch, teachers, opd, contexts, pad_id=pad_id,
+                                           temperature=temperature, vocab_size=vocab_size))  # fmt: skip
+        t["teacher_log_probs"] = teacher_log_probs(batch, teachers, opd, contexts, pad_id=pad_id,
+                                                   temperature=temperature)  # fmt: skip
+
     def advantages(batch: Batch, state: RLState) -> dict[str, float]:
         metrics = advantages_and_kl(batch, task, state, max_new_tokens=cfg.rollout.max_new_tokens)
         t = batch.tensors
         start = time.perf_counter()
-        t["teacher_log_probs"] = teacher_log_probs(
-            batch, teachers, opd, contexts, pad_id=pad_id, temperature=temperature
-        )
+        score(batch)
         metrics["time/teacher"] = time.perf_counter() - start
         mask = t["response_mask"]
         adv, distill = on_policy_distill_advantages(

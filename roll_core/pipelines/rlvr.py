@@ -434,7 +434,9 @@ def _distill_hook(cfg: RLVRConfig, setup: RLVRSetup, rl: roles.RLRoles) -> Any:
     if cfg.algorithm.on_policy_distill is None:
         return None
     pad = setup.tokenizer.pad_token_id
-    return opd.distill_advantages(cfg, rl.teachers, setup.teacher_prompts, pad_id=pad)
+    return opd.distill_advantages(
+        cfg, rl.teachers, setup.teacher_prompts, pad_id=pad, vocab_size=len(setup.tokenizer)
+    )
 
 
 def _source(

@@ -102,6 +102,10 @@ def rl(
         )
         loss = loss + term
         metrics |= kl_metrics
+    if "teacher_dist_logprobs" in t:  # on-policy distillation, mode full
+        term, distill_metrics = _full_distill_term(scaled, picked, offset, mb, algo, agg)
+        loss = loss + term
+        metrics |= distill_metrics
     if algo.entropy_coef > 0:
         ent = torch.zeros(mask.shape, dtype=scaled.dtype, device=mask.device)
         ent[:, offset:] = ent[:, offset:].masked_scatter(picked, entropy_from_logits(scaled))
@@ -130,6 +134,46 @@ def rl(
     }
 
 
+def _full_distill_term(
+    scaled: torch.Tensor,
+    picked: torch.Tensor,
+    offset: int,
+    mb: Batch,
+    algo: AlgorithmConfig,
+    agg: dict[str, Any],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`algorithm.on_policy_distill.mode: full`: coef x the exact divergence (reverse KL by
+    default) of the student's next-token distributions (``scaled``: the response positions'
+    logits / temperature) to the teacher's (``teacher_dist_*`` of the batch), aggregated as
+    the policy loss is."""
+    from roll_core.algorithms import agg_loss
+    from roll_core.algorithms.on_policy_distill import full_divergence
+
+    t = mb.tensors
+    mask = t["response_mask"]
+    ids = t.get("teacher_dist_ids")
+    opd = algo.on_policy_distill
+    assert opd is not None
+    per_position = full_divergence(
+        scaled,
+        t["teacher_dist_logprobs"][:, offset:][picked],
+        ids[:, offset:][picked] if ids is not None else None,
+        divergence=opd.divergence,
+    )
+    loss_mat = torch.zeros(mask.shape, dtype=per_position.dtype, device=mask.device)
+    loss_mat[:, offset:] = loss_mat[:, offset:].masked_scatter(picked, per_position)
+    term = opd.coef * agg_loss(
+        loss_mat,
+        mask,
+        agg["agg_mode"],
+        max_len=agg["max_len"],
+        global_num_tokens=agg["global_num_tokens"],
+        global_num_seqs=agg["global_num_seqs"],
+    )
+    mean = float(per_position.detach().sum() / mask.sum().clamp(min=1))
+    return term, {"distill/full_divergence": mean, "actor/distill_loss": float(term.detach())}
+
+
 def _response_log_probs(
     logits: torch.Tensor, mb: Batch, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
@@ -152,7 +196,7 @@ def _response_log_probs(
     return scaled, picked, offset, log_probs
 
 
-LOSS_SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss"})
+LOSS_SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/distill_loss"})
 """Metrics of `rl` that are the micro-batch's share of a global loss term (not means over
 the micro-batch): summed over micro-batches as they are."""
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from roll_core.algorithms.distill import teacher_targets
 from roll_core.backends.train import get_train_backend
 from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.backends.train.packing import (
@@ -19,6 +20,7 @@ from roll_core.backends.train.packing import (
     model_forward,
     pad_log_probs,
     rope_module,
+    scatter_rows,
 )
 from roll_core.backends.train.torch_backend import resolve_device, token_log_probs
 from roll_core.data import Batch
@@ -112,3 +114,38 @@ class Reference(Worker):
             ids = mb.tensors["input_ids"]
             out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
         return pad_log_probs(out, batch)
+
+    @dispatch("dp", collect="concat")
+    @torch.no_grad()
+    def distributions(
+        self, batch: Batch, *, temperature: float, top_k: int | None, vocab_size: int
+    ) -> dict[str, torch.Tensor]:
+        """On-policy distillation's `mode: full`: the next-token distributions at every
+        response position of ``batch`` (``response_mask``; 0 elsewhere): ``logprobs``
+        ``[B, T-1, K]`` and, with ``top_k``, ``ids`` ``[B, T-1, k]``, as
+        :func:`~roll_core.algorithms.distill.teacher_targets` groups them (logits beyond
+        ``vocab_size``, the shared tokenizer's size, dropped). The plain-model form only."""
+        if self.backend is not None:
+            raise NotImplementedError("a sharded reference computes sampled-token log-probs only")
+        parts: dict[str, list[tuple[list[int], torch.Tensor]]] = {}
+        for rows, mb in micro_batches(
+            batch, micro_batch_size=self.micro_batch_size, max_tokens=self.max_tokens,
+            packed=self.packing,
+        ):  # fmt: skip
+            mb = mb.to(self.device)
+            mask = mb.tensors["response_mask"].bool()
+            logits = model_forward(
+                self.model, mb, self.device, packing=self.packing, rope=self._rope,
+                vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
+                varlen=self._varlen,
+            ).logits  # fmt: skip
+            picked = logits[:, :-1, :vocab_size][mask]
+            logp, ids = teacher_targets(picked, temperature=temperature, top_k=top_k)
+            for key, value in {"logprobs": logp, "ids": ids}.items():
+                if value is None:
+                    continue
+                dense = torch.zeros((*mask.shape, value.shape[-1]), dtype=value.dtype)
+                dense[mask.cpu()] = value.cpu()
+                parts.setdefault(key, []).append((rows, dense))
+        width = batch.tensors["input_ids"].shape[1] - 1
+        return {key: scatter_rows(values, len(batch), width) for key, values in parts.items()}

@@ -98,3 +98,77 @@ def test_unknown_mode_is_an_error() -> None:
         on_policy_distill_advantages(
             teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=MASK, mode="tok"
         )
+
+
+def test_the_grpo_presets_loss_turns_each_advantage_into_its_gradient() -> None:
+    """What the `grpo` preset does with the distillation advantage (token mode): one update on
+    fresh samples, so the PPO ratio is exactly 1 and its clip never binds (the loss is the
+    plain policy gradient / importance-sampling loss of the sources), and seq-mean-token-mean
+    divides token t of response i by (tokens of i) x (responses). No group normalisation."""
+    from roll_core.algorithms.policy_losses import policy_loss
+
+    student = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
+    teacher = torch.tensor([[-3.0, -1.0], [-4.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv, _ = on_policy_distill_advantages(
+        teacher_log_probs=teacher, student_log_probs=student, response_mask=mask
+    )
+    # calc: A = teacher - student = [[-2, +1], [-4, 0 (padding)]]
+    assert adv.tolist() == [[-2.0, 1.0], [-4.0, 0.0]]
+    log_probs = student.clone().requires_grad_(True)
+    loss, metrics = policy_loss("ppo", log_probs=log_probs, old_log_probs=student,
+                                advantages=adv, response_mask=mask,
+                                agg_mode="seq-mean-token-mean", clip_low=0.2, clip_high=0.2)  # fmt: skip
+    loss.backward()
+    # calc: d loss / d logp = -A / (len_i * 2): row 0: 2/4 = 0.5, -1/4 = -0.25; row 1: 4/2 = 2
+    # (a gradient step lowers the log-prob of the tokens the teacher finds less likely)
+    assert log_probs.grad.tolist() == [[0.5, -0.25], [2.0, 0.0]]
+    # calc: loss = -(mean(-2, 1) + mean(-4)) / 2 = -(-0.5 - 4) / 2 = 2.25
+    assert float(loss.detach()) == pytest.approx(2.25)
+    assert metrics["actor/clipfrac"] == 0.0
+
+
+def test_full_mode_is_the_exact_reverse_kl_of_the_distributions() -> None:
+    from roll_core.algorithms.on_policy_distill import full_divergence
+
+    # student q = softmax([0, 0]) = [0.5, 0.5]; teacher p = [0.9, 0.1]
+    logits = torch.zeros(1, 2, requires_grad=True)
+    teacher = torch.tensor([[0.9, 0.1]]).log()
+    kl = full_divergence(logits, teacher)
+    # calc: 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.5 (-0.587787) + 0.5 (1.609438) = 0.510826
+    assert float(kl.detach()) == pytest.approx(0.510826, abs=1e-6)
+    kl.sum().backward()
+    # calc: dKL/dz_i = q_i (ln(q_i/p_i) - KL): 0.5 (-0.587787 - 0.510826) = -0.549306, +0.549306
+    assert logits.grad.tolist()[0] == pytest.approx([-0.549306, 0.549306], abs=1e-6)
+    # the student's logits beyond the shared vocabulary (here id 2) are dropped
+    wide = torch.tensor([[0.0, 0.0, 5.0]])
+    assert float(full_divergence(wide, teacher)) == pytest.approx(0.510826, abs=1e-6)
+    # divergence forward_kl: KL(p || q) = 0.9 ln(0.9/0.5) + 0.1 ln(0.1/0.5) = 0.529008 - 0.160944
+    forward = full_divergence(wide, teacher, divergence="forward_kl")
+    assert float(forward) == pytest.approx(0.368064, abs=1e-6)
+
+
+def test_full_mode_with_top_k_groups_the_students_tail_like_the_teachers() -> None:
+    from roll_core.algorithms.on_policy_distill import full_divergence
+
+    # student q = [0.5, 0.3, 0.2]; the teacher's top 1 is token 0 (0.8), tail bucket 0.2
+    logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    teacher = torch.tensor([[0.8, 0.2]]).log()
+    kl = full_divergence(logits, teacher, torch.tensor([[0]]))
+    # calc: grouped q = [0.5, 0.5]: 0.5 ln(0.5/0.8) + 0.5 ln(0.5/0.2) = -0.235002 + 0.458145
+    assert float(kl) == pytest.approx(0.223144, abs=1e-6)
+
+
+def test_full_mode_puts_no_reverse_kl_into_the_advantages() -> None:
+    adv, metrics = on_policy_distill_advantages(
+        teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=MASK, mode="full"
+    )
+    assert adv.abs().sum() == 0
+    # the sampled reverse KL is still logged: (-1 + 0 + 1 - 0.5 + 2) / 5 = 0.3
+    assert metrics["distill/reverse_kl"] == pytest.approx(0.3)
+    task = torch.ones_like(MASK)
+    mixed, _ = on_policy_distill_advantages(
+        teacher_log_probs=TEACHER, student_log_probs=STUDENT, response_mask=MASK, mode="full",
+        task_advantages=task, reward_weight=0.5,
+    )  # fmt: skip
+    assert mixed.tolist() == (0.5 * MASK).tolist()

@@ -45,6 +45,18 @@ def test_unknown_mode_suggests_the_close_one(tmp_path: Path) -> None:
         config(tmp_path, {"teacher": {"path": "builtin:tiny-qwen3"}, "mode": "tokens"})
 
 
+def test_top_k_and_clip_belong_to_their_own_modes(tmp_path: Path) -> None:
+    teacher = {"path": "builtin:tiny-qwen3"}
+    with pytest.raises(ValidationError, match="mode full has no such advantage"):
+        config(tmp_path, {"teacher": teacher, "mode": "full", "clip": 3.0})
+    with pytest.raises(ValidationError, match="top_k bounds the teacher's distributions"):
+        config(tmp_path, {"teacher": teacher, "mode": "token", "top_k": 64})
+    with pytest.raises(ValidationError, match="divergence 'jsd' needs the whole distributions"):
+        config(tmp_path, {"teacher": teacher, "divergence": "jsd"})
+    cfg = config(tmp_path, {"teacher": teacher, "mode": "full", "top_k": 64})
+    assert cfg.algorithm.on_policy_distill.top_k == 64
+
+
 def test_a_teacher_identical_to_the_student_without_context_is_refused(tmp_path) -> None:
     with pytest.raises(ValidationError, match="advantage would stay 0"):
         config(tmp_path, {"teacher": {}})

@@ -100,3 +100,24 @@ def test_teachers_score_the_sampled_tokens_and_resume_is_bitwise(roll, tmp_path)
     assert all(torch.equal(a[k], b[k]) for k in a)
     resumed = {r["step"]: r for r in rows(tmp_path / "runs" / "opd-kill")}
     assert resumed[3]["distill/reverse_kl"] == logged[3]["distill/reverse_kl"]
+
+
+def test_full_mode_adds_the_exact_reverse_kl_to_the_loss(roll, tmp_path) -> None:
+    """mode full (GKD's per-position reverse KL of the whole distributions): the math teacher
+    is the student's own weights, so at step 1 its part is 0; the calc teacher (the answer in
+    its prompt) is not, its gradient moves the student (no advantage carries any signal), and
+    the frozen math teacher then disagrees too."""
+    recipe = yaml.safe_load(make_recipe(tmp_path).read_text())
+    recipe["algorithm"]["on_policy_distill"]["mode"] = "full"
+    recipe["trainer"]["max_steps"] = 2
+    path = tmp_path / "full.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    res = roll("train", "rlvr", str(path), "--run-id", "opd-full")
+    assert res.returncode == 0, res.stderr
+    logged = {r["step"]: r for r in rows(tmp_path / "runs" / "opd-full")}
+    first, second = logged[1], logged[2]
+    assert first["distill/teacher_math/reverse_kl"] == 0.0
+    assert first["distill/full_divergence"] > 0  # the calc rows
+    assert first["actor/distill_loss"] > 0
+    assert first["actor/advantage_abs_max"] == 0.0  # the signal is in the loss, not here
+    assert second["distill/teacher_math/reverse_kl"] != 0.0
