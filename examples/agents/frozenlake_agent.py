@@ -157,10 +157,18 @@ async def run(client: Any, task: dict[str, Any]) -> dict[str, Any]:
 
 def expert(task: dict[str, Any], messages: list[dict[str, Any]]) -> Any:
     """The warm start's demonstrations: a uniformly random move (it teaches the call format,
-    not the route), drawn from the task's seed and the turn (``history: lake``: the lake the
-    call shows, as every call has one message), so the warm start is repeatable."""
-    if task.get("history") == "lake":
-        rng = random.Random(f"{task['seed']}:{messages[-1]['content']}")
-    else:
+    not the route), drawn from the task's seed and the turn, so the warm start is repeatable.
+    ``history: lake``: every call has one message, the lake, so the draw is the seed's and the
+    lake's, among the moves that stay on the board (a move into the edge would show the same
+    lake again, draw the same move, and fill the demonstrations with the start state)."""
+    if task.get("history") != "lake":
         rng = random.Random(task["seed"] * 1000 + len(messages))
-    return {"tool_calls": [{"name": "move", "arguments": {"direction": rng.choice(DIRECTIONS)}}]}
+        return _move(rng.choice(DIRECTIONS))
+    rows = str(messages[-1]["content"]).split("/")
+    pos = next((r, row.index("P")) for r, row in enumerate(rows) if "P" in row)
+    moves = [d for d in DIRECTIONS if step(rows, pos, d) != pos]
+    return _move(random.Random(f"{task['seed']}:{messages[-1]['content']}").choice(moves))
+
+
+def _move(direction: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "move", "arguments": {"direction": direction}}]}
