@@ -126,5 +126,13 @@ def test_history_lake_sends_only_the_current_lake_and_scores_zero_one() -> None:
     assert fl.expert(task, [{"role": "user", "content": "PFF/FHF/FFG"}]) == fl.expert(
         task, [{"role": "user", "content": "PFF/FHF/FFG"}]
     )
+    # the expert of history: lake never moves into the edge (from the start: down or right)
+    starts = {
+        fl.expert(fl.make_task(s, history="lake"), [{"content": "PFF/FHF/FFG"}])["tool_calls"][0][
+            "arguments"
+        ]["direction"]
+        for s in range(40)
+    }
+    assert starts == {"down", "right"}
     with pytest.raises(ValueError, match="history is 'conversation' or 'lake'"):
         fl.make_task(0, history="window")
