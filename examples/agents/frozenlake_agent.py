@@ -12,8 +12,9 @@ Partial credit (a reward below 1 that is not a success): an episode that ends on
 ``0.1`` plus ``0.1`` per cell the player stands closer to the goal than the start; a hole, or a
 reply that is not a move, gets 0. So a model that has not found the goal yet still learns that
 a well-formed move beats a broken one, that holes are worse than ice, and which way the goal
-lies. Trained with ``roll train agentic recipes/tiny-frozenlake-agent.yaml``
-(docs/agentic.md, "Bring your own agent"); the same file runs against any OpenAI-compatible
+lies. Trained with ``roll train agentic recipes/tiny-frozenlake-agent.yaml`` (history
+``conversation``) or ``recipes/tiny-frozenlake-agent-lake.yaml`` (history ``lake``, which
+learns; docs/agentic.md, "Bring your own agent"); the same file runs against any OpenAI-compatible
 server: ``run(openai.AsyncOpenAI(base_url=...), make_task(0))``.
 
 Two ways to talk to the model (``history``, an option of the recipe's ``envs[].options``):
