@@ -24,7 +24,7 @@ class EnvEntry(Strict):
         description="Bring your own agent: a module with `async def run(client, task) -> "
         "float` (or a plain `def run`), named package.module:run or path/to/agent.py:run. Each "
         "episode calls run() with an openai client on its own session of the OpenAI-compatible "
-        "endpoint roll serves during rollout (docs/agentic.md). Trajectory mode only.",
+        "endpoint roll serves during rollout (docs/agentic.md).",
     )
     tag: str | None = Field(
         default=None, description="Name in metrics (default: `env`, or the agent's module)."
@@ -169,6 +169,16 @@ class AgenticRolloutConfig(SamplingConfig):
         "roll serves on 127.0.0.1 during rollout (0: any free port; each episode's run() gets "
         "its base URL either way).",
     )
+    agent_history: Literal["segment", "strict"] = Field(
+        default="segment",
+        description="Agent envs: what a call that does not continue the episode's conversation "
+        "gets (one that rewrites or drops earlier messages, e.g. an agent that sends only the "
+        "current state each call, or changes its tools). `segment`: it starts a new training "
+        "segment of the episode, rendered by the chat template as a first call and trained as "
+        "its own sequence with the episode's return (token-in/token-out within each segment). "
+        "`strict`: HTTP 400 naming the first message that differs (one episode, one sequence). "
+        "The run's metric rollout/segments_per_episode counts them (docs/agentic.md).",
+    )
     turn_barrier: bool = Field(
         default=False,
         description="Lockstep baseline for comparisons: every episode waits for all others at "
@@ -273,12 +283,6 @@ class AgenticConfig(RLConfig):
             raise ValueError(
                 "rollout.turn_barrier (the lockstep baseline) cannot run with "
                 "rollout.async_generation_ratio > 0; use one or the other"
-            )
-        agents = [e.name for e in self.envs if e.agent is not None]
-        if agents and self.rollout.mode == "step":
-            raise ValueError(
-                f"envs {agents} are agent programs, which run in rollout.mode: trajectory only "
-                "(an agent's calls are one conversation, trained as one sequence)"
             )
         if self.rollout.mode == "trajectory":
             rows = self.rollout.group_size * sum(e.groups_per_step for e in self.envs)

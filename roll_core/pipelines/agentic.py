@@ -445,6 +445,7 @@ def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
         seed=cfg.seed,
         endpoint_port=r.endpoint_port,
         served_model=cfg.model.path,
+        agent_history=r.agent_history,
     )
 
 
@@ -577,6 +578,7 @@ def _agent_demo(
         max_new_tokens=cfg.rollout.max_new_tokens,
         max_context=setup.max_context,
         timeout=timeout,
+        history=cfg.rollout.agent_history,
     )
 
 

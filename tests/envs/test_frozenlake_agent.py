@@ -11,6 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,9 +51,11 @@ class ScriptedClient:
         return SimpleNamespace(choices=[SimpleNamespace(message=message)])
 
 
-def play(lake: list[str], moves: list[str | None]) -> tuple[dict[str, Any], ScriptedClient]:
+def play(
+    lake: list[str], moves: list[str | None], **options: Any
+) -> tuple[dict[str, Any], ScriptedClient]:
     client = ScriptedClient(moves)
-    task = {"seed": 0, "lake": lake, "max_turns": 4}
+    task = {"seed": 0, "lake": lake, "max_turns": 4, **options}
     return asyncio.run(fl.run(client, task)), client
 
 
@@ -104,3 +108,31 @@ def test_expert_is_a_random_move_repeatable_per_seed_and_turn() -> None:
     }
     assert moves == set(fl.DIRECTIONS)
     assert fl.expert(task, [{}]) == fl.expert(task, [{}])
+
+
+def test_history_lake_sends_only_the_current_lake_and_scores_zero_one() -> None:
+    opts = {"history": "lake", "partial_credit": False, "max_turns": 6}
+    result, client = play(LAKE, ["right", "up", "right", "down", "down"], **opts)
+    assert result == {"reward": 1.0, "success": True}
+    # every call is one user message: the lake as it is now (the up move hit the edge)
+    assert client.sent == [
+        [{"role": "user", "content": lake}]
+        for lake in ["PFF/FHF/FFG", "SPF/FHF/FFG", "SPF/FHF/FFG", "SFP/FHF/FFG", "SFF/FHP/FFG"]
+    ]
+    # on the ice after the last move: 0 without partial credit (0.3 with it)
+    assert play(LAKE, ["down", "down"], **{**opts, "max_turns": 2})[0]["reward"] == 0.0
+    assert abs(play(LAKE, ["down", "down"], max_turns=2)[0]["reward"] - 0.3) < 1e-9
+    task = fl.make_task(4, history="lake")
+    assert fl.expert(task, [{"role": "user", "content": "PFF/FHF/FFG"}]) == fl.expert(
+        task, [{"role": "user", "content": "PFF/FHF/FFG"}]
+    )
+    # the expert of history: lake never moves into the edge (from the start: down or right)
+    starts = {
+        fl.expert(fl.make_task(s, history="lake"), [{"content": "PFF/FHF/FFG"}])["tool_calls"][0][
+            "arguments"
+        ]["direction"]
+        for s in range(40)
+    }
+    assert starts == {"down", "right"}
+    with pytest.raises(ValueError, match="history is 'conversation' or 'lake'"):
+        fl.make_task(0, history="window")

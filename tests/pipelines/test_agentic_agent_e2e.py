@@ -49,3 +49,31 @@ def test_agent_without_run_fails_before_a_run_exists(roll, tmp_path: Path) -> No
     assert "agent module" in res.stderr and "has no function 'run'" in res.stderr
     assert "play" in res.stderr  # the functions it does have
     assert not (tmp_path / "runs" / "x").exists()
+
+
+def test_agent_with_context_management_trains_segments_step_wise(roll, tmp_path: Path) -> None:
+    """recipes/tiny-frozenlake-agent-lake.yaml: the FrozenLake agent sends only the current lake
+    each call, so each call is its own segment, trained step-wise (GiGPO)."""
+    data = yaml.safe_load((ROOT / "recipes/tiny-frozenlake-agent-lake.yaml").read_text())
+    data["runs_dir"] = str(tmp_path / "runs")
+    data["envs"][0].update(
+        agent=str(ROOT / "examples/agents/frozenlake_agent.py") + ":run",
+        groups_per_step=1,
+        eval_episodes=2,
+    )
+    data["rollout"].update(group_size=2, chat_template=str(ROOT / data["rollout"]["chat_template"]))
+    data["warm_start"].update(steps=1, episodes_per_step=2)
+    data["trainer"]["max_steps"] = 1
+    data["eval"]["every_steps"] = 1
+    data["tracking"]["backends"] = ["jsonl"]
+    path = tmp_path / "lake.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    res = roll("train", "agentic", str(path), "--run-id", "lk", timeout=240)
+    assert res.returncode == 0, res.stderr + res.stdout
+    logged = [json.loads(x) for x in (tmp_path / "runs/lk/metrics.jsonl").read_text().splitlines()]
+    [step] = [r for r in logged if r["step"] == 1]
+    assert step["rollout/env_errors"] == 0 and step["rollout/env_timeouts"] == 0
+    # every call sends only the lake: one segment per call (a continuing call would append)
+    assert step["rollout/segments_per_episode"] == step["rollout/episode_length"]
+    assert step["perf/samples"] == round(2 * step["rollout/episode_length"])  # a row per call
+    assert step["train_infer/logprob_diff_max"] < 1e-3

@@ -185,7 +185,13 @@ def session(tok: Any, endpoint: AgentEndpoint, **kw: Any) -> tuple[AgentSession,
         return completion(tok, turn, prompt)
 
     s = AgentSession(
-        Trajectory("calc", 0, 0, 0), ChatFormat(tok), generate, 80, kw.get("ctx", 512), "m"
+        Trajectory("calc", 0, 0, 0),
+        ChatFormat(tok),
+        generate,
+        80,
+        kw.get("ctx", 512),
+        "m",
+        history=kw.get("history", "segment"),
     )
     client = openai.OpenAI(base_url=endpoint.open(s), api_key="x", max_retries=0)
     return s, client
@@ -203,7 +209,7 @@ def tools() -> list[dict[str, Any]]:
 def test_tool_calls_logprobs_and_models_round_trip(tok: Any) -> None:
     endpoint = AgentEndpoint(port=0, model="builtin:tiny-qwen3")
     try:
-        s, client = session(tok, endpoint)
+        s, client = session(tok, endpoint, history="strict")
         assert [m.id for m in client.models.list()] == ["builtin:tiny-qwen3"]
         messages: list[Any] = [{"role": "user", "content": "12*34"}]
         out = client.chat.completions.create(
@@ -226,7 +232,7 @@ def test_tool_calls_logprobs_and_models_round_trip(tok: Any) -> None:
             and s.traj.turns[1].prompt_ids[: len(s.traj.turns[0].prompt_ids)]
             == s.traj.turns[0].prompt_ids
         )
-        # rewriting history is refused, naming the message
+        # rewriting history is refused (rollout.agent_history: strict), naming the message
         bad = [
             {"role": "user", "content": "99*99"},
             *messages[1:],

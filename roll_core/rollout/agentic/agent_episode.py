@@ -166,6 +166,7 @@ def play_scripted(
     max_new_tokens: int,
     max_context: int,
     timeout: float,
+    history: str = "segment",
 ) -> Trajectory:
     """One episode of the agent outside the rollout router: each call is answered by
     ``respond`` (the warm start's expert, ``roll debug-env``'s model), with log-prob 0."""
@@ -177,7 +178,9 @@ def play_scripted(
         finish = "stop" if ids and ids[-1] == chat.eos_id else "length"
         return Completion(turn, ids, [0.0] * len(ids), finish, -1)
 
-    session = AgentSession(traj, chat, generate, max_new_tokens, max_context, endpoint.model)
+    session = AgentSession(
+        traj, chat, generate, max_new_tokens, max_context, endpoint.model, history=history
+    )
     deadline = time.perf_counter() + timeout
 
     def remaining() -> float:

@@ -54,22 +54,29 @@ def _rows(
 
 
 def trajectory_batch(groups: list[list[Trajectory]], *, pad_id: int) -> Batch:
-    """One row per episode (StarPO)."""
+    """One row per episode (StarPO); an agent episode whose calls did not continue one
+    conversation (``rollout.agent_history: segment``) has one row per segment, each with the
+    episode's return and group."""
     trajs = [t for g in groups for t in g]
-    rows = [(t.trace.ids, t.trace.mask, t.trace.log_probs) for t in trajs]
+    segs = [(t, k, trace) for t in trajs for k, trace in enumerate(t.traces())]
+    rows = [(trace.ids, trace.mask, trace.log_probs) for _, _, trace in segs]
     tensors = _rows(rows, pad_id)
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
+
+    def version(t: Trajectory, k: int) -> int:
+        return min((u.policy_version for u in t.turns if u.segment == k), default=t.min_version)
+
     tensors |= {
-        "scores": torch.tensor([t.episode_return for t in trajs], dtype=torch.float32),
-        "group_ids": torch.tensor([group_index[t.group] for t in trajs], dtype=torch.long),
-        "response_lengths": torch.tensor([sum(t.trace.mask) for t in trajs], dtype=torch.long),
-        "policy_versions": torch.tensor([t.min_version for t in trajs], dtype=torch.long),
+        "scores": torch.tensor([t.episode_return for t, _, _ in segs], dtype=torch.float32),
+        "group_ids": torch.tensor([group_index[t.group] for t, _, _ in segs], dtype=torch.long),
+        "response_lengths": torch.tensor([sum(tr.mask) for _, _, tr in segs], dtype=torch.long),
+        "policy_versions": torch.tensor([version(t, k) for t, k, _ in segs], dtype=torch.long),
     }
     return Batch(
         tensors=tensors,
         non_tensors={
-            "env_tag": [t.tag for t in trajs],
-            **vision_fields([t.trace.vision() for t in trajs]),
+            "env_tag": [t.tag for t, _, _ in segs],
+            **vision_fields([tr.vision() for _, _, tr in segs]),
         },
         meta={},
     )
@@ -141,8 +148,10 @@ def episode_metrics(trajs: list[Trajectory], *, prefix: str) -> dict[str, float]
         out[f"{p}invalid_action_rate"] = sum(not turn.action_is_valid for turn in turns) / max(
             1, len(turns)
         )
-        out[f"{p}tokens_per_trajectory"] = sum(len(t.trace.ids) for t in ts) / n
-        out[f"{p}generated_tokens_per_trajectory"] = sum(sum(t.trace.mask) for t in ts) / n
+        traces = [tr for t in ts for tr in t.traces()]
+        out[f"{p}tokens_per_trajectory"] = sum(len(tr.ids) for tr in traces) / n
+        out[f"{p}generated_tokens_per_trajectory"] = sum(sum(tr.mask) for tr in traces) / n
+        out[f"{p}segments_per_episode"] = len(traces) / n
         out[f"{p}turn_generate_s"] = gen / max(1, len(turns))
         out[f"{p}turn_env_s"] = env / max(1, len(turns))
         out[f"{p}env_time_share"] = env / max(1e-9, gen + env)

@@ -7,12 +7,20 @@ the env path builds one (token-in/token-out, :mod:`.chat`):
 
 * the first ``POST /chat/completions`` renders its ``messages`` (and ``tools``, OpenAI function
   format, through the chat template's ``tools=``) into the first prompt;
-* every later call must send the same conversation back: the earlier messages, the assistant
-  message this endpoint returned, then either tool results (``tool`` messages) or one user
-  message. Its prompt is the trace so far (prompt ids + generated ids) plus the template's ids
-  for the new messages only; nothing is re-rendered, so what is trained is exactly what the
-  model was given plus what it generated. A call that rewrites earlier messages, changes the
-  tools or starts another conversation is refused (HTTP 400, the message says what differs);
+* a later call that continues the conversation (the earlier messages, the assistant message
+  this endpoint returned, then either tool results (``tool`` messages) or one user message):
+  its prompt is the trace so far (prompt ids + generated ids) plus the template's ids for the
+  new messages only; nothing is re-rendered, so what is trained is exactly what the model was
+  given plus what it generated;
+* a later call that does not continue it (it rewrites or drops earlier messages, e.g. an agent
+  that sends only the system prompt and the current state each call, changes the tools, or
+  starts another conversation): with ``history="segment"`` (``rollout.agent_history``, the
+  default) it starts a new *segment* of the episode: the current trace is closed
+  (``Trajectory.segments``) and the call is rendered as a first call. Each segment is trained
+  as its own sequence (its prompt + generated ids, token-in/token-out within it) with the
+  episode's return. With ``history="strict"`` it is refused (HTTP 400, the message says what
+  differs). Every turn's ``state_key`` is its prompt ids (hashed): step-level credit (GiGPO)
+  treats calls of a group that saw the same prompt as the same state;
 * the response carries the model's native tool calls (``message.tool_calls``, read by the
   ``hermes`` parser of :mod:`roll_core.envs.tool_parsers`) and, with ``logprobs: true``, the
   behaviour log-prob of every generated token. A call that names a tool the request did not
@@ -29,10 +37,12 @@ no web framework is needed for two routes on the loopback interface.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import secrets
 import threading
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -79,6 +89,7 @@ class AgentSession:
     context_full: bool = False
     closed: bool = False
     request: list[Any] = field(default_factory=list)  # the messages of the call being served
+    history: str = "segment"  # a call that does not continue: new segment | strict: HTTP 400
 
     # ---- one call ------------------------------------------------------------------------------
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -117,49 +128,63 @@ class AgentSession:
     ) -> list[int]:
         keys = [_key(m) for m in messages]
         tools_key = json.dumps(tools, sort_keys=True) if tools else None
-        if not self.messages:  # the first call: the template renders the whole conversation
-            self.tool_names = frozenset(str(t["function"]["name"]) for t in tools or [])
-            if tools:
-                self._check_tools(tools)
-            ids = self.chat.prompt([m["render"] for m in messages], tools)
-            self.tools_key, self.messages = tools_key, keys
-            self.traj.trace.add_context(ids)
-            return list(self.traj.trace.ids)
+        if self.messages:
+            problem = self._not_continued(messages, keys, tools_key)
+            if problem is None:  # the conversation goes on: append the new messages' ids
+                ids = self._continuation(messages[len(self.messages) :])
+                self.messages = keys
+                self.traj.trace.add_context(ids)
+                return list(self.traj.trace.ids)
+            if self.history == "strict":
+                raise EndpointError(400, problem)
+            self.traj.new_segment()  # history "segment": this call starts a new sequence
+            self.after_eos = False
+        # the first call of a segment: the template renders the whole conversation
+        self.tool_names = frozenset(str(t["function"]["name"]) for t in tools or [])
+        if tools and tools_key != self.tools_key:
+            self._check_tools(tools)
+        ids = self.chat.prompt([m["render"] for m in messages], tools)
+        self.tools_key, self.messages = tools_key, keys
+        self.traj.trace.add_context(ids)
+        return list(self.traj.trace.ids)
+
+    def _not_continued(
+        self, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]], tools_key: str | None
+    ) -> str | None:
+        """Why this call does not continue the segment's conversation (None: it does)."""
         if tools_key != self.tools_key:
-            raise EndpointError(
-                400,
-                "the tools differ from the first call of this episode; "
-                "one episode is one conversation with one set of tools.",
+            return (
+                "the tools differ from the first call of this episode; with "
+                "rollout.agent_history: strict one episode is one conversation with one set "
+                "of tools."
             )
         n = len(self.messages)
         if keys[:n] != self.messages:
             pairs = enumerate(zip(keys, self.messages, strict=False))
             k = next((i for i, (a, b) in pairs if a != b), len(keys))
-            raise EndpointError(400, _rewrite_message(k, keys, self.messages))
-        new = messages[n:]
-        if not new or new[-1]["role"] not in ("tool", "user"):
-            raise EndpointError(
-                400,
-                "a call must add tool results or a user message after the "
-                "assistant's last answer (got "
-                f"{[m['role'] for m in new] or 'nothing new'}).",
+            return _rewrite_message(k, keys, self.messages)
+        roles = [m["role"] for m in messages[n:]]
+        if not roles or roles[-1] not in ("tool", "user"):
+            return (
+                "a call must add tool results or a user message after the assistant's last "
+                f"answer (got {roles or 'nothing new'})."
             )
+        if not all(r == "tool" for r in roles) and len(roles) != 1:
+            return (
+                "after the assistant's last answer a call adds either tool results or one "
+                f"user message, not {roles}."
+            )
+        return None
+
+    def _continuation(self, new: list[dict[str, Any]]) -> list[int]:
+        """The template's ids for the messages a continuing call adds (tool results, or one
+        user message) after the assistant's last answer."""
         if all(m["role"] == "tool" for m in new):
             results = [
                 ToolResult(m["render"].get("name", ""), m["content"], m.get("call_id")) for m in new
             ]
-            ids = self.chat.tool_message(results, after_eos=self.after_eos)
-        elif len(new) == 1:
-            ids = self.chat.env_message(new[0]["content"], after_eos=self.after_eos)
-        else:
-            raise EndpointError(
-                400,
-                "after the assistant's last answer a call adds either tool "
-                f"results or one user message, not {[m['role'] for m in new]}.",
-            )
-        self.messages = keys
-        self.traj.trace.add_context(ids)
-        return list(self.traj.trace.ids)
+            return self.chat.tool_message(results, after_eos=self.after_eos)
+        return self.chat.env_message(new[0]["content"], after_eos=self.after_eos)
 
     def _check_tools(self, tools: list[dict[str, Any]]) -> None:
         from roll_core.data.chat import tool_support_problem
@@ -215,7 +240,8 @@ class AgentSession:
                 policy_version=completion.policy_version,
                 action=str(message.get("content") or ""),
                 reward=0.0,
-                state_key="",
+                state_key=prompt_key(prompt),
+                segment=len(self.traj.segments),
                 action_is_valid=valid,
                 gen_s=gen_s,
                 env_s=env_s,
@@ -258,6 +284,12 @@ class AgentSession:
                 "total_tokens": n_prompt + n_gen,
             },
         }
+
+
+def prompt_key(prompt: list[int]) -> str:
+    """A turn's state for step-level credit (GiGPO's anchor): its prompt ids, hashed, so calls
+    of one group that saw exactly the same prompt are the same state."""
+    return hashlib.blake2b(array("q", prompt).tobytes(), digest_size=12).hexdigest()
 
 
 # ---- messages ------------------------------------------------------------------------------------

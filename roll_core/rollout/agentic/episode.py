@@ -47,6 +47,7 @@ class Turn:
     gen_s: float
     env_s: float
     vision: VisionInputs | None = None  # the images of prompt_ids (vision-language models)
+    segment: int = 0  # agent episodes: the training segment of the trace this turn is in
 
 
 @dataclass
@@ -58,7 +59,8 @@ class Trajectory:
     seed: int
     index: int  # launch order within the group
     turns: list[Turn] = field(default_factory=list)
-    trace: TokenTrace = field(default_factory=TokenTrace)
+    trace: TokenTrace = field(default_factory=TokenTrace)  # the current (last) segment
+    segments: list[TokenTrace] = field(default_factory=list)  # earlier segments (agent calls)
     status: str = "running"  # done | truncated | context | error | timeout | cancelled
     success: bool = False
     episode_return: float = 0.0
@@ -69,6 +71,17 @@ class Trajectory:
     def ok(self) -> bool:
         """Ended on its own (terminated, truncated, or out of context): usable for training."""
         return self.status in ("done", "truncated", "context")
+
+    def traces(self) -> list[TokenTrace]:
+        """Every training segment's trace, in order: one for an env episode; an agent episode
+        whose calls did not continue one conversation has one per conversation
+        (``rollout.agent_history: segment``, :mod:`.endpoint`)."""
+        return [*self.segments, self.trace]
+
+    def new_segment(self) -> None:
+        """Close the current trace and start an empty one (a call that starts over)."""
+        self.segments.append(self.trace)
+        self.trace = TokenTrace()
 
     @property
     def min_version(self) -> int:
@@ -102,6 +115,7 @@ class RolloutSettings:
     seed: int = 0
     endpoint_port: int = 0  # agent envs: the OpenAI-compatible endpoint's port (0: any free)
     served_model: str = "policy"  # agent envs: the model name GET /v1/models lists
+    agent_history: str = "segment"  # agent envs: segment | strict (endpoint.py)
 
 
 def window_prompt(

@@ -422,6 +422,7 @@ class EnvRolloutManager:
                     max_new_tokens=ep.params.max_new_tokens,
                     max_context=s.max_context,
                     model=s.served_model,
+                    history=s.agent_history,
                 )
                 play_agent_episode(
                     ep.traj,
