@@ -549,6 +549,15 @@ def accuracy(model: str, rows: list[dict], threads: int, new_tokens: int = NEW_T
     return right / len(rows)
 
 
+def accuracy_in_child(model: str, rows: list[dict], threads: int, new_tokens: int) -> float:
+    """`accuracy` in its own process: the driver stays small, so the arms it starts later do
+    not inherit its resident memory in their peak (`ru_maxrss` counts the parent's pages a
+    forked child starts with; the long setting's greedy evaluation holds gigabytes)."""
+    spec = {"model": model, "rows": rows, "threads": threads, "new_tokens": new_tokens}
+    stdout, _ = run([sys.executable, __file__, "--accuracy-worker", json.dumps(spec)], threads)
+    return float(stdout.strip().splitlines()[-1])
+
+
 HEADER = (
     f"{'seed':>4} {'roll c/s':>9} {'TRL c/s':>8} {'ratio':>6} {'CPU ratio':>9} "
     f"{'roll MiB':>8} {'TRL MiB':>8} {'roll acc':>8} {'TRL acc':>8}   "
@@ -580,7 +589,7 @@ def mean_row(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
 
 def run_cell(cell: Cell, a: argparse.Namespace, python: Path, model: Path, test: list) -> list:
     """Both arms of `cell` for every seed, printed as they finish; the (roll, TRL) results."""
-    work = a.work / cell.name.replace(" ", "-")
+    work = a.work / cell.name.replace(" / ", "-").replace(" ", "-")
     work.mkdir(parents=True)
     print(f"\n== {cell.name} (load average {os.getloadavg()[0]:.1f})\n{HEADER}", flush=True)
     runs = []
@@ -592,7 +601,7 @@ def run_cell(cell: Cell, a: argparse.Namespace, python: Path, model: Path, test:
         order = ["roll", "trl"] if k % 2 == 0 else ["trl", "roll"]
         got = {name: arms[name]() for name in order}
         for name in got:
-            got[name]["accuracy"] = accuracy(
+            got[name]["accuracy"] = accuracy_in_child(
                 str(got[name]["model"]), test, a.threads, cell.new_tokens
             )
         runs.append((got["roll"], got["trl"]))
@@ -646,9 +655,13 @@ def main() -> None:
     ap.add_argument("--micro", nargs="+", type=int, help="short: 32 128; long: TRL's rows")
     ap.add_argument("--group", nargs="+", type=int, help="short: 8 16; long: 4")
     ap.add_argument("--trl-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--accuracy-worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.trl_worker:
         return trl_worker(json.loads(a.trl_worker))
+    if a.accuracy_worker:
+        spec = json.loads(a.accuracy_worker)
+        return print(accuracy(spec["model"], spec["rows"], spec["threads"], spec["new_tokens"]))
     cells = matrix(a)
     python = ensure_trl_venv()
     long = a.length == "long"
@@ -657,7 +670,7 @@ def main() -> None:
     a.work.mkdir(parents=True)
     data = cells[0].data
     test = [json.loads(x) for x in (data / "test.jsonl").read_text().splitlines()][: a.eval_rows]
-    start = accuracy(str(model), test, a.threads, cells[0].new_tokens)
+    start = accuracy_in_child(str(model), test, a.threads, cells[0].new_tokens)
     print(f"start model accuracy: {start:.3f} ({len(test)} test prompts)", flush=True)
     results = []
     for cell in cells:
