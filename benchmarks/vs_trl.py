@@ -36,8 +36,8 @@ like roll; the first version left TRL's default, checkpointing on).
   alone would be in the prompt). Data written to .cache/bench-vs-trl-long/data.
 * Step: 8 completions (2 prompts x 4), max_new_tokens 512, lr 1e-5, otherwise the short
   setting's hyper-parameters.
-* Each arm's own settings for throughput (not swept; both keep a forward near 2,200 tokens,
-  which bounds the [tokens, 151,936] logits on a 23 GiB machine shared with other jobs): roll
+* Each arm's own settings for throughput (not swept; each bounds the [tokens, 151,936] logits
+  of one forward on a 23 GiB machine shared with other jobs): roll
   packs the update into micro-batches of at most 4,096 real tokens (`actor_train.packing`,
   `max_tokens_per_micro_batch`: no padding), its LM head on response positions only and its
   log-softmax chunked, bf16 autocast, generation on its `hf` engine (one call of 8 requests a
@@ -615,7 +615,7 @@ def matrix(a: argparse.Namespace) -> list[Cell]:
     """The cells of the flags, each flag's default that of `--length` where left out."""
     long = a.length == "long"
     short_default = {"precision": ["fp32", "bf16"], "ckpt": ["off", "on"], "micro": [32, 128]}
-    # long: one cell, each arm's own settings (docstring): ~2,200 tokens a forward in both
+    # long: one cell, each arm's own settings (docstring)
     long_default = {"precision": ["bf16"], "ckpt": ["off"], "micro": [4], "group": [4]}
     defaults = long_default if long else {**short_default, "group": [8, 16]}
     for key, value in defaults.items():
