@@ -19,8 +19,8 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("roll-cache")
 
 
-@pytest.fixture
-def cli_env(cache_dir: Path) -> dict[str, str]:
+def make_cli_env(cache_dir: Path) -> dict[str, str]:
+    """The environment every `roll` subprocess of the tests runs in."""
     env = dict(os.environ)
     env.update(
         ROLL_CACHE_DIR=str(cache_dir),
@@ -35,8 +35,7 @@ def cli_env(cache_dir: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def roll(cli_env: dict[str, str]):
+def make_roll(cli_env: dict[str, str]):
     """`roll(*args)` runs the installed `roll` console script and captures its output."""
 
     def run(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None):
@@ -53,33 +52,50 @@ def roll(cli_env: dict[str, str]):
 
 
 @pytest.fixture
+def cli_env(cache_dir: Path) -> dict[str, str]:
+    return make_cli_env(cache_dir)
+
+
+@pytest.fixture
+def roll(cli_env: dict[str, str]):
+    """`roll(*args)` runs the installed `roll` console script and captures its output."""
+    return make_roll(cli_env)
+
+
+def write_tiny_recipe(directory: Path, **sections: object) -> Path:
+    """Write a small, fast SFT recipe (runs under directory/runs) into directory/recipe.yaml;
+    keyword args replace top-level sections."""
+    import yaml
+
+    recipe = {
+        "pipeline": "sft",
+        "name": "tiny-test",
+        "seed": 0,
+        "runs_dir": str(directory / "runs"),
+        "model": {"path": "builtin:tiny-qwen3"},
+        "data": {
+            "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 512},
+            "eval": {"path": str(ROOT / "data/tiny-arith/test.jsonl"), "max_rows": 32},
+            "max_length": 64,
+        },
+        "trainer": {"max_steps": 12, "micro_batch_size": 8, "grad_accum_steps": 2},
+        "actor_train": {"num_threads": 1, "optim": {"lr": 3.0e-3, "warmup_steps": 2}},
+        "eval": {"every_steps": 6, "exact_match": True, "batch_size": 16, "max_new_tokens": 4},
+        "checkpoint": {"every_steps": 4, "keep_last": 3},
+        "tracking": {"backends": ["console", "jsonl"]},
+    }
+    recipe.update(sections)
+    path = directory / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+@pytest.fixture
 def tiny_recipe(tmp_path: Path):
     """Write a small, fast SFT recipe into tmp_path; keyword args replace top-level sections."""
 
     def make(**sections: object) -> Path:
-        import yaml
-
-        recipe = {
-            "pipeline": "sft",
-            "name": "tiny-test",
-            "seed": 0,
-            "runs_dir": str(tmp_path / "runs"),
-            "model": {"path": "builtin:tiny-qwen3"},
-            "data": {
-                "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 512},
-                "eval": {"path": str(ROOT / "data/tiny-arith/test.jsonl"), "max_rows": 32},
-                "max_length": 64,
-            },
-            "trainer": {"max_steps": 12, "micro_batch_size": 8, "grad_accum_steps": 2},
-            "actor_train": {"num_threads": 1, "optim": {"lr": 3.0e-3, "warmup_steps": 2}},
-            "eval": {"every_steps": 6, "exact_match": True, "batch_size": 16, "max_new_tokens": 4},
-            "checkpoint": {"every_steps": 4, "keep_last": 3},
-            "tracking": {"backends": ["console", "jsonl"]},
-        }
-        recipe.update(sections)
-        path = tmp_path / "recipe.yaml"
-        path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-        return path
+        return write_tiny_recipe(tmp_path, **sections)
 
     return make
 

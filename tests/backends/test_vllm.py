@@ -1,6 +1,7 @@
 """The `vllm` infer backend on vLLM's CPU build: behaviour log-probs against a transformers
 recomputation, per-request seeds, stop strings, top-k, prefix continuation and in-place
-bucketed weight sync. One engine serves the whole module (starting one costs ~20-60 s)."""
+bucketed weight sync. One engine serves the whole module (starting one costs ~20-60 s): the
+session's request-mode engine of tests/backends/conftest.py, shared with test_vllm_engine.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from roll_core.backends.infer import Request, SamplingParams, make_infer_backend
 from roll_core.backends.train.base import TrainBackendSpec
 from roll_core.errors import ConfigError
-from roll_core.models import load_causal_lm, materialize_builtin
+from roll_core.models import load_causal_lm
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(
@@ -43,18 +44,15 @@ def test_unknown_backend_lists_vllm() -> None:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(materialize_builtin("tiny-qwen3", tmp_path_factory.mktemp("cache")))
+def model_dir(vllm_model_dir: str) -> str:
+    return vllm_model_dir
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir: str):
-    torch.set_num_threads(1)
-    backend = make_infer_backend(
-        "vllm", model_path=model_dir, num_threads=1, dtype="float32", sync_bucket_mb=1
-    )
-    yield backend
-    backend.close()  # type: ignore[attr-defined]
+def engine(vllm_request):
+    """The session's request-mode engine (tests/backends/conftest.py), shared with
+    test_vllm_engine.py: one engine start instead of two."""
+    return vllm_request.handles[0].worker.backend
 
 
 @pytest.fixture(scope="module")

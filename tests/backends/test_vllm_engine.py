@@ -4,9 +4,10 @@ vLLM's CPU build: the same tokens and behaviour log-probs, requests answered as 
 abort with partial responses, pause/resume, weight sync, many threads through ActorInfer,
 and an engine that dies.
 
-Engine starts are slow on 2 cores (~30 s each): the batch engine runs once for the reference
-outputs and is closed; one request-mode engine (set up by a real ActorInfer on a local
-Cluster) serves every other test; the death test starts its own."""
+Engine starts are slow on 2 cores (~30 s each): the session's batch engine
+(tests/backends/conftest.py, shared with test_vllm_engine_batch.py) gives the reference
+outputs; the session's request-mode engine (a real ActorInfer on a local Cluster, shared with
+test_vllm.py) serves every other test; the death test starts its own."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 
 from roll_core.backends.infer import Request, SamplingParams, make_infer_backend
 from roll_core.errors import ConfigError
-from roll_core.models import load_causal_lm, materialize_builtin
+from roll_core.models import load_causal_lm
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(
@@ -33,6 +34,7 @@ OTHER = [257, *b"Name a colour.", 258, 257, *b"assistant\n"]
 LONG = 400  # greedy on the tiny model repeats one token and never stops: a long request
 SAMPLED = SamplingParams(max_new_tokens=12, temperature=0.7)
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0)
+# the death test's own engine: the options of the shared engines (tests/backends/conftest.py)
 OPTS = dict(num_threads=1, dtype="float32", sync_bucket_mb=1, cpu_kv_cache_gb=0.25)
 
 
@@ -215,44 +217,29 @@ def test_the_bridge_fails_waiting_calls_when_the_engine_dies_or_closes(bridge) -
         bridge.submit(3, None, _sampling())
 
 
-# ---- one batch engine for the reference, one request engine for the rest --------------------
+# ---- the session's batch engine for the reference, its request engine for the rest ---------
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(materialize_builtin("tiny-qwen3", tmp_path_factory.mktemp("cache")))
+def model_dir(vllm_model_dir: str) -> str:
+    return vllm_model_dir
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir: str) -> dict:
+def reference(vllm_batch) -> dict:
     """Today's path (`vllm.LLM`, whole lists): the outputs request mode must reproduce."""
-    torch.set_num_threads(1)
-    batch = make_infer_backend("vllm", model_path=model_dir, serving="batch", **OPTS)
-    try:
-        # the fixed-batch mode answers lists only, and says so
-        with pytest.raises(ConfigError, match="built with serving='batch'"):
-            batch.generate_request(sampled_requests()[0], SAMPLED)  # type: ignore[attr-defined]
-        return {
-            "sampled": batch.generate(sampled_requests(), SAMPLED),
-            "greedy": batch.generate(greedy_requests(), GREEDY),
-            "long": batch.generate([long_request(0)], long_params())[0],
-        }
-    finally:
-        batch.close()  # type: ignore[attr-defined]
+    # the fixed-batch mode answers lists only, and says so
+    with pytest.raises(ConfigError, match="built with serving='batch'"):
+        vllm_batch.generate_request(sampled_requests()[0], SAMPLED)
+    return {
+        "sampled": vllm_batch.generate(sampled_requests(), SAMPLED),
+        "greedy": vllm_batch.generate(greedy_requests(), GREEDY),
+        "long": vllm_batch.generate([long_request(0)], long_params())[0],
+    }
 
 
 @pytest.fixture(scope="module")
-def infer(model_dir: str, reference: dict):
+def infer(vllm_request, reference: dict):
     """A real ActorInfer rank on a local Cluster; its backend serves the module."""
-    from roll_core.engine import Cluster
-    from roll_core.engine.executors import LocalExecutor
-    from roll_core.workers.actor_infer import ActorInfer
-
-    executor = LocalExecutor()
-    kwargs = {"backend": "vllm", "backend_kwargs": {"model_path": model_dir, **OPTS}}
-    cluster = Cluster("actor_infer", ActorInfer, executor, worker_kwargs=kwargs)
-    cluster.setup()
-    yield cluster
-    cluster.handles[0].worker.backend.close()
-    executor.shutdown()
+    return vllm_request
 
 
 @pytest.fixture(scope="module")

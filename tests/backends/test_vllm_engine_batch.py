@@ -1,14 +1,13 @@
 """The engine tests of tests/backends/test_vllm.py (behaviour log-probs, seeds, top-k, stop
 strings, prefix continuation, the `driver` and data-plane weight syncs) run again on the
 fixed-batch mode, ``serving="batch"`` (``vllm.LLM``); test_vllm.py itself runs them on the
-default, request mode (``AsyncLLM``). Same tests, same tolerances, one engine for the module."""
+default, request mode (``AsyncLLM``). Same tests, same tolerances, one engine for the module
+(the session's batch engine, tests/backends/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from roll_core.backends.infer import make_infer_backend
 from tests.backends import test_vllm as base
 
 model_dir = base.model_dir
@@ -16,19 +15,10 @@ hf = base.hf
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir: str):
-    torch.set_num_threads(1)
-    backend = make_infer_backend(
-        "vllm",
-        model_path=model_dir,
-        num_threads=1,
-        dtype="float32",
-        sync_bucket_mb=1,
-        serving="batch",
-    )
-    assert type(backend.llm).__name__ == "LLM"  # type: ignore[attr-defined]
-    yield backend
-    backend.close()  # type: ignore[attr-defined]
+def engine(vllm_batch):
+    """The session's batch-mode engine (tests/backends/conftest.py, ``vllm.LLM``), which also
+    gives test_vllm_engine.py its reference outputs: one engine start instead of two."""
+    return vllm_batch
 
 
 test_behaviour_logprobs_equal_transformers = base.test_behaviour_logprobs_equal_transformers

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.conftest import make_cli_env, make_roll
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "tiny-arith-rlvr.yaml")
@@ -43,10 +46,19 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
 
 
-def test_ppo_preset_trains_actor_and_critic(roll, tmp_path: Path) -> None:
-    res = roll("train", "rlvr", RECIPE, *small(tmp_path, 2), "--run-id", "ppo-00")
+@pytest.fixture(scope="module")
+def two_steps(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-step PPO run for the module: the preset test reads it, the resume test resumes a
+    copy of it (the same run was launched once by each)."""
+    directory = tmp_path_factory.mktemp("ppo")
+    roll = make_roll(make_cli_env(cache_dir))
+    res = roll("train", "rlvr", RECIPE, *small(directory, 2), "--run-id", "ppo-b")
     assert res.returncode == 0, res.stderr
-    run = tmp_path / "runs" / "ppo-00"
+    return directory / "runs" / "ppo-b"
+
+
+def test_ppo_preset_trains_actor_and_critic(two_steps: Path) -> None:
+    run = two_steps
     logged = rows(run)
     assert [r["step"] for r in logged] == [0, 1, 2]
     for r in logged[1:]:
@@ -71,12 +83,11 @@ def test_ppo_preset_trains_actor_and_critic(roll, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ppo_resume_is_exact(roll, tmp_path: Path) -> None:
+def test_ppo_resume_is_exact(roll, two_steps: Path, tmp_path: Path) -> None:
     """3 steps straight == 2 steps, then `roll resume` to 3: actor and critic bit for bit."""
     straight = roll("train", "rlvr", RECIPE, *small(tmp_path, 3), "--run-id", "ppo-a")
     assert straight.returncode == 0, straight.stderr
-    first = roll("train", "rlvr", RECIPE, *small(tmp_path, 2), "--run-id", "ppo-b")
-    assert first.returncode == 0, first.stderr
+    shutil.copytree(two_steps, tmp_path / "runs" / "ppo-b")  # the 2-step run, resumed here
     resumed = roll("resume", "ppo-b", "trainer.max_steps=3", "--runs-dir", str(tmp_path / "runs"))
     assert resumed.returncode == 0, resumed.stderr
     a, b = tmp_path / "runs" / "ppo-a", tmp_path / "runs" / "ppo-b"

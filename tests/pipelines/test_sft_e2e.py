@@ -7,6 +7,7 @@ middle of a checkpoint save) and resumed must end with the same bytes as a run n
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.conftest import make_cli_env, make_roll, write_tiny_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -41,15 +44,18 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert torch.equal(a[k].view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8)), k
 
 
-@pytest.fixture
-def baseline(roll, tiny_recipe, tmp_path: Path) -> Path:
-    recipe = tiny_recipe()
-    res = roll("sft", str(recipe), "--run-id", "base-line-00")
+@pytest.fixture(scope="module")
+def baseline(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted 12-step run for the whole module (it was run once per test): the tests
+    only read it; the one that damages a checkpoint works on its own copy."""
+    directory = tmp_path_factory.mktemp("baseline")
+    recipe = write_tiny_recipe(directory)
+    res = make_roll(make_cli_env(cache_dir))("sft", str(recipe), "--run-id", "base-line-00")
     assert res.returncode == 0, res.stderr
-    return tmp_path / "runs" / "base-line-00"
+    return directory / "runs" / "base-line-00"
 
 
-def test_sft_run_layout_and_hf_export(baseline: Path, roll, tmp_path: Path) -> None:
+def test_sft_run_layout_and_hf_export(baseline: Path, roll) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     assert steps_logged(baseline) == list(range(1, 13))
@@ -63,7 +69,7 @@ def test_sft_run_layout_and_hf_export(baseline: Path, roll, tmp_path: Path) -> N
     model = AutoModelForCausalLM.from_pretrained(baseline / "final")
     tok = AutoTokenizer.from_pretrained(baseline / "final")
     assert model.config.model_type == "qwen3" and tok.eos_token == "<|im_end|>"
-    listing = roll("runs", "--runs-dir", str(tmp_path / "runs"))
+    listing = roll("runs", "--runs-dir", str(baseline.parent))
     assert (
         listing.returncode == 0
         and "base-line-00" in listing.stdout
@@ -129,9 +135,10 @@ def test_kill_during_checkpoint_save(baseline, roll, tiny_recipe, cli_env, tmp_p
 
 
 def test_damaged_checkpoint_falls_back(baseline, roll, tmp_path: Path) -> None:
-    # Corrupt the newest checkpoint of the finished baseline and resume it: it must fall back
-    # to step 8, redo steps 9-12 and end with the same weights.
+    # Corrupt the newest checkpoint of (a copy of) the finished baseline and resume it: it must
+    # fall back to step 8, redo steps 9-12 and end with the same weights.
     before = final_weights(baseline)
+    baseline = Path(shutil.copytree(baseline, tmp_path / "runs" / baseline.name))
     weights = baseline / "checkpoints" / "step-000012" / "actor_train" / "rank-0" / "optimizer.pt"
     weights.write_bytes(b"garbage")
     res = roll("resume", "base-line-00", "--runs-dir", str(tmp_path / "runs"))
