@@ -21,9 +21,10 @@ router's futures, which both executors provide.
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,6 +172,10 @@ class _StepRun:
         self.groups: dict[int, list[Sample]] = {}
         self.kept: list[tuple[int, list[Sample]]] = []
         self.futures: dict[Future, tuple[str, Any]] = {}
+        # Finished futures in completion order: one queue put per future, where waiting on
+        # every pending future after each completion cost O(pending) each (~10-40 ms a step
+        # for 128 samples on a loaded 2-core CPU).
+        self.done: queue.SimpleQueue[Future] = queue.SimpleQueue()
         self.pulled = 0
         self.extra = 0
         self.dropped = 0
@@ -214,8 +219,12 @@ class _StepRun:
             ]
         submitted = time.time()
         for (request, prompt, group), future in zip(pulled, futures, strict=True):
-            self.futures[future] = ("gen", (request, prompt, group, submitted))
+            self._track(future, ("gen", (request, prompt, group, submitted)))
         return len({g for _, _, g in pulled})
+
+    def _track(self, future: Future, tag: tuple[str, Any]) -> None:
+        self.futures[future] = tag
+        future.add_done_callback(self.done.put)
 
     # ---- completions --------------------------------------------------------------------------
     def _on_generated(
@@ -235,7 +244,7 @@ class _StepRun:
         )
         self.samples += 1
         self.pending_rewards += 1
-        self.futures[self.s.rewards.submit(self._score, sample)] = ("reward", sample)
+        self._track(self.s.rewards.submit(self._score, sample), ("reward", sample))
 
     def _score(self, sample: Sample) -> Sample:
         sample.timing["reward_start"] = time.time()
@@ -266,13 +275,12 @@ class _StepRun:
         start = time.time()
         self._pull_prompts(self.s.prompts_per_step)
         while self.futures:
-            done, _ = wait(list(self.futures), return_when=FIRST_COMPLETED)
-            for future in done:
-                kind, payload = self.futures.pop(future)
-                if kind == "gen":
-                    self._on_generated(future, *payload)
-                else:
-                    self._on_scored(_result(future))
+            future = self.done.get()
+            kind, payload = self.futures.pop(future)
+            if kind == "gen":
+                self._on_generated(future, *payload)
+            else:
+                self._on_scored(_result(future))
         # Keep groups in prompt order (not completion order) so a step is reproducible.
         kept = [g for _, g in sorted(self.kept, key=lambda kg: kg[0])][: self.s.prompts_per_step]
         return RolloutResult(groups=kept, metrics=self._metrics(kept, time.time() - start))
