@@ -15,7 +15,10 @@ only in how the rollout runs:
   while training), no redundancy;
 * ``async-redundant``: env-level async + ``redundant_groups: 2`` (2 whole groups launched
   per step beyond the 4 needed; the first to finish are kept) + ``async_generation_ratio: 1``
-  (episodes keep running while training, freshness bound 1 version per trajectory).
+  (episodes keep running while training, freshness bound 1 version per trajectory);
+* ``async-redundant-tis``: ``async-redundant`` + ``algorithm.rollout_correction: {preset:
+  token_tis}`` (each token weighted by min(pi_old / pi_behaviour, 2): the stale turns'
+  behaviour policy corrected). Not in the default arms; name it in ``--arms``.
 
 It prints episodes trained per second from the start of the first training step to the end
 of the last (model loading and process start excluded, the async pipeline's fill included),
@@ -160,6 +163,15 @@ ARMS: dict[str, dict[str, Any]] = {
         "async_generation_ratio": 1,
         "redundant_groups": 2,
     },
+    "async-redundant-tis": {
+        "turn_barrier": False,
+        "async_generation_ratio": 1,
+        "redundant_groups": 2,
+    },
+}
+# algorithm keys an arm adds to the recipe's (the rollout keys above differ per arm)
+ARM_ALGORITHM: dict[str, dict[str, Any]] = {
+    "async-redundant-tis": {"rollout_correction": {"preset": "token_tis"}},
 }
 
 
@@ -184,6 +196,7 @@ def recipe(
     data["name"] = f"bench-agentic-{task}-{arm}"
     data["runs_dir"] = str(tmp / "runs")
     data["rollout"].update(ARMS[arm])
+    data.setdefault("algorithm", {}).update(ARM_ALGORITHM.get(arm, {}))
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
