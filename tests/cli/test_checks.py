@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roll_cli.checks import check_recipe, context_warnings, resume_warnings
+from roll_cli.checks import check_recipe, context_warnings, resume_warnings, staleness_warnings
 from roll_core.config import load_recipe
 from roll_core.errors import ConfigError, ModelError
 
@@ -84,3 +84,25 @@ def test_a_gpu_its_role_overflows_alone_is_a_warning(tmp_path: Path) -> None:
     assert "lower trainer.micro_batch_size" in warning
     assert memory_warnings(recipe(tmp_path, "qwen2.5-7b-rlvr.yaml")) == []
     assert memory_warnings(recipe(tmp_path, "tiny-arith-rlvr.yaml")) == []  # no GPU plan
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warns"),
+    [
+        ((), False),  # synchronous: nothing is stale
+        (("rollout.async_generation_ratio=1",), True),
+        (
+            ("rollout.async_generation_ratio=1", "algorithm.rollout_correction.preset=token_tis"),
+            False,
+        ),
+        (("rollout.async_generation_ratio=2", "algorithm.tis_cap=2.0"), False),  # TIS alias
+        (("rollout.async_generation_ratio=1", "algorithm.policy_loss=decoupled_ppo"), False),
+    ],
+)
+def test_stale_samples_without_a_behaviour_correction_warn(
+    tmp_path: Path, overrides: tuple[str, ...], warns: bool
+) -> None:
+    found = staleness_warnings(recipe(tmp_path, "tiny-frozenlake.yaml", *overrides))
+    assert bool(found) == warns, found
+    if warns:
+        assert "algorithm.rollout_correction: {preset: token_tis}" in found[0]
