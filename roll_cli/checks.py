@@ -91,7 +91,8 @@ def staleness_warnings(cfg: Any) -> list[str]:
     probability ratio is taken against the trainer's policy only. Measured on
     tiny-frozenlake (docs/agentic.md, benchmark): `redundant_groups: 2` without a correction
     collapsed in seed 2 (15.6% and 0.4% held-out in two runs, sync 36.7%), with token TIS
-    38.3%."""
+    38.3%. Async recipes get token TIS unless they set `rollout_correction` (config/rlvr.py),
+    so this warns only where the recipe turned it off (`rollout_correction: null`)."""
     rollout, algo = getattr(cfg, "rollout", None), getattr(cfg, "algorithm", None)
     ratio = getattr(rollout, "async_generation_ratio", 0) or 0
     if algo is None or ratio <= 0:
@@ -99,12 +100,12 @@ def staleness_warnings(cfg: Any) -> list[str]:
     if algo.rollout_correction is not None or algo.policy_loss == "decoupled_ppo":
         return []
     return [
-        f"rollout.async_generation_ratio={ratio}: samples up to {ratio} policy version(s) old "
-        "are trained without a behaviour correction (the update's ratio is against the "
-        "trainer's policy only). It can collapse a run (docs/agentic.md, the async benchmark: "
-        "with rollout.redundant_groups, 1 seed of 3 fell to 0-16% held-out while sync kept "
-        "37%). Set algorithm.rollout_correction: {preset: token_tis} (or policy_loss: "
-        "decoupled_ppo)."
+        f"rollout.async_generation_ratio={ratio} with algorithm.rollout_correction: null: "
+        f"samples up to {ratio} policy version(s) old are trained without a behaviour "
+        "correction (the update's ratio is against the trainer's policy only). It can "
+        "collapse a run (docs/agentic.md, the async benchmark: with rollout.redundant_groups, "
+        "1 seed of 3 fell to 0-16% held-out while sync kept 37%). Remove the null to get the "
+        "async default, {preset: token_tis} (or set policy_loss: decoupled_ppo)."
     ]
 
 

@@ -596,7 +596,10 @@ class AlgorithmConfig(Strict):
     rollout_correction: RolloutCorrectionConfig | None = Field(
         default=None,
         description="Train-inference mismatch correction: importance weights and rejection "
-        "(null: off; an empty section logs the mismatch metrics only).",
+        "(null: off; an empty section logs the mismatch metrics only). Unset with "
+        "rollout.async_generation_ratio > 0 (and policy_loss not decoupled_ppo): "
+        "`{preset: token_tis}`, so stale samples are weighted by min(pi_old / pi_behaviour, 2); "
+        "write `rollout_correction: null` to train them uncorrected.",
     )
     on_policy_distill: OnPolicyDistillConfig | None = Field(
         default=None,

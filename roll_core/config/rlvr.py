@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from roll_core.config.algorithm import AlgorithmConfig
+from roll_core.config.algorithm import AlgorithmConfig, RolloutCorrectionConfig
 from roll_core.config.reward import RewardConfig
 from roll_core.config.schema import (
     ActorTrainConfig,
@@ -476,6 +476,24 @@ class RLConfig(RunConfig):
     sync: SyncConfig = Field(
         default_factory=SyncConfig, description="Weight sync actor_train -> actor_infer."
     )
+
+    @model_validator(mode="after")
+    def _async_behaviour_correction(self) -> RLConfig:
+        """Async generation trains samples up to `async_generation_ratio` policy versions
+        old; without a behaviour correction the update's ratio is taken against the
+        trainer's policy only, and a run can collapse (docs/agentic.md: 1 seed of 3 fell to
+        0-16% held-out). So async runs get token TIS (`preset: token_tis`) unless the recipe
+        chose: a `rollout_correction` section (an explicit null keeps it off, with a
+        warning), `tis_cap`, or `policy_loss: decoupled_ppo`."""
+        algo = self.algorithm
+        if (
+            getattr(self.rollout, "async_generation_ratio", 0) > 0
+            and "rollout_correction" not in algo.model_fields_set
+            and algo.rollout_correction is None
+            and algo.policy_loss != "decoupled_ppo"
+        ):
+            algo.rollout_correction = RolloutCorrectionConfig(preset="token_tis")
+        return self
 
     @model_validator(mode="after")
     def _offload_needs_sync(self) -> RLConfig:

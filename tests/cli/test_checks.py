@@ -9,6 +9,7 @@ import yaml
 
 from roll_cli.checks import check_recipe, context_warnings, resume_warnings, staleness_warnings
 from roll_core.config import load_recipe
+from roll_core.config.loader import dump_config
 from roll_core.errors import ConfigError, ModelError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,22 +88,36 @@ def test_a_gpu_its_role_overflows_alone_is_a_warning(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "warns"),
+    ("overrides", "warns", "is_level"),
     [
-        ((), False),  # synchronous: nothing is stale
-        (("rollout.async_generation_ratio=1",), True),
+        ((), False, None),  # synchronous: nothing is stale, no correction added
+        (("rollout.async_generation_ratio=1",), False, "token"),  # the async default
+        (("rollout.async_generation_ratio=1", "algorithm.rollout_correction=null"), True, None),
         (
-            ("rollout.async_generation_ratio=1", "algorithm.rollout_correction.preset=token_tis"),
+            ("rollout.async_generation_ratio=1", "algorithm.rollout_correction.preset=seq_tis"),
             False,
+            "sequence",
         ),
-        (("rollout.async_generation_ratio=2", "algorithm.tis_cap=2.0"), False),  # TIS alias
-        (("rollout.async_generation_ratio=1", "algorithm.policy_loss=decoupled_ppo"), False),
+        (("rollout.async_generation_ratio=2", "algorithm.tis_cap=3.0"), False, "token"),
+        (("rollout.async_generation_ratio=1", "algorithm.policy_loss=decoupled_ppo"), False, None),
     ],
 )
-def test_stale_samples_without_a_behaviour_correction_warn(
-    tmp_path: Path, overrides: tuple[str, ...], warns: bool
+@pytest.mark.parametrize("name", ["tiny-frozenlake.yaml", "tiny-arith-rlvr.yaml"])
+def test_async_recipes_get_a_behaviour_correction_unless_turned_off(
+    tmp_path: Path, name: str, overrides: tuple[str, ...], warns: bool, is_level: str | None
 ) -> None:
-    found = staleness_warnings(recipe(tmp_path, "tiny-frozenlake.yaml", *overrides))
+    cfg = recipe(tmp_path, name, *overrides)
+    rc = cfg.algorithm.rollout_correction
+    assert (rc.is_level if rc is not None else None) == is_level
+    if overrides == ("rollout.async_generation_ratio=1",):
+        assert rc.is_cap == 2.0 and rc.rs_level is None and rc.rs_divergence == []
+    if "algorithm.tis_cap=3.0" in overrides:
+        assert rc.is_cap == 3.0  # the recipe's cap, not the default's
+    found = staleness_warnings(cfg)
     assert bool(found) == warns, found
     if warns:
-        assert "algorithm.rollout_correction: {preset: token_tis}" in found[0]
+        assert "algorithm.rollout_correction: null" in found[0]
+        assert "{preset: token_tis}" in found[0]
+    # the resolved config.yaml (what `roll resume` validates) means the same thing again
+    again = type(cfg).model_validate(yaml.safe_load(dump_config(cfg)))
+    assert again.algorithm.rollout_correction == rc
