@@ -17,12 +17,14 @@ share the model; a lock lets one forward run at a time.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import threading
 import time
 from typing import Any
 
 import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from roll_core.backends.infer.base import Completion, Request, SamplingParams
 from roll_core.backends.infer.hf_engine import HFEngine
@@ -90,6 +92,7 @@ class HFInferBackend:
         self.suppress = vision_token_ids(self.model.config) if self.is_vision else None
         # the image tokens' mm_token_type_ids give them the model's 3-D rope positions
         self.image_token = image_token_id(self.model.config) if self.is_vision else None
+        neutral_generation(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         self.model.eval()
         self.version = 0
         self._targets: dict[str, torch.Tensor] | None = None
@@ -119,12 +122,12 @@ class HFInferBackend:
                 hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL) for "
                 "image prompts.",
             )
+        recorder = SampledLogProbs(params.temperature if sampling else 1.0, self.suppress)
         with self._model_lock, _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            out = self._generate(ids, attn, params, sampling, vision)
+            out = self._generate(ids, attn, params, sampling, recorder, vision)
         new_tokens = out.sequences[:, width:].cpu()
-        temp = params.temperature if sampling else 1.0
-        logp = _sampled_log_probs(out.logits, new_tokens, temp)
+        logp = recorder.finish(new_tokens)
         end = time.time()
         return [
             self._completion(r, new_tokens[i].tolist(), logp[i].tolist(), params, start, end)
@@ -168,6 +171,7 @@ class HFInferBackend:
         attn: torch.Tensor,
         params: SamplingParams,
         sampling: bool,
+        recorder: SampledLogProbs,
         vision: dict[str, torch.Tensor] | None = None,
     ) -> Any:
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
@@ -177,35 +181,24 @@ class HFInferBackend:
             else contextlib.nullcontext()
         )
         with autocast:
-            return self._call_generate(ids, attn, params, sampling, pad, eos, vision or {})
-
-    def _call_generate(
-        self,
-        ids: torch.Tensor,
-        attn: torch.Tensor,
-        params: SamplingParams,
-        sampling: bool,
-        pad: int,
-        eos: int,
-        vision: dict[str, torch.Tensor] | None = None,
-    ) -> Any:
-        return self.model.generate(  # type: ignore[operator]
-            **(vision or {}),  # VLMs: pixel_values, image_grid_thw, mm_token_type_ids
-            input_ids=ids.to(self.device),
-            attention_mask=attn.to(self.device),
-            max_new_tokens=params.max_new_tokens,
-            do_sample=sampling,
-            temperature=params.temperature if sampling else None,
-            top_p=params.top_p if sampling else None,
-            top_k=params.top_k if sampling else None,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            stop_strings=list(params.stop) or None,
-            tokenizer=self.tokenizer if params.stop else None,
-            suppress_tokens=self.suppress,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+            cache = None if vision else shared_prompt_cache(self.model, ids, attn, self.device)
+            return self.model.generate(  # type: ignore[operator]
+                **(vision or {}),  # VLMs: pixel_values, image_grid_thw, mm_token_type_ids
+                **({"past_key_values": cache} if cache is not None else {}),
+                input_ids=ids.to(self.device),
+                attention_mask=attn.to(self.device),
+                max_new_tokens=params.max_new_tokens,
+                do_sample=sampling,
+                temperature=params.temperature if sampling else None,
+                top_p=params.top_p if sampling else None,
+                top_k=params.top_k if sampling else None,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                stop_strings=list(params.stop) or None,
+                tokenizer=self.tokenizer if params.stop else None,
+                logits_processor=LogitsProcessorList([recorder]),
+                return_dict_in_generate=True,
+            )
 
     def _completion(
         self,
@@ -293,20 +286,85 @@ class HFInferBackend:
         torch.set_rng_state(state)
 
 
-def _sampled_log_probs(
-    logits: tuple[torch.Tensor, ...], tokens: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """log p(tokens[:, t]) under the raw ``logits[t]`` ([B, V] per step) divided by
-    ``temperature``: [B, new] float32 on the CPU. One step at a time, so no [B, new, V] copy
-    is made (with a 151k vocabulary and 512 new tokens that is 2.5 GB per 8 rows, per copy);
-    each value is the same as in one stacked pass (log-softmax is per row)."""
-    if not logits:
-        return torch.zeros((tokens.shape[0], 0), dtype=torch.float32)
-    cols = [
-        torch.log_softmax(step.float() / temperature, dim=-1)
-        .gather(-1, tokens[:, t : t + 1].to(step.device))
-        .squeeze(-1)
-        .cpu()
-        for t, step in enumerate(logits)
-    ]
-    return torch.stack(cols, dim=1)
+def shared_prompt_cache(
+    model: Any, ids: torch.Tensor, attn: torch.Tensor, device: torch.device
+) -> Any | None:
+    """The KV cache of every row's input but its last token, computed once per distinct
+    input and copied to the rows that share it (a GRPO group's samples share their prompt:
+    16 prompts x 8 samples prefill 16 rows, not 128), or None when no two rows share one.
+    ``generate`` then runs only the last prompt token of each row before decoding (it slices
+    the input to what the cache does not hold). Positions are generate's own for left-padded
+    rows (attention-mask cumsum), so each row attends and is placed exactly as without the
+    cache; the values can differ from an unshared prefill in the last bits (another batch
+    size), which the behaviour log-probs record. vLLM does the same with its prefix cache."""
+    if ids.shape[1] < 2:
+        return None
+    first: dict[tuple[int, ...], int] = {}
+    owner = [first.setdefault(tuple(row), len(first)) for row in ids.tolist()]
+    if len(first) == len(owner):
+        return None
+    rows = torch.tensor([owner.index(k) for k in range(len(first))])
+    head_ids, head_attn = ids[rows, :-1].to(device), attn[rows, :-1].to(device)
+    positions = (head_attn.long().cumsum(-1) - 1).masked_fill(head_attn == 0, 0)
+    out = model(
+        input_ids=head_ids,
+        attention_mask=head_attn,
+        position_ids=positions,
+        use_cache=True,
+        **({"logits_to_keep": 1} if model._supports_logits_to_keep() else {}),
+    )
+    cache = out.past_key_values
+    cache.batch_select_indices(torch.tensor(owner, device=device))
+    return cache
+
+
+class SampledLogProbs(LogitsProcessor):
+    """The first (and only) logits processor of the engine's ``generate``: records log
+    softmax(raw logits / temperature) of every sampled token, the quantity the trainer
+    recomputes, then removes the ``suppress`` ids (image placeholders) from sampling. A token
+    sampled at step t is the last input id at step t + 1, so only one [B, V] step is held at a
+    time (``output_logits`` keeps every step: with a 151k vocabulary and 512 new tokens that
+    is 2.5 GB per 8 rows); :meth:`finish` takes the last step's from the output.
+
+    First in the list because the model's generation config cannot add processors ahead of
+    it: the engine's model gets a generation config of its own (:func:`neutral_generation`)."""
+
+    def __init__(self, temperature: float, suppress: list[int] | None = None) -> None:
+        self.temperature = temperature
+        self.suppress = suppress
+        self.columns: list[torch.Tensor] = []
+        self.last: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.last is not None:
+            self.columns.append(self._take(input_ids[:, -1]))
+        self.last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        if not self.suppress:
+            return scores
+        banned = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
+        banned[self.suppress] = True
+        return scores.masked_fill(banned, -math.inf)
+
+    def _take(self, tokens: torch.Tensor) -> torch.Tensor:
+        assert self.last is not None
+        return self.last.gather(-1, tokens.to(self.last.device)[:, None]).squeeze(-1).cpu()
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, new] float32 on the CPU: the log-probs of `new_tokens`, the generated ids."""
+        n = new_tokens.shape[1]
+        if len(self.columns) < n and self.last is not None:
+            self.columns.append(self._take(new_tokens[:, len(self.columns)]))
+        self.last = None
+        if n == 0:
+            return torch.zeros((new_tokens.shape[0], 0), dtype=torch.float32)
+        return torch.stack(self.columns[:n], dim=1)
+
+
+def neutral_generation(model: Any, eos: int | list[int] | None, pad: int | None) -> None:
+    """Give `model` a generation config that holds only its stop and pad ids. generate fills
+    every argument it is not passed from the model's config, and a checkpoint's
+    generation_config.json may carry sampling settings (Qwen2.5-Instruct: repetition_penalty
+    1.05, top_k 20, top_p 0.8): the engine would then sample from another distribution than
+    the one it reports log-probs for and the trainer trains. roll's SamplingParams are the
+    only sampling settings."""
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
