@@ -310,3 +310,30 @@ def test_workers_that_cannot_start_stop_being_restarted(tmp_path: Path, monkeypa
     assert all("cannot import module 'vanishing_reward'" in e for e in errors), errors
     assert errors[3].endswith("(3 workers in a row; gave up)")
     assert router.totals()["v"].errors == 4
+
+
+def test_thread_isolation_reuses_its_threads_but_never_a_stuck_one() -> None:
+    from roll_core.rewards.execution import ThreadRunner
+
+    release = threading.Event()
+    runner = ThreadRunner({"ok": lambda s: 1.0, "hang": lambda s: float(release.wait(30))})
+
+    def threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("roll-reward-")]
+
+    before = len(threads())
+    try:
+        assert [runner.run("ok", None, 5).result.score for _ in range(20)] == [1.0] * 20
+        assert len(threads()) == before + 1  # one thread served all 20 calls
+        stuck = runner.run("hang", None, 0.1)
+        assert stuck.timed_out and runner.stuck() == 1
+        # the next call does not queue behind the stuck one: it gets a thread of its own
+        assert runner.run("ok", None, 5).result.score == 1.0
+        release.set()
+        deadline = time.monotonic() + 5
+        while runner.stuck() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runner.stuck() == 0  # the abandoned thread ended after its call
+    finally:
+        release.set()
+        runner.close()
