@@ -37,10 +37,11 @@ versions before the one being trained (see ``buffer.py`` for the exact bound).
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -205,6 +206,9 @@ class AsyncRolloutScheduler:
         self._queue: deque[_Job] = deque()
         self._parked: list[_Job] = []  # aborted at a sync, continued after it
         self._futures: dict[Future, tuple[str, Any]] = {}
+        # finished futures, in completion order (each future puts itself when done): one
+        # wake-up per completion, not a wait() over every pending future each time
+        self._done: queue.SimpleQueue[Future] = queue.SimpleQueue()
         self._suspend = False
         self._stop = False
         self._drained = threading.Event()
@@ -333,7 +337,7 @@ class AsyncRolloutScheduler:
                     if not self._futures:
                         self._cond.wait(0.05)
                         continue
-                done, _ = wait(list(self._futures), timeout=0.05, return_when=FIRST_COMPLETED)
+                done = self._finished(timeout=0.05)
                 with self._cond:
                     for future in done:
                         kind, payload = self._futures.pop(future)
@@ -345,6 +349,22 @@ class AsyncRolloutScheduler:
             self._error = err
             self.buffer.close()
             self._drained.set()
+
+    def _finished(self, timeout: float) -> list[Future]:
+        """The futures that finished since the last call, waiting up to `timeout` for one."""
+        try:
+            done = [self._done.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                done.append(self._done.get_nowait())
+            except queue.Empty:
+                return done
+
+    def _watch(self, future: Future, entry: tuple[str, Any]) -> None:
+        self._futures[future] = entry
+        future.add_done_callback(self._done.put)
 
     def _group_updates(self, group: list[Sample]) -> int:
         """The update count of the group's oldest weights (labels not synced here: the
@@ -417,7 +437,7 @@ class AsyncRolloutScheduler:
         for job, future in zip(jobs, futures, strict=True):
             job.calls += 1
             job.timing.setdefault("gen_start", submitted)
-            self._futures[future] = ("gen", job)
+            self._watch(future, ("gen", job))
 
     def _on_generated(self, future: Future, job: _Job) -> None:
         c: Completion = _result(future)
@@ -448,7 +468,7 @@ class AsyncRolloutScheduler:
         if len(set(job.token_versions)) > 1:
             self._c["partial_samples"] += 1
         self._c["samples"] += 1
-        self._futures[self.rewards.submit(self._score, sample)] = ("reward", sample)
+        self._watch(self.rewards.submit(self._score, sample), ("reward", sample))
 
     def _score(self, sample: Sample) -> Sample:
         sample.timing["reward_start"] = time.time()
