@@ -89,8 +89,10 @@ def test_a_checkpoints_sampling_settings_do_not_leak_into_generation(tmp_path: P
         for t in b.model.parameters():
             if t.dim() == 2:
                 t.data.normal_(0, 0.15, generator=gen)  # varied responses (the init is flat)
-        reqs = [Request(i, [(7 * i + 3 * k) % 250 + 3 for k in range(4 + 3 * i)], seed=i)
-                for i in range(4)]
+        reqs = [
+            Request(i, [(7 * i + 3 * k) % 250 + 3 for k in range(4 + 3 * i)], seed=i)
+            for i in range(4)
+        ]
         greedy = b.generate(reqs, SamplingParams(max_new_tokens=12, temperature=0))
         sampled = b.generate(reqs, SamplingParams(max_new_tokens=12, temperature=0.7))
         repeats = 0
@@ -143,13 +145,16 @@ def test_rows_that_share_a_prompt_prefill_it_once_and_decode_as_alone(tmp_path: 
         with torch.no_grad():
             cache = shared_prompt_cache(b.model, ids, attn, b.device)
             assert cache is not None and cache.get_seq_length() == 11
-            assert shared_prompt_cache(b.model, ids[[0, 4, 8, 12]], attn[[0, 4, 8, 12]], b.device) is None
+            assert (
+                shared_prompt_cache(b.model, ids[[0, 4, 8, 12]], attn[[0, 4, 8, 12]], b.device)
+                is None
+            )
         greedy = SamplingParams(max_new_tokens=10, temperature=0)
         together = b.generate(reqs, greedy)
         for r, c in zip(reqs, together, strict=True):
             alone = b.generate([r], greedy)[0]
             assert c.response_ids == alone.response_ids
-            assert max(abs(x - y) for x, y in zip(c.log_probs, alone.log_probs)) < 1e-5
+            assert max(abs(x - y) for x, y in zip(c.log_probs, alone.log_probs, strict=True)) < 1e-5
         sampled = b.generate(reqs, SamplingParams(max_new_tokens=10, temperature=0.8))
         assert len({tuple(c.response_ids) for c in sampled[:4]}) > 1  # samples still differ
         for r, c in zip(reqs, sampled, strict=True):
