@@ -181,7 +181,9 @@ class HFInferBackend:
             else contextlib.nullcontext()
         )
         with autocast:
-            cache = None if vision else shared_prompt_cache(self.model, ids, attn, self.device)
+            # vision-language models place even text rows by their own (3-D) positions
+            shared = not vision and not self.is_vision
+            cache = shared_prompt_cache(self.model, ids, attn, self.device) if shared else None
             return self.model.generate(  # type: ignore[operator]
                 **(vision or {}),  # VLMs: pixel_values, image_grid_thw, mm_token_type_ids
                 **({"past_key_values": cache} if cache is not None else {}),
@@ -296,7 +298,8 @@ def shared_prompt_cache(
     the input to what the cache does not hold). Positions are generate's own for left-padded
     rows (attention-mask cumsum), so each row attends and is placed exactly as without the
     cache; the values can differ from an unshared prefill in the last bits (another batch
-    size), which the behaviour log-probs record. vLLM does the same with its prefix cache."""
+    size), which the behaviour log-probs record. vLLM does the same with its prefix cache.
+    Text models only (the engine calls it for those)."""
     if ids.shape[1] < 2:
         return None
     first: dict[tuple[int, ...], int] = {}
