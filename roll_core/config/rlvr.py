@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from roll_core.config.algorithm import AlgorithmConfig, RolloutCorrectionConfig
 from roll_core.config.reward import RewardConfig
@@ -473,6 +473,8 @@ class RLConfig(RunConfig):
     actor_infer: ActorInferConfig = Field(
         default_factory=ActorInferConfig, description="Inference role."
     )
+    _async_correction_default: bool = PrivateAttr(default=False)
+    """True when `_async_behaviour_correction` added the correction (`roll validate` lists it)."""
     sync: SyncConfig = Field(
         default_factory=SyncConfig, description="Weight sync actor_train -> actor_infer."
     )
@@ -493,6 +495,7 @@ class RLConfig(RunConfig):
             and algo.policy_loss != "decoupled_ppo"
         ):
             algo.rollout_correction = RolloutCorrectionConfig(preset="token_tis")
+            self._async_correction_default = True
         return self
 
     @model_validator(mode="after")
