@@ -29,7 +29,9 @@ def test_common_values_are_not_listed() -> None:
 
 def test_async_correction_is_listed_only_where_roll_added_it() -> None:
     recipe = ROOT / "recipes/tiny-arith-rlvr.yaml"
-    keys = {n.key for n in notable_defaults(load_recipe(recipe, ["rollout.async_generation_ratio=1"]))}
+    keys = {
+        n.key for n in notable_defaults(load_recipe(recipe, ["rollout.async_generation_ratio=1"]))
+    }
     assert "algorithm.rollout_correction" in keys
     chosen = ["rollout.async_generation_ratio=1", "algorithm.rollout_correction.preset=token_tis"]
     keys = {n.key for n in notable_defaults(load_recipe(recipe, chosen))}
