@@ -95,7 +95,7 @@ CACHE = ROOT / ".cache"
 VENV = CACHE / "bench-trl-venv"
 DATA = ROOT / "data" / "tiny-arith"
 ROWS, NEW_TOKENS, LR = 128, 6, 2e-5
-# --length long: the real Qwen vocabulary, counting responses of 64-512 tokens (see LONG_DOC)
+# --length long: the real Qwen vocabulary, counting responses of 64-499 tokens (docstring)
 LONG_DIR = CACHE / "bench-vs-trl-long-v2"  # v2: counting to the next hundred (session 12)
 LONG_DATA = LONG_DIR / "data"
 LONG_ROWS, LONG_NEW_TOKENS, LONG_LR = 8, 512, 1e-5
@@ -684,8 +684,6 @@ def matrix(a: argparse.Namespace) -> list[Cell]:
     for key, value in defaults.items():
         if getattr(a, key) is None:
             setattr(a, key, value)
-    if a.sft_steps is None:
-        a.sft_steps = 600
     if a.eval_rows is None:
         a.eval_rows = 50 if long else 300
     rows = LONG_ROWS if long else ROWS
@@ -696,6 +694,8 @@ def matrix(a: argparse.Namespace) -> list[Cell]:
     if a.budget and not long:
         sys.exit("--budget is roll's token budget of the long setting (--length long)")
     budgets = a.budget or [LONG_TOKEN_BUDGET]
+    if min(budgets) <= 0:
+        sys.exit(f"--budget {min(budgets)}: roll's token budget must be positive")
     return [
         Cell(p, c == "on", m, g, long, b)
         for p, c, m, g, b in itertools.product(a.precision, a.ckpt, a.micro, a.group, budgets)
@@ -710,7 +710,8 @@ def main() -> None:
     ap.add_argument(
         "--sft-steps",
         type=int,
-        help="warm start, cached (short: SFT steps; long: pre-training steps; 600)",
+        default=600,
+        help="warm start, cached (short: SFT steps; long: pre-training steps)",
     )
     ap.add_argument("--eval-rows", type=int, help="held-out prompts (short 300, long 50)")
     ap.add_argument(
