@@ -3,8 +3,9 @@
 The real `roll` CLI in a subprocess on the built-in tiny model: a kill between the last
 checkpoint and the final export (also one before the older checkpoints are pruned),
 filesystem errors on the run directory (a full disk and a read-only disk injected at the
-write call by tests/runs/fs_fault.py, a run directory deleted mid-run), a damaged meta.json
-and a deleted `latest` pointer.
+write call by tests/runs/fs_fault.py, a run directory deleted mid-run), a real full disk (a
+small tmpfs) at a checkpoint and at the final export, a damaged meta.json and a deleted
+`latest` pointer.
 """
 
 from __future__ import annotations
