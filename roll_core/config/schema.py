@@ -47,7 +47,10 @@ class DatasetSource(Strict):
 
     path: str = Field(description="Local file or directory, or a hub dataset name.")
     split: str = Field(default="train", description="Split to read.")
-    subset: str | None = Field(default=None, description="Hub dataset configuration name.")
+    subset: str | None = Field(
+        default=None,
+        description="Hub dataset configuration name (of a local hub snapshot: its subfolder).",
+    )
     max_rows: int | None = Field(
         default=None, ge=1, description="Read at most this many rows (None: all)."
     )

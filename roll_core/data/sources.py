@@ -10,7 +10,10 @@ the split; a directory whose files carry no split name is all ``train``. A folde
 ``datasets``' ``save_to_disk`` is read with ``load_from_disk``: a ``DatasetDict`` folder gives
 the split named ``split``, a single ``Dataset`` folder is read whole (like a file). A directory
 without data files of its own (a hub snapshot with one subfolder per configuration,
-``main/train-*.parquet``) is an error naming the subfolders that hold data.
+``main/train-*.parquet``) is an error naming the subfolders that hold data; ``subset=NAME``
+picks the subfolder ``NAME`` of a local directory (the ``datasets`` convention for a hub
+snapshot: ``<snapshot>/<config>/<split>-*.parquet``), and a NAME no subfolder has is an error
+listing those that hold data. A single local file has no subsets: ``subset`` is ignored for it.
 
 Every problem a user can fix (missing file, unknown extension, unparsable file, hub offline,
 missing column) is a :class:`~roll_core.errors.DataError` with a one-paragraph message.
@@ -47,14 +50,18 @@ def load_rows(
     Args:
         path: a local file or directory, or a hub dataset name (``org/name``).
         split: the split to read (a label only for a single local file).
-        subset: the hub configuration name (``main`` for ``openai/gsm8k``); ignored locally.
+        subset: the hub configuration name (``main`` for ``openai/gsm8k``); for a local
+            directory (a hub snapshot) the subfolder of that name; ignored for a local file.
         max_rows: keep at most this many rows (the first ones), or all when None.
         key: the recipe key that holds ``path``, named in error messages.
     """
     if max_rows is not None and max_rows < 1:
         raise DataError(f"max_rows must be at least 1, got {max_rows}.")
     if is_local_path(path):
-        ds = _load_local(Path(path).expanduser(), split=split, key=key)
+        local = Path(path).expanduser()
+        if subset is not None and local.is_dir():
+            local = _subset_folder(local, subset, key=key)
+        ds = _load_local(local, split=split, key=key)
     else:
         ds = _load_hub(path, split=split, subset=subset, key=key)
     if max_rows is not None and max_rows < len(ds):
@@ -252,10 +259,39 @@ def _no_files_error(directory: Path, *, key: str) -> DataError:
         )
     shown = [str(p.relative_to(directory)) for p in holders[:8]]
     more = f" and {len(holders) - 8} more" if len(holders) > 8 else ""
+    hint = f"Set {key} to the subfolder you want, e.g. {key}={str(holders[0])}"
+    if holders[0].parent == directory:  # one folder per configuration: `subset` picks it
+        hint += f", or keep {key} and set {_subset_key(key)}={holders[0].name}"
     return DataError(
         f"{message} itself; its subfolder(s) {_names(shown)}{more} do (a hub snapshot keeps one "
         "folder per configuration or split).",
-        hint=f"Set {key} to the subfolder you want, e.g. {key}={str(holders[0])}.",
+        hint=hint + ".",
+    )
+
+
+def _subset_key(key: str) -> str:
+    """The recipe key of the ``subset`` next to the ``path`` named ``key``."""
+    return key[: -len(".path")] + ".subset" if key.endswith(".path") else "subset"
+
+
+def _subset_folder(directory: Path, subset: str, *, key: str) -> Path:
+    """The subfolder ``subset`` of a local directory (a hub snapshot keeps one folder per
+    configuration: ``<snapshot>/<subset>/<split>-*.parquet``)."""
+    folder = directory / subset
+    if subset not in ("", ".", "..") and folder.is_dir():
+        return folder
+    configs = sorted({p.relative_to(directory).parts[0] for p in _data_subfolders(directory)})
+    where = f"{_subset_key(key)}={subset!r} names a subfolder of {str(directory)!r}"
+    if not configs:
+        raise DataError(
+            f"{where} (a hub snapshot keeps one folder per configuration), but it has no "
+            "subfolder with data files.",
+            hint=f"Remove {_subset_key(key)} to read the directory itself, or set {key} to "
+            "the snapshot that has the configuration.",
+        )
+    raise DataError(
+        f"{where}, but there is none of that name; its subfolders with data are {_names(configs)}.",
+        hint=f"Set {_subset_key(key)} to one of those (e.g. {_subset_key(key)}={configs[0]}).",
     )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roll_core.errors import CheckpointError
+from roll_core.runs.failure import EXPLAINED, release_files, write_failure
 from roll_core.runs.run import atomic_write_text, normal_file_modes
 
 MANIFEST = "manifest.json"
@@ -100,7 +101,14 @@ class CheckpointManager:
         self.keep_last = keep_last
 
     def save(self, step: int, write: Callable[[Path], None]) -> Path:
-        """Call `write(tmp_dir)` to fill a checkpoint, then publish it atomically."""
+        """Call `write(tmp_dir)` to fill a checkpoint, then publish it atomically.
+
+        A failed write leaves no staging directory and the earlier checkpoints and `latest`
+        as they were. A filesystem error (disk full or read-only, also one a writer such as
+        torch.save reports as a RuntimeError: `write_failure`) is raised as an OSError naming
+        the checkpoint, for `explain_failure`; another errno (EIO) as a CheckpointError;
+        anything else (a bug) propagates as it is.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / step_dir_name(step)
         tmp = self.root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
@@ -119,12 +127,18 @@ class CheckpointManager:
             if final.exists():
                 shutil.rmtree(final)
             os.rename(tmp, final)
-        except OSError as err:
+        except BaseException as err:
+            cause = write_failure(err, tmp)  # before the partial files that filled the disk go
+            release_files(err)  # the writer's open files: their space comes back
             shutil.rmtree(tmp, ignore_errors=True)
+            if cause is None:
+                raise
+            if cause.errno in EXPLAINED:  # named the checkpoint, not its deleted staging
+                raise OSError(cause.errno, cause.strerror, str(final)) from err
             raise CheckpointError(
-                f"could not write checkpoint {final}: {err.strerror or err}.",
-                hint="Free disk space or fix permissions; earlier checkpoints are untouched.",
-            ) from None
+                f"could not write checkpoint {final}: {cause.strerror or cause}.",
+                hint="Check the disk holding the run directory; earlier checkpoints are untouched.",
+            ) from err
         atomic_write_text(self.root / LATEST, final.name + "\n")
         _fault_injection(step, "ROLL_DEBUG_KILL_BEFORE_PRUNE")
         self.prune(keep=final)

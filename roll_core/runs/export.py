@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from roll_core.runs.failure import EXPLAINED, release_files, write_failure
 from roll_core.runs.run import normal_file_modes
 
 FINAL = "final"
@@ -48,8 +49,9 @@ def stale_staging(dest: Path) -> list[Path]:
 def export_atomic(dest: Path, write: Callable[[Path], Any]) -> Path:
     """Call `write(staging_dir)`, then publish it as `dest` (replacing an older `dest`).
 
-    An OSError (disk full, read-only) propagates with `dest` untouched; the staging directory
-    is removed.
+    A filesystem error (disk full, read-only; also one a writer reports as a RuntimeError, see
+    `write_failure`) is raised as an OSError naming `dest`, with `dest` untouched; the staging
+    directory is removed either way.
     """
     for old in stale_staging(dest):
         shutil.rmtree(old, ignore_errors=True)
@@ -67,7 +69,11 @@ def export_atomic(dest: Path, write: Callable[[Path], Any]) -> Path:
             shutil.rmtree(previous, ignore_errors=True)
         else:
             os.rename(staging, dest)
-    except BaseException:
+    except BaseException as err:
+        cause = write_failure(err, staging)  # before the partial files that filled the disk go
+        release_files(err)  # the writer's open files: their space comes back
         shutil.rmtree(staging, ignore_errors=True)
-        raise
+        if cause is None or cause.errno not in EXPLAINED:
+            raise  # a bug, or an OSError explain_failure does not explain: as it is
+        raise OSError(cause.errno, cause.strerror, str(dest)) from err
     return dest

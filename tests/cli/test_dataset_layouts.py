@@ -95,3 +95,24 @@ def test_rlvr_trains_on_verl_parquet_and_a_save_to_disk_folder(roll, tmp_path: P
     # `domain` column; the 8 eval samples are counted apart)
     assert step["reward/math/count"] == 8.0 and not step.get("reward/unknown_domain/count")
     assert any("eval/reward_mean" in r for r in logged)
+
+
+def test_subset_picks_the_folder_of_a_hub_snapshot(roll, tmp_path: Path) -> None:
+    """`<snapshot>/<config>/<split>-*.parquet` (issue 48, item 5): `subset` picks the folder,
+    a subset the snapshot lacks is an error listing those it has."""
+    snapshot = tmp_path / "gsm8k"
+    for config, rows in (("main", 16), ("socratic", 4)):
+        (snapshot / config).mkdir(parents=True)
+        src = ROOT / "data/tiny-arith/train.jsonl"
+        verl_parquet(snapshot / config / "train-00000-of-00001.parquet", src, rows)
+    (snapshot / "README.md").write_text("card")
+    path = recipe(tmp_path, snapshot)
+    res = roll("validate", str(path), "data.train.subset=main")
+    assert res.returncode == 0 and "recipe is valid" in res.stdout, res.stdout + res.stderr
+    res = roll("validate", str(path), "data.train.subset=mian")
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 2 and "Traceback" not in res.stdout + res.stderr, err
+    assert f"data.train.subset='mian' names a subfolder of {str(snapshot)!r}" in err
+    assert "its subfolders with data are 'main', 'socratic'" in err
+    res = roll("validate", str(path))
+    assert res.returncode == 2 and "set data.train.subset=main" in " ".join(res.stderr.split())

@@ -173,7 +173,58 @@ def test_hub_snapshot_names_the_subfolders_with_data(tmp_path: Path) -> None:
     assert "holds no .json/.jsonl/.parquet/.csv files itself" in err.value.message
     assert "subfolder(s) 'main', 'socratic' do" in err.value.message
     assert f"data.train.path={snapshot / 'main'}" in (err.value.hint or "")
+    assert "or keep data.train.path and set data.train.subset=main" in (err.value.hint or "")
     assert load_rows(str(snapshot / "main")).to_list() == ROWS  # the way out works
+
+
+def _snapshot(root: Path) -> Path:
+    """A hub snapshot the `datasets` way: <snapshot>/<config>/<split>-*.parquet|jsonl, each
+    row naming its configuration and split, plus files and folders that are not data."""
+    snapshot = root / "gsm8k"
+    for config in ("main", "socratic"):
+        (snapshot / config).mkdir(parents=True)
+        for split in ("train", "test"):
+            rows = [{"prompt": f"{config}-{split}-{i}", "response": str(i)} for i in range(3)]
+            datasets.Dataset.from_list(rows).to_parquet(
+                str(snapshot / config / f"{split}-00000-of-00001.parquet")
+            )
+    write_jsonl(snapshot / "socratic" / "validation.jsonl", [{"prompt": "v", "response": "0"}])
+    (snapshot / "README.md").write_text("card")
+    (snapshot / ".cache" / "huggingface").mkdir(parents=True)
+    return snapshot
+
+
+def test_subset_picks_the_configuration_folder_of_a_snapshot(tmp_path: Path) -> None:
+    snapshot = _snapshot(tmp_path)
+    main_test = load_rows(str(snapshot), split="test", subset="main")
+    assert main_test["prompt"] == ["main-test-0", "main-test-1", "main-test-2"]
+    socratic_train = load_rows(str(snapshot), subset="socratic", max_rows=2)
+    assert socratic_train["prompt"] == ["socratic-train-0", "socratic-train-1"]
+    validation = load_rows(str(snapshot), split="validation", subset="socratic")
+    assert validation.to_list() == [{"prompt": "v", "response": "0"}]
+    # A single file has no configurations: subset stays a hub-only setting there.
+    one = snapshot / "main" / "test-00000-of-00001.parquet"
+    assert load_rows(str(one), subset="main")["prompt"][0] == "main-test-0"
+
+
+def test_unknown_subset_of_a_snapshot_lists_its_configurations(tmp_path: Path) -> None:
+    snapshot = _snapshot(tmp_path)
+    with pytest.raises(DataError) as err:
+        load_rows(str(snapshot), subset="mian", key="data.eval.path")
+    assert err.value.message == (
+        f"data.eval.subset='mian' names a subfolder of {str(snapshot)!r}, but there is none of "
+        "that name; its subfolders with data are 'main', 'socratic'."
+    )
+    assert err.value.hint == "Set data.eval.subset to one of those (e.g. data.eval.subset=main)."
+    with pytest.raises(DataError, match="there is none of that name"):
+        load_rows(str(snapshot), subset="README.md")  # a file, not a configuration folder
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    write_jsonl(flat / "train.jsonl", ROWS)
+    with pytest.raises(DataError) as err:
+        load_rows(str(flat), subset="main")
+    assert "but it has no subfolder with data files" in err.value.message
+    assert "Remove data.train.subset to read the directory itself" in (err.value.hint or "")
 
 
 def test_directory_without_any_data_says_so(tmp_path: Path) -> None:

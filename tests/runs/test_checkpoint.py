@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -128,3 +129,51 @@ def test_all_damaged_is_an_error(tmp_path: Path) -> None:
 
 def test_no_checkpoint_returns_none(tmp_path: Path) -> None:
     assert CheckpointManager(tmp_path / "none").find_resumable() is None
+
+
+# -- a full disk (issue 48, item 8): a real tmpfs that fills up ----------------------------
+
+
+def torch_writer(numel: int):
+    """Write a checkpoint the way the train backends do: torch.save of a float32 tensor."""
+    import torch
+
+    def write(tmp: Path) -> None:
+        torch.save(torch.ones(numel), tmp / "optimizer.pt")
+
+    return write
+
+
+def test_full_disk_mid_torch_save_is_an_oserror_and_keeps_the_previous(
+    tmp_path: Path, small_fs
+) -> None:
+    """torch.save on a full disk raises RuntimeError('... unexpected pos ...'), not OSError:
+    the save confirms the disk is full and raises ENOSPC naming the checkpoint, with its
+    staging removed, and step 1 still whole and `latest`."""
+    root = small_fs.mount(tmp_path / "disk", 1 << 20)
+    mgr = CheckpointManager(root / "checkpoints", keep_last=2)
+    mgr.save(1, torch_writer(100_000))  # 400 kB of 1 MiB
+    with pytest.raises(OSError) as err:
+        mgr.save(2, torch_writer(200_000))  # 800 kB more: does not fit
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(
+        root / "checkpoints" / "step-000002"
+    )
+    assert isinstance(err.value.__cause__, RuntimeError)  # torch's own error, kept for --debug
+    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["latest", "step-000001"]
+    assert (root / "checkpoints" / "latest").read_text() == "step-000001\n"
+    found = mgr.find_resumable()
+    assert found is not None and found.step == 1 and found.skipped == []
+    assert small_fs.free(root) > 500_000  # the partial 800 kB were given back
+
+
+def test_a_bug_in_a_checkpoint_writer_stays_a_bug(tmp_path: Path, small_fs) -> None:
+    root = small_fs.mount(tmp_path / "disk", 4 << 20)
+
+    def buggy(tmp: Path) -> None:
+        torch_writer(1000)(tmp)
+        raise RuntimeError("unexpected pos 576 vs 534")  # torch's words, but space is left
+
+    mgr = CheckpointManager(root, keep_last=2)
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        mgr.save(1, buggy)
+    assert list(root.iterdir()) == []  # no staging left behind either

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from roll_core.errors import RunDirError, WorkerDiedError
 from roll_core.runs import CheckpointManager, Run, list_runs
 from roll_core.runs.export import export_atomic, stale_staging
-from roll_core.runs.failure import explain_failure
+from roll_core.runs.failure import explain_failure, write_failure
 
 
 def test_export_publishes_whole_and_replaces_the_previous(tmp_path: Path) -> None:
@@ -52,6 +53,53 @@ def test_failed_export_leaves_the_previous_one(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         export_atomic(dest, full_disk)
     assert (dest / "model.bin").read_text() == "v1" and stale_staging(dest) == []
+
+
+def test_export_on_a_full_disk_is_an_oserror_naming_final(tmp_path: Path, small_fs) -> None:
+    """safetensors on a full disk raises its own SafetensorError: the export confirms the disk
+    is full and raises ENOSPC naming final/, with the previous export untouched and the
+    staging (and its space) gone."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = small_fs.mount(tmp_path / "disk", 1 << 20)
+    dest = root / "final"
+    export_atomic(dest, lambda d: save_file({"w": torch.ones(100_000)}, str(d / "m.safetensors")))
+    with pytest.raises(OSError) as err:
+        export_atomic(
+            dest, lambda d: save_file({"w": torch.ones(200_000)}, str(d / "m.safetensors"))
+        )
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(dest)
+    assert type(err.value.__cause__).__name__ == "SafetensorError"
+    assert [p.name for p in root.iterdir()] == ["final"] and stale_staging(dest) == []
+    assert (dest / "m.safetensors").stat().st_size > 400_000  # the previous export
+    assert small_fs.free(root) > 500_000
+
+
+def test_write_failure_needs_the_filesystem_to_confirm(tmp_path: Path, small_fs) -> None:
+    roomy = small_fs.mount(tmp_path / "roomy", 1 << 20)
+    full = small_fs.mount(tmp_path / "full", 256 << 10)
+    small_fs.ballast(full / "ballast", 256 << 10)
+    assert small_fs.free(full) == 0
+    torch_words = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 5")
+    made = write_failure(torch_words, full / "checkpoints" / ".tmp-step-000002-1")
+    assert made is not None and made.errno == errno.ENOSPC
+    assert made.filename == str(full / "checkpoints" / ".tmp-step-000002-1")
+    assert write_failure(torch_words, roomy / "x") is None  # space left: a bug, as it was
+    # safetensors deletes its partial file, but says the errno: no confirmation needed
+    rust_words = RuntimeError("Error while serializing: I/O error: No space left on device "
+                              "(os error 28)")  # fmt: skip
+    said = write_failure(rust_words, roomy / "final")
+    assert said is not None and said.errno == errno.ENOSPC and said.filename == str(roomy / "final")
+    assert write_failure(RuntimeError("[Errno 30] Read-only file system"), roomy).errno == 30
+    assert write_failure(RuntimeError("[Errno 2] No such file"), roomy) is None  # maybe a bug
+    own = OSError(errno.EIO, "Input/output error")
+    assert write_failure(own, roomy) is own  # an OSError says its errno itself
+    for not_the_disk in (KeyboardInterrupt(), WorkerDiedError("actor_train", 0, "killed")):
+        assert write_failure(not_the_disk, full) is None  # each reported as what it is
+    subprocess.run(["mount", "-o", "remount,ro", str(roomy)], check=True)
+    read_only = write_failure(torch_words, roomy / "final")
+    assert read_only is not None and read_only.errno == errno.EROFS
 
 
 def test_explain_failure_messages() -> None:

@@ -3,8 +3,9 @@
 The real `roll` CLI in a subprocess on the built-in tiny model: a kill between the last
 checkpoint and the final export (also one before the older checkpoints are pruned),
 filesystem errors on the run directory (a full disk and a read-only disk injected at the
-write call by tests/runs/fs_fault.py, a run directory deleted mid-run), a damaged meta.json
-and a deleted `latest` pointer.
+write call by tests/runs/fs_fault.py, a run directory deleted mid-run), a real full disk (a
+small tmpfs) at a checkpoint and at the final export, a damaged meta.json and a deleted
+`latest` pointer.
 """
 
 from __future__ import annotations
@@ -213,3 +214,60 @@ def test_deleted_latest_pointer_is_said(roll, short_recipe, tmp_path: Path) -> N
     res = roll("resume", "no-latest-07", "trainer.max_steps=8", "--runs-dir", str(runs))
     assert res.returncode == 0, res.stderr
     assert "checkpoints/latest is empty" in " ".join(res.stderr.split())
+
+
+def _used(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def test_full_disk_at_checkpoint_and_export_then_resume_is_bitwise(
+    roll, short_recipe, small_fs, tmp_path: Path
+) -> None:
+    """A real full disk (a tmpfs with ballast files) under the runs directory (issue 48, item
+    8): the step-4 checkpoint does not fit (torch.save fails mid-file), then, once some space
+    is freed, the final export does not (safetensors fails); each time a clear error, the run
+    marked failed, no staging left, the earlier checkpoint intact. Freed again, `roll resume`
+    finishes, bit for bit the weights of an uninterrupted run."""
+    res = roll("sft", str(short_recipe), "--run-id", "whole-run-00")
+    assert res.returncode == 0, res.stderr
+    ckpt = _used(tmp_path / "runs" / "whole-run-00" / "checkpoints" / "step-000006")
+    final = _used(tmp_path / "runs" / "whole-run-00" / "final")
+    runs = small_fs.mount(tmp_path / "small", 3 * ckpt + 2 * final)
+    # The run gets 1.5 checkpoints of room; deleting ballast-1 gives it 2 checkpoints and half
+    # a final model, deleting ballast-2 all the rest.
+    small_fs.ballast(runs / "ballast-2", small_fs.free(runs) - (2 * ckpt + final // 2))
+    small_fs.ballast(runs / "ballast-1", ckpt // 2 + final // 2)
+    run_dir, resume = runs / "full-disk-08", ("resume", "full-disk-08", "--runs-dir", str(runs))
+
+    res = roll("sft", str(short_recipe), "--run-id", run_dir.name, f"runs_dir={runs}")
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 1, res.stderr
+    assert "internal error" not in err and "Traceback" not in err
+    assert f"cannot write {run_dir}/checkpoints/step-000004: the disk is full" in err
+    assert "the last good checkpoint is step-000002" in err
+    assert f"roll resume full-disk-08 --runs-dir {runs}" in err
+    assert meta(run_dir)["status"] == "failed"
+    assert "No space left on device" in meta(run_dir)["error"]
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-000002"]  # no .tmp-*
+    assert (ckpts / "latest").read_text() == "step-000002\n"
+
+    # Room for two checkpoints: no checkpoint before the last step, and the export fails.
+    (runs / "ballast-1").unlink()
+    res = roll(*resume, "checkpoint.every_steps=null")
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 1, res.stderr
+    assert "resumed from step-000002" in err and "internal error" not in err
+    assert f"cannot write {run_dir}/final: the disk is full" in err
+    assert "the last good checkpoint is step-000006" in err
+    assert meta(run_dir)["status"] == "failed"
+    assert sorted(p.name for p in run_dir.glob("*final*")) == []  # no final/, no .tmp-final-*
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-000002", "step-000006"]
+
+    (runs / "ballast-2").unlink()
+    res = roll(*resume)
+    assert res.returncode == 0, res.stderr
+    assert "step-000006 is the last step" in res.stderr and "finishing it" in res.stderr
+    assert meta(run_dir)["status"] == "finished"
+    assert steps_logged(run_dir) == list(range(1, 7))
+    assert same_weights(run_dir, tmp_path / "runs" / "whole-run-00")
