@@ -6,7 +6,9 @@ names and paths a run would trip over, found without loading a model.
   tokenizer key accepts a tokenizer-only directory, as the run does): an
   unknown ``builtin:`` name or a directory that is not a model is an error; a local path that
   does not exist yet is a warning (an earlier command, e.g. the SFT warm start, may create it);
-* every agentic env is built and reset once, as the run does before it starts;
+* every agentic env is built and reset once, and every agent program loaded and its
+  ``make_task`` called on seed 0 (with the recipe's options), as the run does before it
+  starts (``roll_core.pipelines.agentic.check_env``): their errors are told as theirs;
 * the sequence the recipe asks for must fit the model's context (``max_position_embeddings``):
   a longer one is a warning, since positions past the context are untrained.
 * the GPU memory estimate (``--dry-run``'s memory rows): a GPU whose role needs more than
@@ -75,14 +77,9 @@ def check_recipe(cfg: Any) -> list[str]:
         if key == "model.path":
             warnings += context_warnings(cfg, summary.get("context"))
     for entry in getattr(cfg, "envs", None) or []:
-        from roll_core.envs import make_env
+        from roll_core.pipelines.agentic import check_env
 
-        if entry.agent is not None:
-            from roll_core.envs.agents import load_agent
-
-            load_agent(entry.agent, entry.options).task(0)
-            continue
-        make_env(entry.env_id, **entry.options).reset(0)
+        check_env(entry, cfg.rollout.step_timeout_s)  # the env's / agent's error, told as such
     return warnings + staleness_warnings(cfg) + memory_warnings(cfg)
 
 

@@ -720,7 +720,7 @@ def _debug_agent(
 ) -> None:
     """Play an agent program's episodes through the endpoint, each call answered by the model
     (or, without --model, by the module's expert); print each call and how the episode ended."""
-    from roll_core.envs.agents import load_agent
+    from roll_core.envs.agents import check_task, load_agent
     from roll_core.models.loading import use_chat_template
     from roll_core.rollout.agentic import ChatFormat, Trajectory
     from roll_core.rollout.agentic.agent_episode import (
@@ -764,6 +764,7 @@ def _debug_agent(
             if model is not None:
                 player._seed = player_seed
             traj = Trajectory(tag=path, group=i, seed=player_seed, index=0)
+            task = check_task(program, player_seed, timeout=600.0)  # its error, told as such
             try:
                 play_scripted(
                     traj,
@@ -779,7 +780,7 @@ def _debug_agent(
                 from roll_core.envs.faults import describe_fault
 
                 traj.status, traj.error = "error", describe_fault(err)
-            _print_agent_episode(traj, tokenizer, i, episodes, program.task(player_seed))
+            _print_agent_episode(traj, tokenizer, i, episodes, task)
     finally:
         endpoint.close()
 

@@ -19,6 +19,7 @@ module never imports roll: during rollout roll serves an OpenAI-compatible endpo
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import inspect
 import sys
@@ -47,6 +48,14 @@ class AgentProgram:
     make_task: Callable[..., Any] | None = None
     expert: Callable[..., Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def source_file(fn: Callable[..., Any]) -> str | None:
+        """The file ``fn`` is defined in (where its errors are located), if known."""
+        try:
+            return inspect.getsourcefile(fn)
+        except TypeError:
+            return None
 
     def task(self, seed: int) -> Any:
         """The task of the episode with ``seed`` (``make_task(seed, **options)``, else a dict)."""
@@ -80,6 +89,8 @@ def load_agent(path: str, options: dict[str, Any] | None = None) -> AgentProgram
     make_task = getattr(module, "make_task", None)
     if make_task is not None and not callable(make_task):
         raise ConfigError(f"agent '{path}': make_task is not a function.", hint=_HINT)
+    if make_task is not None:
+        _check_options(path, make_task, dict(options or {}))
     expert = getattr(module, "expert", None)
     return AgentProgram(
         path=path,
@@ -89,6 +100,58 @@ def load_agent(path: str, options: dict[str, Any] | None = None) -> AgentProgram
         make_task=make_task,
         options=dict(options or {}),
     )
+
+
+def _check_options(path: str, make_task: Callable[..., Any], options: dict[str, Any]) -> None:
+    """A ConfigError when ``make_task(seed, **options)`` cannot take the recipe's options (an
+    option it has no parameter for, with did-you-mean; a parameter it requires)."""
+    try:
+        sig = inspect.signature(make_task)
+    except (TypeError, ValueError):  # a builtin or C callable: it is called as it is
+        return
+    try:
+        sig.bind(0, **options)
+        return
+    except TypeError as err:
+        problem = str(err)
+    takes = [
+        name
+        for name, p in list(sig.parameters.items())[1:]
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    unknown = [k for k in options if k not in takes]
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        close = {k: difflib.get_close_matches(k, takes, n=1) for k in unknown}
+        problem = "unknown option " + ", ".join(
+            f"'{k}'" + (f" (did you mean '{close[k][0]}'?)" if close[k] else "") for k in unknown
+        )
+    shown = ", ".join(str(p.replace(annotation=p.empty)) for p in sig.parameters.values())
+    raise ConfigError(
+        f"agent '{path}': envs[].options do not fit make_task({shown}): {problem}.",
+        hint="envs[].options are the keyword arguments of the agent module's "
+        f"make_task(seed, **options) (it takes: {', '.join(takes) or 'none'}). Fix the option "
+        "names in the recipe, or the parameters of make_task.",
+    )
+
+
+def check_task(program: AgentProgram, seed: int, timeout: float) -> Any:
+    """``program.task(seed)``, made before any episode needs it (a run's checks, ``roll
+    debug-env``): an EnvFault naming the agent module and make_task's own error (the line that
+    raised) when it raises or hangs, so the user's bug is told as theirs."""
+    from roll_core.envs.faults import EnvFault, call_with_timeout, describe_fault
+
+    fn = program.make_task or program.task
+    try:
+        return call_with_timeout(program.task, seed, timeout=timeout)
+    except Exception as err:  # noqa: BLE001 - the user's make_task raised or hung
+        options = "".join(f", {k}={v!r}" for k, v in program.options.items())
+        module = program.path.rpartition(":")[0] if ":" in program.path else program.path
+        raise EnvFault(
+            f"agent '{program.path}': make_task({seed}{options}) (seed {seed} and the recipe's "
+            f"envs[].options) failed: {describe_fault(err, program.source_file(fn))}.",
+            hint=f"Fix make_task in {module} or the options the recipe gives it "
+            "(envs[].options); rerun with --debug for the traceback.",
+        ) from err
 
 
 def expert_text(reply: Any) -> str:

@@ -63,15 +63,18 @@ def call_with_timeout(fn: Callable[..., Any], *args: Any, timeout: float) -> Any
     return box["value"]
 
 
-def fault_location(err: BaseException) -> str:
-    """``path:line, in function`` of the innermost frame of ``err``'s traceback ('' if none).
+def fault_location(err: BaseException, in_file: str | None = None) -> str:
+    """``path:line, in function`` of the innermost frame of ``err``'s traceback ('' if none);
+    with ``in_file``, the innermost frame in that file if there is one (a user module's own
+    line, rather than the library line deep inside a call it made).
 
     The path is relative to the working directory when it lies below it.
     """
     frames = traceback.extract_tb(err.__traceback__)
-    if not frames:
+    mine = [f for f in frames if in_file and f.filename == in_file] or frames[-1:]
+    if not mine:
         return ""
-    frame = frames[-1]
+    frame = mine[-1]
     path = Path(frame.filename)
     try:
         shown = str(path.resolve().relative_to(Path.cwd().resolve()))
@@ -80,13 +83,14 @@ def fault_location(err: BaseException) -> str:
     return f"{shown}:{frame.lineno}, in {frame.name}"
 
 
-def describe_fault(err: BaseException) -> str:
-    """One line: ``Type: message (at path:line, in function)``; a timeout is its message."""
+def describe_fault(err: BaseException, in_file: str | None = None) -> str:
+    """One line: ``Type: message (at path:line, in function)``; a timeout is its message.
+    ``in_file``: the line shown is the innermost one in that file (see fault_location)."""
     if isinstance(err, EnvTimeout):
         return f"timeout: {err}"
     described = getattr(err, "fault_text", None)  # a fault that says where itself (agents)
     if isinstance(described, str):
         return described
     text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-    where = fault_location(err)
+    where = fault_location(err, in_file)
     return f"{text} (at {where})" if where else text

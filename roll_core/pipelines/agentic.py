@@ -39,7 +39,7 @@ from roll_core.data import Batch
 from roll_core.data.vision import VISION_FIELDS
 from roll_core.engine import Cluster
 from roll_core.envs import get_env_class, make_env
-from roll_core.envs.agents import load_agent
+from roll_core.envs.agents import check_task, load_agent
 from roll_core.envs.base import observation_images
 from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout, describe_fault
 from roll_core.envs.registry import validate_options
@@ -216,20 +216,12 @@ def check_images(cfg: AgenticConfig) -> None:
             )
 
 
-def _check_env(entry: EnvEntry, timeout: float) -> bool:
+def check_env(entry: EnvEntry, timeout: float) -> bool:
     """Build and reset each env once, so a bad name or option fails before a run exists;
-    returns whether its observations carry images. An agent: its module loads and makes the
-    task of seed 0."""
+    returns whether its observations carry images. An agent: its module loads, its options fit
+    its make_task, and it makes the task of seed 0 (roll_core/envs/agents.py)."""
     if entry.agent is not None:
-        program = load_agent(entry.agent, entry.options)
-        try:
-            call_with_timeout(program.task, 0, timeout=timeout)
-        except Exception as err:  # noqa: BLE001 - the user's make_task raised or hung
-            raise EnvFault(
-                f"agent {entry.name}: make_task(seed=0, **options) failed before training "
-                f"started: {describe_fault(err)}",
-                hint=f"Fix make_task in {entry.agent} (envs[].options are its keyword arguments).",
-            ) from None
+        check_task(load_agent(entry.agent, entry.options), 0, timeout)
         return False
     get_env_class(entry.env_id)
     env = make_env(entry.env_id, **entry.options)
@@ -250,7 +242,7 @@ def _check_env(entry: EnvEntry, timeout: float) -> bool:
 def prepare(cfg: AgenticConfig) -> AgenticSetup:
     check_algorithm(cfg)
     check_warm_start(cfg)
-    shows_images = [_check_env(entry, cfg.rollout.step_timeout_s) for entry in cfg.envs]
+    shows_images = [check_env(entry, cfg.rollout.step_timeout_s) for entry in cfg.envs]
     model_path = resolve_model_path(cfg.model.path)
     tok_path = resolve_tokenizer_path(cfg.model.tokenizer) if cfg.model.tokenizer else model_path
     tokenizer = load_tokenizer(tok_path)
@@ -629,7 +621,9 @@ def warm_start(
     for k in range(w.steps):
         demos = demonstrations(cfg, setup, specs, count=per_env, offset=k * per_env, faults=faults)
         build = step_batch if cfg.rollout.mode == "step" else trajectory_batch
-        batch = build([[t] for t in demos], pad_id=setup.tokenizer.pad_token_id)
+        batch = build(
+            [[t] for t in demos], pad_id=setup.tokenizer.pad_token_id, max_len=setup.max_context
+        )
         resp = batch.tensors["response_mask"]
         batch = Batch(
             tensors={
@@ -665,10 +659,15 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
     paths = dict(model_path=setup.model_path, tokenizer_path=setup.tokenizer_path)
     with (
         roles.rl_roles(cfg, loop, **paths) as rl,
-        closing(_source(cfg, setup, rl, specs)) as source,
+        closing(_source(cfg, setup, rl, specs, note=functools.partial(_warn, loop))) as source,
     ):
         evaluate = bool(cfg.eval.every_steps and any(e.eval_episodes for e in cfg.envs))
-        validation = functools.partial(validate, cfg, source.manager, specs)
+
+        def validation() -> dict[str, float]:
+            try:
+                return validate(cfg, source.manager, specs)
+            finally:
+                source.show_faults()
 
         def warm(start: int) -> None:
             if start == 0 and cfg.warm_start.steps:
@@ -683,10 +682,19 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
         return run_rl(cfg, rl, source, loop, hooks)
 
 
+def _warn(loop: DriverLoop, text: str) -> None:
+    loop.console.print(f"warning: {text}", style="yellow", markup=False, soft_wrap=True)
+
+
 def _source(
-    cfg: AgenticConfig, setup: AgenticSetup, rl: roles.RLRoles, specs: list[EnvSpec]
+    cfg: AgenticConfig,
+    setup: AgenticSetup,
+    rl: roles.RLRoles,
+    specs: list[EnvSpec],
+    note: Callable[[str], None] | None = None,
 ) -> AgenticSource:
-    """The env rollout manager on actor_infer, as the loop's rollout source."""
+    """The env rollout manager on actor_infer, as the loop's rollout source (``note``: where
+    the first faults of each env are shown)."""
     manager = EnvRolloutManager(
         infer=rl.actor_infer,
         tokenizer=setup.tokenizer,
@@ -695,7 +703,9 @@ def _source(
         processor=setup.processor,
     )
     pad = setup.tokenizer.pad_token_id
-    return AgenticSource(manager, pad_id=pad, mode=cfg.rollout.mode, gamma=cfg.gigpo.gamma)
+    return AgenticSource(
+        manager, pad_id=pad, mode=cfg.rollout.mode, gamma=cfg.gigpo.gamma, note=note
+    )
 
 
 def _warm_start_phase(

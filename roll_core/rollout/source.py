@@ -40,6 +40,7 @@ from roll_core.rollout.agentic import (
     step_batch,
     trajectory_batch,
 )
+from roll_core.rollout.agentic.batch import DROPPED_NO_GENERATED, DROPPED_TOO_LONG
 from roll_core.rollout.async_scheduler import AsyncRolloutScheduler
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler
@@ -206,24 +207,48 @@ class AgenticSource:
     or step (one row per turn, GiGPO, returns discounted by `gamma`)."""
 
     def __init__(
-        self, manager: EnvRolloutManager, *, pad_id: int, mode: str, gamma: float = 1.0
+        self,
+        manager: EnvRolloutManager,
+        *,
+        pad_id: int,
+        mode: str,
+        gamma: float = 1.0,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         self.manager = manager
         self.pad_id = pad_id
         self.mode = mode
         self.gamma = gamma
+        self.note = note  # shows the first faults' text on the run's console
+        self._dropped: dict[str, float] = {}
 
     def next_batch(self, step: int) -> Rollout:
-        result = self.manager.next_batch(step)
+        try:
+            result = self.manager.next_batch(step)
+        finally:
+            self.show_faults()
         trajs = [t for g in result.groups for t in g]
         return Rollout(
             result.groups, {**result.metrics, **episode_metrics(trajs, prefix="rollout")}
         )
 
+    def show_faults(self) -> None:
+        """The text of the episode faults not shown yet (the first few of each env)."""
+        for text in self.manager.take_fault_notes():
+            if self.note is not None:
+                self.note(text)
+
     def to_batch(self, groups: list[list[Any]]) -> Batch:
+        """The step's rows; rows that must not be trained (no generated token, longer than
+        rollout.max_context) are left out and counted in ``rollout/rows_dropped_*``."""
+        max_len = self.manager.s.max_context
         if self.mode == "step":
-            return step_batch(groups, pad_id=self.pad_id, gamma=self.gamma)
-        return trajectory_batch(groups, pad_id=self.pad_id)
+            batch = step_batch(groups, pad_id=self.pad_id, gamma=self.gamma, max_len=max_len)
+        else:
+            batch = trajectory_batch(groups, pad_id=self.pad_id, max_len=max_len)
+        for key in (DROPPED_NO_GENERATED, DROPPED_TOO_LONG):
+            self._dropped[f"rollout/{key}"] = float(batch.meta.pop(key, 0))
+        return batch
 
     def hold(self) -> None:
         self.manager.suspend()  # no episode generates while the engine is offloaded
@@ -239,7 +264,8 @@ class AgenticSource:
         out["sync/suspended_s"] = time.perf_counter() - start
 
     def metrics(self) -> dict[str, float]:
-        return {}
+        out, self._dropped = self._dropped, {}
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return self.manager.state_dict()

@@ -97,7 +97,10 @@ def settings(**kw: Any) -> RolloutSettings:
     return RolloutSettings(**(base | kw))
 
 
-def play(tok: Any, agent: str, seeds: list[int], **kw: Any) -> list[Trajectory]:
+def play(
+    tok: Any, agent: str, seeds: list[int], notes: list[str] | None = None, **kw: Any
+) -> list[Trajectory]:
+    """The episodes of ``seeds``; ``notes`` gets the fault texts the run's console shows."""
     spec = EnvSpec("calc", lambda: None, agent=load_agent(agent))
     mgr = EnvRolloutManager(
         infer=CalcInfer(tok), tokenizer=tok, specs=[spec], settings=settings(**kw)
@@ -105,6 +108,8 @@ def play(tok: Any, agent: str, seeds: list[int], **kw: Any) -> list[Trajectory]:
     try:
         return mgr.run_episodes(spec, seeds, SamplingParams(max_new_tokens=80))
     finally:
+        if notes is not None:
+            notes += mgr.take_fault_notes()
         mgr.close()
 
 
@@ -165,9 +170,12 @@ def test_agent_faults_carry_the_agents_own_error(tok: Any, tmp_path: Path) -> No
             """
         )
     )
-    [crash] = play(tok, f"{path}:crash", [7])
+    notes: list[str] = []
+    [crash] = play(tok, f"{path}:crash", [7], notes)
     assert crash.status == "error" and "ValueError: my tool broke on" in crash.error
     assert "agents.py" in crash.error  # where in the agent's code
+    # its text is shown on the run's console, not only counted
+    assert notes == [f"validation episode of calc failed (error): {crash.error}"]
     [silent] = play(tok, f"{path}:silent", [0])
     assert silent.status == "error" and "without calling the model" in silent.error
     [words] = play(tok, f"{path}:words", [0])
@@ -197,6 +205,13 @@ def session(tok: Any, endpoint: AgentEndpoint, **kw: Any) -> tuple[AgentSession,
     return s, client
 
 
+def served(s: AgentSession) -> Trajectory:
+    """The session's trajectory once its last reply is recorded (a reply is recorded right
+    after it reached the client, under the session's lock)."""
+    with s.lock:
+        return s.traj
+
+
 def tools() -> list[dict[str, Any]]:
     import sys
 
@@ -221,14 +236,14 @@ def test_tool_calls_logprobs_and_models_round_trip(tok: Any) -> None:
         assert call.function.name == "calc" and json.loads(call.function.arguments) == {
             "x": "12*34"
         }
-        n = len(s.traj.turns[0].response_ids)
+        n = len(served(s).turns[0].response_ids)
         assert [t.logprob for t in choice.logprobs.content] == [-(i + 1) / 100 for i in range(n)]
         assert out.usage.completion_tokens == n
         messages += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": "408"}]
         out = client.chat.completions.create(model="m", messages=messages, tools=tools())
         assert out.choices[0].message.content == "408" and out.choices[0].finish_reason == "stop"
         assert (
-            len(s.traj.turns) == 2
+            len(served(s).turns) == 2
             and s.traj.turns[1].prompt_ids[: len(s.traj.turns[0].prompt_ids)]
             == s.traj.turns[0].prompt_ids
         )
@@ -259,7 +274,7 @@ def test_undeclared_tool_and_bad_requests(tok: Any) -> None:
         )  # the model calls `python`, which the agent did not declare
         message = out.choices[0].message
         assert message.tool_calls is None and '"name": "python"' in (message.content or "")
-        assert out.choices[0].finish_reason == "stop" and not s.traj.turns[0].action_is_valid
+        assert out.choices[0].finish_reason == "stop" and not served(s).turns[0].action_is_valid
         s2, client2 = session(tok, endpoint)
         bad_tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]
         with pytest.raises(openai.BadRequestError, match=r"tools\[0\] is not a valid tool"):

@@ -171,8 +171,19 @@ def test_failing_and_hanging_envs_are_counted_and_replaced(tokenizer: Any) -> No
         start = time.perf_counter()
         result = mgr.next_batch(1)
         wall = time.perf_counter() - start
+        notes = mgr.take_fault_notes()
+        assert mgr.take_fault_notes() == []
     finally:
         mgr.close()
+    # the text of the first 3 of the 4 faults, for the run's console
+    assert len(notes) == 3
+    assert all(n.startswith("training episode of corridor failed (") for n in notes)
+    assert any("(error): RuntimeError: env crashed (at " in n for n in notes)
+    assert any("(timeout): timeout: env step() did not return" in n for n in notes)
+    assert notes[-1].endswith(
+        "[the first 3 faults of corridor are shown; the rest are only counted: "
+        "rollout/ and eval/ env_errors, env_timeouts]"
+    )
     m = result.metrics
     assert len(result.groups) == 2 and all(g[0].status == "done" for g in result.groups)
     assert m["rollout/corridor/env_errors"] == 2

@@ -117,6 +117,10 @@ def test_run_with_occasional_env_faults_finishes_and_counts_them(roll, tmp_path:
     assert [r["step"] for r in rows if r["step"] > 0 and "actor/pg_loss" in r] == [1, 2]
     assert _total(rows, "warm_start/env_errors") + _total(rows, "warm_start/env_timeouts") >= 1
     assert _total(rows, "rollout/env_errors") >= 1
+    # the first 3 faults' text is on the console (the rest only counted)
+    shown = re.findall(r"warning: (?:training|validation) episode of flaky failed", res.stderr)
+    assert len(shown) == 3, res.stderr
+    assert "(error): RuntimeError: flaky step" in " ".join(res.stderr.split())
     # validation at steps 0 and 2 (16 episodes of 2 steps each): ~1 fault per 4 steps
     assert _total(rows, "eval/env_errors") >= 1
     assert _total(rows, "eval/env_errors") + _total(rows, "eval/env_timeouts") <= 32

@@ -109,3 +109,44 @@ def test_agentic_source_suspends_around_every_sync() -> None:
     assert manager.calls[-1] == "suspend"
     source.close()
     assert manager.calls[-1] == "close"
+
+
+def test_agentic_source_counts_the_rows_it_leaves_out_and_shows_faults() -> None:
+    from types import SimpleNamespace
+
+    from roll_core.rollout.agentic import TokenTrace, Trajectory
+
+    def trace(n_prompt: int, n_generated: int) -> TokenTrace:
+        t = TokenTrace()
+        t.add_context([1] * n_prompt)
+        t.add_generated([2] * n_generated, [0.0] * n_generated)
+        return t
+
+    class Manager(Producer):
+        s = SimpleNamespace(max_context=8)
+
+        def next_batch(self, step: int) -> RolloutResult:
+            self.calls.append(("next_batch", step))
+            return RolloutResult(groups=[], metrics={})
+
+        def take_fault_notes(self) -> list[str]:
+            self.calls.append("notes")
+            return ["training episode of t failed (error): ValueError: x"]
+
+    shown: list[str] = []
+    manager = Manager()
+    source = AgenticSource(manager, pad_id=0, mode="trajectory", note=shown.append)  # type: ignore[arg-type]
+    source.next_batch(1)
+    assert manager.calls == [("next_batch", 1), "notes"]
+    assert shown == ["training episode of t failed (error): ValueError: x"]
+    # a prompt-only row (3 ids), a row of 7 + 2 = 9 ids > 8, and a row of 4 + 2 ids
+    a = Trajectory("t", 0, 0, 0, trace=trace(3, 0))
+    b = Trajectory("t", 0, 1, 1, trace=trace(7, 2))
+    c = Trajectory("t", 0, 2, 2, trace=trace(4, 2))
+    batch = source.to_batch([[a, b, c]])
+    assert batch.tensors["input_ids"].shape == (1, 6) and "rows_dropped_too_long" not in batch.meta
+    assert source.metrics() == {
+        "rollout/rows_dropped_no_generated": 1.0,
+        "rollout/rows_dropped_too_long": 1.0,
+    }
+    assert source.metrics() == {}

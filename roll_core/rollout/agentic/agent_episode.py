@@ -8,7 +8,9 @@ How an episode ends:
   ``reward > 0``; status ``done``. Or ``{"reward": r, "success": bool}``: partial credit that
   is not counted a success.
 * the conversation outgrew ``rollout.max_context``: status ``context`` (kept, like an env
-  episode cut by the context), with the reward ``run`` returned, or 0 if it raised.
+  episode cut by the context), with the reward ``run`` returned, or 0 if it raised; the
+  refused call is not in the trajectory (:mod:`.endpoint`). A first call that does not fit
+  is a fault (nothing was generated).
 * faults, counted and replaced like env faults (``env_errors`` / ``env_timeouts``) and carrying
   the agent's own error text: ``run`` raised; it ran past ``rollout.episode_timeout_s``; it
   returned without calling the model, or returned something that is not a number.
@@ -22,18 +24,15 @@ so its next call to the endpoint fails, and the thread is abandoned.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import numbers
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from roll_core.backends.infer import Completion
 from roll_core.envs.agents import AgentProgram, expert_text
-from roll_core.envs.faults import EnvTimeout
+from roll_core.envs.faults import EnvTimeout, describe_fault
 from roll_core.errors import ConfigError
 from roll_core.rollout.agentic.chat import ChatFormat
 from roll_core.rollout.agentic.endpoint import AgentEndpoint, AgentSession
@@ -52,21 +51,7 @@ class AgentFault(Exception):
 def agent_error(err: BaseException, program: AgentProgram) -> AgentFault:
     """``err`` raised by ``run``, located at the innermost frame in the agent's own file (an
     openai error is raised deep inside the client; the agent's line is the useful one)."""
-    try:
-        source = inspect.getsourcefile(program.run)
-    except TypeError:
-        source = None
-    frames = traceback.extract_tb(err.__traceback__)
-    mine = [f for f in frames if source and f.filename == source] or frames[-1:]
-    text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-    if mine:
-        path = Path(mine[-1].filename)
-        try:
-            shown = str(path.resolve().relative_to(Path.cwd().resolve()))
-        except ValueError:
-            shown = str(path)
-        text += f" (at {shown}:{mine[-1].lineno}, in {mine[-1].name})"
-    return AgentFault(text)
+    return AgentFault(describe_fault(err, program.source_file(program.run)))
 
 
 def openai_client(base_url: str, *, is_async: bool, timeout: float) -> Any:
@@ -139,6 +124,12 @@ def _finish(
     if "error" in box and not session.context_full:
         raise agent_error(box["error"], program) from box["error"]
     value = box.get("value", 0.0) if "error" not in box else 0.0
+    if not traj.turns and session.context_full:
+        raise AgentFault(
+            f"agent {program.path}: its first call was refused ({session.context_error}), so "
+            "the model generated nothing to train; shorten the agent's first prompt or raise "
+            "rollout.max_context"
+        )
     if not traj.turns:
         raise AgentFault(
             f"agent {program.path}: run() returned {value!r} without calling the model (no "

@@ -14,6 +14,10 @@ space [B, T-1] (position t scores token t+1). Rows with images (vision-language 
 their ``pixel_values`` / ``image_grid_thw`` as per-row non-tensor fields
 (:mod:`roll_core.data.vision`): a trajectory row every image of its episode, a step row the
 images of its prompt, the very inputs its turns were generated from.
+
+Only what the model generated into is trained: a row without a generated token, or longer than
+the context the recipe allows, is left out and counted (``rollout/rows_dropped_*``); the
+episode loops never make one, so this is the last line of defence.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from roll_core.algorithms.gigpo import discounted_step_returns
 from roll_core.data import Batch
 from roll_core.data.vision import vision_fields
+from roll_core.errors import RollError
 from roll_core.rollout.agentic.episode import Trajectory
 
 
@@ -53,12 +58,60 @@ def _rows(
     }
 
 
-def trajectory_batch(groups: list[list[Trajectory]], *, pad_id: int) -> Batch:
+class _Dropped:
+    """Rows that are not trained (the last line of defence; none is expected): a row the
+    model generated no token of (nothing to learn from, yet it would cost a forward and a
+    backward and move its group's statistics), or one longer than ``max_len`` (the context
+    the recipe allows: a row the model never saw whole)."""
+
+    def __init__(self, max_len: int | None) -> None:
+        self.max_len = max_len
+        self.no_generated = 0
+        self.too_long = 0
+
+    def keep(self, n_ids: int, n_generated: int) -> bool:
+        if n_generated == 0:
+            self.no_generated += 1
+            return False
+        if self.max_len is not None and n_ids > self.max_len:
+            self.too_long += 1
+            return False
+        return True
+
+    def meta(self, kept: int) -> dict[str, int]:
+        if not kept:
+            raise RollError(
+                f"no row of this batch can be trained: {self.no_generated} had no generated "
+                f"token and {self.too_long} were longer than the context ({self.max_len} "
+                "tokens).",
+                hint="An episode whose first prompt plus rollout.max_new_tokens does not fit "
+                "rollout.max_context ends before the model generates anything: raise "
+                "rollout.max_context, or shorten the env's system prompt / first observation.",
+            )
+        return {DROPPED_NO_GENERATED: self.no_generated, DROPPED_TOO_LONG: self.too_long}
+
+
+DROPPED_NO_GENERATED = "rows_dropped_no_generated"
+DROPPED_TOO_LONG = "rows_dropped_too_long"
+"""``Batch.meta`` keys: rows of the batch's episodes that were not trained (_Dropped)."""
+
+
+def trajectory_batch(
+    groups: list[list[Trajectory]], *, pad_id: int, max_len: int | None = None
+) -> Batch:
     """One row per episode (StarPO); an agent episode whose calls did not continue one
     conversation (``rollout.agent_history: segment``) has one row per segment, each with the
-    episode's return and group."""
+    episode's return and group. A row with no generated token, or longer than ``max_len``,
+    is left out and counted in ``meta`` (``rows_dropped_*``)."""
     trajs = [t for g in groups for t in g]
-    segs = [(t, k, trace) for t in trajs for k, trace in enumerate(t.traces())]
+    dropped = _Dropped(max_len)
+    segs = [
+        (t, k, trace)
+        for t in trajs
+        for k, trace in enumerate(t.traces())
+        if dropped.keep(len(trace.ids), sum(trace.mask))
+    ]
+    meta = dropped.meta(len(segs))
     rows = [(trace.ids, trace.mask, trace.log_probs) for _, _, trace in segs]
     tensors = _rows(rows, pad_id)
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
@@ -78,13 +131,18 @@ def trajectory_batch(groups: list[list[Trajectory]], *, pad_id: int) -> Batch:
             "env_tag": [t.tag for t, _, _ in segs],
             **vision_fields([tr.vision() for _, _, tr in segs]),
         },
-        meta={},
+        meta=meta,
     )
 
 
-def step_batch(groups: list[list[Trajectory]], *, pad_id: int, gamma: float = 1.0) -> Batch:
-    """One row per turn (GiGPO), with the inputs of the GiGPO advantages."""
+def step_batch(
+    groups: list[list[Trajectory]], *, pad_id: int, gamma: float = 1.0, max_len: int | None = None
+) -> Batch:
+    """One row per turn (GiGPO), with the inputs of the GiGPO advantages; a turn with no
+    generated token, or longer than ``max_len``, is left out and counted as in
+    :func:`trajectory_batch`."""
     trajs = [t for g in groups for t in g]
+    dropped = _Dropped(max_len)
     rows, returns, episode_of, anchors, versions, rewards, tags = [], [], [], [], [], [], []
     visions = []
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
@@ -93,6 +151,8 @@ def step_batch(groups: list[list[Trajectory]], *, pad_id: int, gamma: float = 1.
         step_returns = discounted_step_returns([turn.reward for turn in traj.turns], gamma)
         for turn, ret in zip(traj.turns, step_returns, strict=True):
             ids = turn.prompt_ids + turn.response_ids
+            if not dropped.keep(len(ids), len(turn.response_ids)):
+                continue
             mask = [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids)
             logps = [0.0] * len(turn.prompt_ids) + list(turn.log_probs)
             rows.append((ids, mask, logps))
@@ -104,6 +164,7 @@ def step_batch(groups: list[list[Trajectory]], *, pad_id: int, gamma: float = 1.
             rewards.append(turn.reward)
             tags.append(traj.tag)
             visions.append(turn.vision)
+    dropped_meta = dropped.meta(len(rows))
     tensors = _rows(rows, pad_id)
     tensors |= {
         "scores": torch.tensor(returns, dtype=torch.float32),
@@ -120,6 +181,7 @@ def step_batch(groups: list[list[Trajectory]], *, pad_id: int, gamma: float = 1.
     meta = {
         "episode_returns": [t.episode_return for t in trajs],
         "episode_groups": [group_index[t.group] for t in trajs],
+        **dropped_meta,
     }
     non_tensors = {"env_tag": tags, **vision_fields(visions)}
     return Batch(tensors=tensors, non_tensors=non_tensors, meta=meta)

@@ -25,7 +25,24 @@ the env path builds one (token-in/token-out, :mod:`.chat`):
   ``hermes`` parser of :mod:`roll_core.envs.tool_parsers`) and, with ``logprobs: true``, the
   behaviour log-prob of every generated token. A call that names a tool the request did not
   declare, or that cannot be read, is not returned as a tool call: the text comes back as
-  ``content`` (finish_reason ``stop``) and the turn counts as an invalid action.
+  ``content`` (finish_reason ``stop``) and the turn counts as an invalid action;
+* a call changes the trajectory only once it is served: its prompt is computed aside, and the
+  trajectory gets it (a new segment if it starts one, the prompt's new ids, the generated ids,
+  the turn) after the reply was delivered. A refused call (HTTP 400: the conversation does not
+  fit ``max_context``, a rewrite under ``strict``, a bad tool schema, ...; 503: generation
+  stopped) leaves the trajectory exactly as it was, so neither it nor an agent's retries of it
+  add a training row. A context refusal still ends the episode with status ``context``;
+* a client that hangs up before its reply (its own timeout, a cancelled task, a dead agent):
+  before writing, the handler looks at the connection (an HTTP client sends nothing while it
+  waits for a reply, so a socket at end of stream or reset is one that hung up), and a broken
+  pipe while writing means the same; the reply is then not recorded (the agent never saw it,
+  so its tokens are not trained; counted as ``rollout/<tag>/agent_replies_undelivered``), and
+  the session stays as it was before the call, so a retry is served like a first try. The
+  session's lock is held from the prompt to the record, so the agent's next call, and
+  ``close_session`` (before the episode reads its trajectory), wait until the reply is
+  recorded. A client that hangs up after the reply reached the kernel's socket
+  buffer cannot be told from one that read it (TCP does not say); such a turn is kept. A
+  connection the client closed prints no traceback.
 
 Sampling is the recipe's (``rollout.temperature`` etc.): ``temperature``, ``top_p`` and
 ``max_tokens`` in a request are ignored, so the samples stay on-policy. ``GET /v1/models`` lists
@@ -36,10 +53,13 @@ no web framework is needed for two routes on the loopback interface.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import secrets
+import socket
+import sys
 import threading
 import time
 from array import array
@@ -66,6 +86,25 @@ class EndpointError(Exception):
 
 
 Generate = Callable[[list[int], int, Any], Completion]
+Deliver = Callable[[dict[str, Any]], None]
+
+
+class ClientGone(Exception):
+    """The client hung up before it got the reply (it timed out, was cancelled, or died)."""
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one call would add to the session, computed without changing it: the prompt the
+    model is given, the ids the trace gets before the generated ones, and the conversation as
+    the session knows it afterwards. Applied only once the reply reached the client."""
+
+    prompt: list[int]
+    context: list[int]
+    new_segment: bool
+    keys: list[tuple[Any, ...]]
+    tools_key: str | None
+    tool_names: frozenset[str]
 
 
 @dataclass
@@ -86,67 +125,76 @@ class AgentSession:
     after_eos: bool = False
     last_call: float = 0.0
     failure: BaseException | None = None  # a generation failure / cancel: the episode's end
-    context_full: bool = False
+    context_full: bool = False  # a call was refused for the context: the episode's end
+    context_error: str = ""  # why (the refusal's text)
     closed: bool = False
     request: list[Any] = field(default_factory=list)  # the messages of the call being served
     history: str = "segment"  # a call that does not continue: new segment | strict: HTTP 400
+    undelivered: int = 0  # replies the client hung up before receiving (not recorded)
 
     # ---- one call ------------------------------------------------------------------------------
-    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+    def complete(self, body: dict[str, Any], deliver: Deliver | None = None) -> dict[str, Any]:
+        """Serve one call: the reply, recorded in the trajectory once ``deliver(reply)``
+        returned (``deliver`` raises ClientGone: nothing is recorded). A refused call (any
+        EndpointError) leaves the session and its trajectory exactly as they were."""
         with self.lock:
             if self.closed or self.failure is not None:
                 raise EndpointError(410, "this episode has ended; its session is closed.", "gone")
             self.request = _messages(body)
             messages = [_normalise(m, k) for k, m in enumerate(self.request)]
-            tools = _tools(body)
-            prompt = self._prompt(messages, tools)
-            if len(prompt) + self.max_new_tokens > self.max_context:
+            call = self._prompt(messages, _tools(body))
+            if len(call.prompt) + self.max_new_tokens > self.max_context:
                 self.context_full = True
+                self.context_error = (
+                    f"the conversation ({len(call.prompt)} tokens) plus max_new_tokens="
+                    f"{self.max_new_tokens} does not fit rollout.max_context={self.max_context}"
+                )
                 raise EndpointError(
                     400,
-                    f"the conversation ({len(prompt)} tokens) plus max_new_tokens="
-                    f"{self.max_new_tokens} does not fit rollout.max_context="
-                    f"{self.max_context}; the episode ends here (status `context`).",
+                    f"{self.context_error}; the episode ends here (status `context`).",
                     "context_length_exceeded",
                 )
             t0 = time.perf_counter()
             env_s = t0 - self.last_call if self.last_call else 0.0
             try:
-                completion = self.generate(prompt, len(self.traj.turns), None)
+                completion = self.generate(call.prompt, len(self.traj.turns), None)
             except BaseException as err:  # cancelled, timed out, rank lost: ends the episode
                 self.failure = err
                 raise EndpointError(
                     503, f"generation stopped: {type(err).__name__}: {err}"
                 ) from err
-            self.last_call = time.perf_counter()
-            message, finish, valid = self._answer(completion)
-            self._record(prompt, completion, message, valid, self.last_call - t0, env_s)
-            return self._response(completion, message, finish, body)
+            done = time.perf_counter()
+            message, finish, valid = self._answer(completion, call.tool_names)
+            response = self._response(completion, message, finish, body, call)
+            if deliver is not None:
+                try:
+                    deliver(response)
+                except ClientGone:
+                    self.undelivered += 1  # never seen by the agent: not trained
+                    raise
+            self._record(call, completion, message, valid, done - t0, env_s)
+            self.last_call = done
+            return response
 
-    def _prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> list[int]:
+    def _prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> _Call:
+        """The call's prompt and what it adds (see _Call); the session is not changed."""
         keys = [_key(m) for m in messages]
         tools_key = json.dumps(tools, sort_keys=True) if tools else None
         if self.messages:
             problem = self._not_continued(messages, keys, tools_key)
             if problem is None:  # the conversation goes on: append the new messages' ids
                 ids = self._continuation(messages[len(self.messages) :])
-                self.messages = keys
-                self.traj.trace.add_context(ids)
-                return list(self.traj.trace.ids)
+                prompt = [*self.traj.trace.ids, *ids]
+                return _Call(prompt, ids, False, keys, self.tools_key, self.tool_names)
             if self.history == "strict":
                 raise EndpointError(400, problem)
-            self.traj.new_segment()  # history "segment": this call starts a new sequence
-            self.after_eos = False
-        # the first call of a segment: the template renders the whole conversation
-        self.tool_names = frozenset(str(t["function"]["name"]) for t in tools or [])
+        # the first call of a segment (history "segment": a call that does not continue the
+        # conversation starts a new sequence): the template renders the whole conversation
+        names = frozenset(str(t["function"]["name"]) for t in tools or [])
         if tools and tools_key != self.tools_key:
-            self._check_tools(tools)
+            self._check_tools(tools, names)
         ids = self.chat.prompt([m["render"] for m in messages], tools)
-        self.tools_key, self.messages = tools_key, keys
-        self.traj.trace.add_context(ids)
-        return list(self.traj.trace.ids)
+        return _Call(ids, ids, bool(self.messages), keys, tools_key, names)
 
     def _not_continued(
         self, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]], tools_key: str | None
@@ -186,28 +234,30 @@ class AgentSession:
             return self.chat.tool_message(results, after_eos=self.after_eos)
         return self.chat.env_message(new[0]["content"], after_eos=self.after_eos)
 
-    def _check_tools(self, tools: list[dict[str, Any]]) -> None:
+    def _check_tools(self, tools: list[dict[str, Any]], names: frozenset[str]) -> None:
         from roll_core.data.chat import tool_support_problem
 
         problem = tool_support_problem(self.chat.tokenizer, tools)
         if problem:
             raise EndpointError(
                 400,
-                f"the request declares tools ({', '.join(sorted(self.tool_names))}), but the "
+                f"the request declares tools ({', '.join(sorted(names))}), but the "
                 f"chat template has no tool support: {problem}, so the model would never see "
                 "them. Set rollout.chat_template to a template that renders `tools` (e.g. "
                 "Qwen2.5's or Qwen3's).",
             )
-        name = next(iter(sorted(self.tool_names)))
+        name = next(iter(sorted(names)))
         self.chat.tool_reply_text([ToolResult(name, "ROLL_TOOL_PROBE")])  # a ModelError: 400
 
-    def _answer(self, completion: Completion) -> tuple[dict[str, Any], str, bool]:
+    def _answer(
+        self, completion: Completion, tool_names: frozenset[str]
+    ) -> tuple[dict[str, Any], str, bool]:
         """The assistant message of a completion, its finish_reason, and whether its tool calls
-        (if any) were readable calls of declared tools."""
+        (if any) were readable calls of the declared ``tool_names``."""
         tok = self.chat.tokenizer
         text = str(tok.decode(completion.response_ids, skip_special_tokens=True))
         parsed = parse_hermes(text)
-        unknown = [c.name for c in parsed.calls if c.name not in self.tool_names]
+        unknown = [c.name for c in parsed.calls if c.name not in tool_names]
         valid = not parsed.errors and not unknown
         if parsed.calls and valid:
             turn = len(self.traj.turns)
@@ -220,13 +270,20 @@ class AgentSession:
 
     def _record(
         self,
-        prompt: list[int],
+        call: _Call,
         completion: Completion,
         message: dict[str, Any],
         valid: bool,
         gen_s: float,
         env_s: float,
     ) -> None:
+        """Apply a served call to the session: its prompt's new ids, then the generated ids."""
+        if call.new_segment:
+            self.traj.new_segment()
+        self.traj.trace.add_context(call.context)
+        self.tools_key, self.tool_names = call.tools_key, call.tool_names
+        self.messages = list(call.keys)
+        prompt = call.prompt
         ids = list(completion.response_ids)
         self.traj.trace.add_generated(ids, list(completion.log_probs))
         self.after_eos = bool(ids) and ids[-1] == self.chat.eos_id
@@ -249,7 +306,12 @@ class AgentSession:
         )
 
     def _response(
-        self, completion: Completion, message: dict[str, Any], finish: str, body: dict[str, Any]
+        self,
+        completion: Completion,
+        message: dict[str, Any],
+        finish: str,
+        body: dict[str, Any],
+        call: _Call,
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
@@ -271,9 +333,9 @@ class AgentSession:
                     }
                 )
             choice["logprobs"] = {"content": content}
-        n_prompt, n_gen = len(self.traj.turns[-1].prompt_ids), len(completion.response_ids)
+        n_prompt, n_gen = len(call.prompt), len(completion.response_ids)
         return {
-            "id": f"chatcmpl-{self.token}-{len(self.traj.turns)}",
+            "id": f"chatcmpl-{self.token}-{len(self.traj.turns) + 1}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model,
@@ -415,12 +477,11 @@ class AgentEndpoint:
         self.sessions: dict[str, AgentSession] = {}
         self.lock = threading.Lock()
         try:
-            self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
+            self.server = _Server(("127.0.0.1", port), _handler(self))
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
                 raise port_in_use(port) from None
             raise
-        self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self.thread = threading.Thread(  # a short poll: close() returns at once
             target=self.server.serve_forever, args=(0.05,), name="agent-endpoint", daemon=True
@@ -474,6 +535,17 @@ def check_port(port: int) -> None:
             raise port_in_use(port) from None
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (mid-request or before its reply) is not an error of the run:
+        no traceback on the console. Anything else is printed, as the standard library does."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 def _handler(endpoint: AgentEndpoint) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -483,11 +555,34 @@ def _handler(endpoint: AgentEndpoint) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                self.wfile.flush()
+            except ConnectionError as err:  # broken pipe, reset: the client is gone
+                self.close_connection = True
+                raise ClientGone() from err
+
+        def _deliver(self, payload: dict[str, Any]) -> None:
+            """The reply of a served call, unless the client has hung up (ClientGone)."""
+            if self._hung_up():
+                self.close_connection = True
+                raise ClientGone()
+            self._send(200, payload)
+
+        def _hung_up(self) -> bool:
+            """Whether the client closed or reset the connection while its call was served:
+            an HTTP client sends nothing while it waits for a reply, so a readable socket at
+            end of stream is one that hung up (a timeout, a cancelled task, a dead agent)."""
+            try:
+                return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False  # nothing to read: still waiting for the reply
+            except OSError:
+                return True  # reset
 
         def _error(self, err: EndpointError) -> None:
             self._send(
@@ -518,8 +613,14 @@ def _handler(endpoint: AgentEndpoint) -> type[BaseHTTPRequestHandler]:
                 self._send(200, endpoint.models())
             except EndpointError as err:
                 self._error(err)
+            except ClientGone:
+                pass
 
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            with contextlib.suppress(ClientGone):  # nothing to answer, nothing recorded
+                self._post()
+
+        def _post(self) -> None:
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
@@ -537,7 +638,9 @@ def _handler(endpoint: AgentEndpoint) -> type[BaseHTTPRequestHandler]:
                     body = json.loads(raw or b"{}")
                 except json.JSONDecodeError as err:
                     raise EndpointError(400, f"the request body is not JSON: {err}") from None
-                self._send(200, session.complete(body))
+                session.complete(body, deliver=self._deliver)
+            except ClientGone:
+                raise
             except EndpointError as err:
                 self._error(err)
             except RollError as err:  # e.g. a chat template without tool support

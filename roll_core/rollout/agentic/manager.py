@@ -24,6 +24,7 @@ Every episode runs its own loop on its own thread, with no barrier across episod
   episodes (a fall into a hole ends a FrozenLake episode at once): a learning bias.
 * An env that raises, or hangs past ``step_timeout_s`` (or the episode past
   ``episode_timeout_s``), ends that episode: it is counted (``env_errors`` / ``env_timeouts``)
+  (the first ``SHOWN_FAULTS`` of each env, with their error text, are shown on the console)
   and a fresh env instance replays the group's seed in its place (at most
   ``max_replacements`` times per group; a group that cannot be completed is dropped and
   another group takes its place). An episode whose inference rank died is replaced the same
@@ -165,6 +166,8 @@ class EnvRolloutManager:
         self.fatal: BaseException | None = None
         self.counters: dict[str, float] = {}
         self.first_fault: dict[str, str] = {}  # tag -> the first env fault of the run
+        self.fault_notes: list[str] = []  # the first faults of each env, to be shown
+        self._faults_noted: dict[str, int] = {}
         self.version = 0
         self.running: dict[int, _Episode] = {}
         self.barrier = _TurnBarrier() if settings.turn_barrier else None
@@ -424,14 +427,20 @@ class EnvRolloutManager:
                     model=s.served_model,
                     history=s.agent_history,
                 )
-                play_agent_episode(
-                    ep.traj,
-                    group.spec.agent,
-                    endpoint=self.endpoint,
-                    session=session,
-                    cancel=ep.cancel,
-                    remaining=remaining,
-                )
+                try:
+                    play_agent_episode(
+                        ep.traj,
+                        group.spec.agent,
+                        endpoint=self.endpoint,
+                        session=session,
+                        cancel=ep.cancel,
+                        remaining=remaining,
+                    )
+                finally:
+                    if session.undelivered and group.counted:
+                        key = f"rollout/{ep.traj.tag}/agent_replies_undelivered"
+                        with self.lock:
+                            self._count_key(key, float(session.undelivered))
             else:
                 self._play_turns(group, ep, generate, env_call)
         finally:
@@ -485,6 +494,8 @@ class EnvRolloutManager:
                 self._count(traj)
                 if traj.status in _REPLACEABLE:
                     self.first_fault.setdefault(traj.tag, traj.error)
+            if traj.status in _REPLACEABLE:
+                self._note_fault(traj, "training" if group.counted else "validation")
             if group.finished:
                 pass
             elif traj.ok:
@@ -525,6 +536,26 @@ class EnvRolloutManager:
             metrics=metrics,
         )
 
+    def _note_fault(self, traj: Trajectory, phase: str) -> None:
+        """(lock held) Keep the text of each env's first SHOWN_FAULTS faults of the run."""
+        n = self._faults_noted.get(traj.tag, 0) + 1
+        if n > SHOWN_FAULTS:
+            return
+        self._faults_noted[traj.tag] = n
+        text = f"{phase} episode of {traj.tag} failed ({traj.status}): {traj.error}"
+        if n == SHOWN_FAULTS:
+            text += (
+                f" [the first {SHOWN_FAULTS} faults of {traj.tag} are shown; the rest are only "
+                "counted: rollout/ and eval/ env_errors, env_timeouts]"
+            )
+        self.fault_notes.append(text)
+
+    def take_fault_notes(self) -> list[str]:
+        """The fault texts kept since the last call (see SHOWN_FAULTS), for the console."""
+        with self.lock:
+            notes, self.fault_notes = self.fault_notes, []
+        return notes
+
     # ---- counters ----------------------------------------------------------------------------------
     def _count_key(self, key: str, value: float = 1.0) -> None:
         self.counters[key] = self.counters.get(key, 0.0) + value
@@ -552,6 +583,9 @@ class EnvRolloutManager:
         out["rollout/env_timeouts"] = timeouts
         return out
 
+
+SHOWN_FAULTS = 3
+"""Faulted episodes per env whose error text the run's console shows (the rest are counted)."""
 
 _REPLACEABLE = ("error", "timeout", "rank_lost")
 """Episode endings replaced by a fresh episode on the same seed (``max_replacements``)."""
