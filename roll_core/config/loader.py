@@ -246,10 +246,52 @@ def load_recipe(
     path: str | Path, overrides: list[str] | None = None, *, expected: str | None = None
 ) -> Strict:
     """Read, override and validate a recipe; `expected` is the pipeline the command runs."""
-    data = apply_overrides(read_yaml(path), list(overrides or []))
-    schema = schema_for(data, source=str(path), expected=expected)
+    return load_config(read_yaml(path), list(overrides or []), source=str(path), expected=expected)
+
+
+def load_config(
+    data: dict[str, Any], overrides: list[str], *, source: str, expected: str | None = None
+) -> Strict:
+    """Override and validate a recipe's mapping: a recipe file's (`roll validate`, `--dry-run`,
+    a new run) or a run's config.yaml (`roll resume`), through this one function.
+
+    The result is checked to resolve again: its config.yaml (`dump_config`) read back by this
+    function gives the same config. A run is never started that `roll resume` would refuse or
+    read otherwise (a default a check took for the user's own setting); that is roll's bug,
+    reported as one."""
+    data = apply_overrides(data, overrides)
+    schema = schema_for(data, source=source, expected=expected)
     data.setdefault("pipeline", expected or data.get("pipeline"))
-    return validate(schema, data, source=str(path))
+    cfg = validate(schema, data, source=source)
+    _check_resolves_again(cfg, schema, source)
+    return cfg
+
+
+def _check_resolves_again(cfg: Strict, schema: type[Strict], source: str) -> None:
+    try:
+        again = validate(schema, yaml.safe_load(dump_config(cfg)), source="its config.yaml")
+    except ConfigError as err:
+        problem = f"it is refused: {err.message}"
+    else:
+        if again.model_dump() == cfg.model_dump():  # every value (not private notes)
+            return
+        keys = _differences(cfg.model_dump(mode="json"), again.model_dump(mode="json"))
+        problem = f"it reads back otherwise at {', '.join(keys) or 'values YAML writes alike'}"
+    raise RuntimeError(  # not the user's input: the CLI reports it as a bug in roll
+        f"{source}: the resolved config a run writes into its config.yaml does not validate "
+        f"again as `roll resume` reads it ({problem}); a run that could not resume is not "
+        "started"
+    )
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """The dotted keys at which two dumped configs differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        found = []
+        for key in dict.fromkeys([*a, *b]):
+            found += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
+        return found
+    return [] if a == b else [prefix.rstrip(".")]
 
 
 def dump_config(cfg: BaseModel) -> str:

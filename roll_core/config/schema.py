@@ -294,7 +294,8 @@ class ActorTrainConfig(Strict):
         "(update, log-prob passes, the teacher's targets) computes on padding. Same loss, "
         "gradients and log-probs as the padded path (within float rounding). false: "
         "right-padded micro-batches (debugging, or a model whose attention cannot take packed "
-        "input). The megatron backend always pads (setting true there is an error).",
+        "input). The megatron backend's own ranks always pad; with it this key sets how the "
+        "torch roles beside them (the critic, distill's teacher) batch.",
     )
     max_tokens_per_micro_batch: int | None = Field(
         default=None,
@@ -327,19 +328,13 @@ class ActorTrainConfig(Strict):
                     f"megatron tp x pp x ep = {m.tp} x {m.pp} x {m.ep} = {m.tp * m.pp * m.ep}: "
                     "set world_size to a multiple of it (the rest is data parallelism)"
                 )
-        if self.backend == "megatron":
-            # megatron's pipeline schedule takes micro-batches of a fixed row count, right-padded
-            if self.max_tokens_per_micro_batch is not None:
-                raise ValueError(
-                    "actor_train.max_tokens_per_micro_batch is not supported by the megatron "
-                    "backend (its schedule takes micro-batches of trainer.micro_batch_size "
-                    "rows): remove it, or use backend torch / fsdp2 / deepspeed"
-                )
-            if "packing" in self.model_fields_set and self.packing:
-                raise ValueError(
-                    "actor_train.packing: true is not supported by the megatron backend (it "
-                    "right-pads each micro-batch): remove the key or set it to false"
-                )
+        # megatron's pipeline schedule takes micro-batches of a fixed row count, right-padded
+        if self.backend == "megatron" and self.max_tokens_per_micro_batch is not None:
+            raise ValueError(
+                "actor_train.max_tokens_per_micro_batch is not supported by the megatron "
+                "backend (its schedule takes micro-batches of trainer.micro_batch_size "
+                "rows): remove it, or use backend torch / fsdp2 / deepspeed"
+            )
         if self.lora is not None and self.backend != "torch":
             raise ValueError(
                 f"actor_train.lora is supported by the torch backend only (backend is "

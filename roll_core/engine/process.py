@@ -4,16 +4,25 @@ Ranks that form a torch.distributed group cannot share the driver's process, so 
 executor starts each in a spawned subprocess and talks to it over a pipe: requests and
 results travel as cloudpickle bytes (so worker classes defined anywhere, tests included,
 cross over). Calls to one rank run in order; every call returns a `concurrent.futures.Future`.
+
+A rank never outlives the driver: a driver that exits closes its ranks, and one killed by
+SIGKILL (nothing of it runs to close them) takes them with it. On Linux the kernel sends the
+rank SIGKILL when the driver thread that started it ends (`prctl(PR_SET_PDEATHSIG)`); ranks
+started from another thread than the driver's main one (whose end must not kill them), and
+other systems, watch the parent's pid from a thread instead. A rank in the middle of a step or
+of a collective whose peer is gone would otherwise run on for as long as that takes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -23,13 +32,39 @@ import cloudpickle
 from roll_core.errors import RollError, WorkerDiedError
 
 _STOP = "__stop__"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_WATCH_S = 0.5
+"""How often a rank without PR_SET_PDEATHSIG checks that its driver is still there."""
 
 
 class WorkerProcessError(RuntimeError):
     """A worker subprocess raised an error that is not a RollError, or died."""
 
 
-def _serve(conn: Any, payload: bytes) -> None:  # runs in the child
+def _die_with_parent(parent: int, kernel: bool) -> None:  # runs in the child
+    """End this process when `parent` (the driver) ends, however it ends (module docstring).
+
+    `kernel`: the driver started us from its main thread, so the kernel's parent-death signal
+    fires exactly when the driver process ends."""
+    if kernel and sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        kernel = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    else:
+        kernel = False
+    if os.getppid() != parent:  # it ended before the signal was armed
+        os._exit(1)
+    if not kernel:
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(_WATCH_S)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="roll-watch-driver", daemon=True).start()
+
+
+def _serve(conn: Any, payload: bytes, parent: int, kernel: bool) -> None:  # runs in the child
+    _die_with_parent(parent, kernel)
     # Ctrl-C in a terminal reaches the whole process group: the driver decides how to stop
     # (finish the step, save, then close us), so the ranks ignore it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -45,16 +80,20 @@ def _serve(conn: Any, payload: bytes) -> None:  # runs in the child
     while True:
         try:
             method, args, kwargs = cloudpickle.loads(conn.recv_bytes())
-        except EOFError:
+        except (EOFError, OSError):  # the driver closed the pipe, or is gone
             return
         if method == _STOP:
             conn.send_bytes(cloudpickle.dumps(("ok", None)))
             return
         try:
             result = worker.call(method, *args, **kwargs)
-            conn.send_bytes(cloudpickle.dumps(("ok", result)))
+            reply = cloudpickle.dumps(("ok", result))
         except BaseException as err:  # noqa: BLE001 - reported to the driver
-            conn.send_bytes(_error(err))
+            reply = _error(err)
+        try:
+            conn.send_bytes(reply)
+        except OSError:  # the driver is gone: nobody to answer
+            return
 
 
 def _error(err: BaseException) -> bytes:
@@ -118,8 +157,10 @@ class ProcessHandle:
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # inherited by the child at start
         try:
+            payload = cloudpickle.dumps((worker_cls, kwargs))
+            main = threading.current_thread() is threading.main_thread()
             self._proc = ctx.Process(
-                target=_serve, args=(child, cloudpickle.dumps((worker_cls, kwargs))), daemon=True
+                target=_serve, args=(child, payload, os.getpid(), main), daemon=True
             )
             self._proc.start()
         finally:

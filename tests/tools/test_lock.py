@@ -39,6 +39,22 @@ def test_every_pin_is_exact_and_sorted() -> None:
     assert "matplotlib" in pins and "roll" not in pins
 
 
+def test_the_backend_extras_are_pinned_in_the_lock() -> None:
+    """`pip install 'roll[megatron]'` and `roll[deepspeed]` (the train backends' extras) accept
+    the release the lock pins, the one the tests run."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    _, pins = lock.read_lock(ROOT / lock.LOCK)
+    for extra in ("megatron", "deepspeed"):
+        for spec in extras["optional-dependencies"][extra]:
+            req = Requirement(spec)
+            pinned = pins[lock.normalize(req.name)]
+            assert req.specifier.contains(pinned), (extra, spec, pinned)
+
+
 @pytest.fixture
 def project_copy(tmp_path: Path) -> Path:
     for name in ("pyproject.toml", lock.CONSTRAINTS, lock.LOCK):

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from roll_core.backends.train import check_backend_installed
 from roll_core.backends.train.base import TrainBackendSpec, add_metrics
 from roll_core.backends.train.megatron_model import (
     Layout,
@@ -163,14 +164,7 @@ class MegatronTrainBackend(TorchTrainBackend):
                 hint="Use actor_train.backend=torch for LoRA.",
             )
         opts = megatron or MegatronConfig()
-        import importlib.util
-
-        if importlib.util.find_spec("megatron") is None:
-            raise ConfigError(
-                "actor_train.backend is megatron but megatron-core is not installed.",
-                hint="pip install 'megatron-core==0.16.*' (or the project's dev extra), or pick "
-                "actor_train.backend: fsdp2 / deepspeed.",
-            ) from None
+        check_backend_installed("megatron")  # checked before the run too (roles.py)
         self.rank, self.world_size = require_process_group(self.name)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
