@@ -25,6 +25,11 @@ mass. The divergence of the grouped distributions is a lower bound of the full o
 never increases an f-divergence) and equals it when the tail is negligible; it is computed on
 ``k + 1`` entries. Departure from the papers: they use full distributions.
 
+**Vocabulary.** Both distributions are over the tokenizer's ``V`` tokens: callers cut both
+models' logits to ``V`` before these functions (an output layer is often wider: 151,936 rows
+for Qwen's 151,669 tokens, 320 for the built-in tiny models' 259), so neither softmax nor the
+tail bucket holds the padding rows' mass and ``top_k = V - 1`` is the full divergence.
+
 Shapes: positions are flattened, ``[N, V]`` logits and ``[N, K]`` grouped log-probs
 (``K = V`` without top-k, ``k + 1`` with it); per-position outputs are ``[N]``.
 """
@@ -170,7 +175,8 @@ def distill_loss(
     detached metric, no ``tau^2``).
 
     Args:
-        student_logits: ``[N, V]`` raw student logits at the trained positions.
+        student_logits: ``[N, V]`` raw student logits at the trained positions, cut to the
+            tokenizer's vocabulary as the teacher's were.
         teacher_logp: ``[N, K]`` from :func:`teacher_targets` at the same temperature.
         teacher_ids: ``[N, k]`` token ids of the teacher's top-k, or None (full vocabulary).
         loss_type: a name in :data:`DIVERGENCES`.

@@ -41,7 +41,10 @@ sample the exact reverse KL of the two next-token distributions,
 is added to the loss (:func:`full_divergence`, aggregated as the policy loss is), and the
 gradient does not flow through the sampling (as in GKD). ``top_k`` (roll's departure, as in
 ``roll distill``) groups both distributions into the teacher's k most likely tokens plus one
-tail bucket: a lower bound of the full divergence, exact when the tail is negligible.
+tail bucket: a lower bound of the full divergence, exact when the tail is negligible. Both are
+first cut to the tokenizer's vocabulary (the model's output layer may be wider: embedding
+padding), so ``top_k = V - 1`` gives the full divergence and the loss equals ``roll distill``'s
+on the same logits.
 ``divergence: forward_kl | jsd`` (GKD's other divergences) replace the reverse KL there.
 """
 
@@ -110,18 +113,28 @@ def full_divergence(
     teacher_log_probs: torch.Tensor,
     teacher_ids: torch.Tensor | None = None,
     *,
+    vocab_size: int,
     divergence: str = "reverse_kl",
 ) -> torch.Tensor:
     """``mode: full``: the divergence of the two next-token distributions per position ``[N]``;
     ``reverse_kl`` (default) is ``KL(q_student || p_teacher)``, ``forward_kl`` and ``jsd`` (beta
     0.5) are GKD's other choices (:data:`~roll_core.algorithms.distill.DIVERGENCES`).
 
-    ``student_logits`` ``[N, V]`` (already divided by the sampling temperature, with gradient);
-    ``teacher_log_probs`` ``[N, K]`` from :func:`~roll_core.algorithms.distill.teacher_targets`
-    at the same temperature: ``K`` the shared vocabulary (the student's logits beyond it are
-    dropped) or, with ``teacher_ids`` ``[N, k]``, the teacher's top k plus its tail bucket
-    (the student's distribution is grouped the same way)."""
-    if teacher_ids is None:
-        student_logits = student_logits[:, : teacher_log_probs.shape[-1]]
-    student = student_log_probs(student_logits, teacher_ids)
+    ``student_logits`` ``[N, W]`` (already divided by the sampling temperature, with gradient;
+    ``W`` the model's output width) are cut to ``vocab_size``, the tokenizer's vocabulary the
+    teacher's distributions cover, before anything else: the embedding's padding rows beyond it
+    are no token, with or without top-k. ``teacher_log_probs`` ``[N, K]`` from
+    :func:`~roll_core.algorithms.distill.teacher_targets` at the same temperature over the same
+    ``vocab_size``: ``K = vocab_size`` or, with ``teacher_ids`` ``[N, k]``, the teacher's top k
+    plus its tail bucket (the student's distribution is grouped the same way)."""
+    if not 0 < vocab_size <= student_logits.shape[-1]:
+        raise ValueError(
+            f"vocab_size {vocab_size} does not fit the student's {student_logits.shape[-1]} logits"
+        )
+    if teacher_ids is None and teacher_log_probs.shape[-1] != vocab_size:
+        raise ValueError(
+            f"the teacher's distributions have {teacher_log_probs.shape[-1]} entries, "
+            f"not the vocabulary's {vocab_size}"
+        )
+    student = student_log_probs(student_logits[:, :vocab_size], teacher_ids)
     return DIVERGENCES.get(divergence)(student, teacher_log_probs.to(student.dtype))

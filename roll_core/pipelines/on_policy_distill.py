@@ -416,6 +416,7 @@ def distill_advantages(
         if opd.mode == "full":
             t.update(teacher_distributions(batch, teachers, opd, contexts, pad_id=pad_id,
                                            temperature=temperature, vocab_size=vocab_size))  # fmt: skip
+            batch.meta["vocab_size"] = vocab_size  # the student's are cut to it in the loss
         t["teacher_log_probs"] = teacher_log_probs(batch, teachers, opd, contexts, pad_id=pad_id,
                                                    temperature=temperature)  # fmt: skip
 

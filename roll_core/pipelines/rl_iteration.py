@@ -302,6 +302,7 @@ def update_policy(
     totals: dict[str, float] = {}
     count = 0
     algo = cfg.algorithm
+    vocab = batch.meta.get("vocab_size")  # mode full's teacher distributions: their width
     for epoch in range(cfg.trainer.ppo_epochs):
         order = torch.randperm(
             len(batch), generator=torch.Generator().manual_seed(cfg.seed + epoch)
@@ -313,7 +314,7 @@ def update_policy(
             if roles.critic is not None:
                 step_metrics |= roles.critic.train_step(mb)  # ranks' metrics reduced
             step_metrics |= roles.actor_train.train_step(
-                mb, objective="rl", algorithm=algo, temperature=temperature
+                mb, objective="rl", algorithm=algo, temperature=temperature, vocab_size=vocab
             )
             for k, v in step_metrics.items():
                 if is_max_metric(k):

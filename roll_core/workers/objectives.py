@@ -54,10 +54,16 @@ def get_objective(name: str, **params: Any) -> Objective:
 
 
 def rl(
-    logits: torch.Tensor, mb: Batch, *, algorithm: AlgorithmConfig, temperature: float = 1.0
+    logits: torch.Tensor,
+    mb: Batch,
+    *,
+    algorithm: AlgorithmConfig,
+    temperature: float = 1.0,
+    vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy-gradient objective of RLVR: the configured policy loss, plus KL and entropy
-    terms when the recipe asks for them.
+    terms when the recipe asks for them. ``vocab_size`` (on-policy distillation's `mode:
+    full`): the tokenizer's size, the width of the teacher's distributions.
 
     Normalised with the mini-batch's global token and sequence counts in `mb.meta`, so
     micro-batching gives the mini-batch's loss; metrics are weighted by the micro-batch's share
@@ -103,7 +109,11 @@ def rl(
         loss = loss + term
         metrics |= kl_metrics
     if "teacher_dist_logprobs" in t:  # on-policy distillation, mode full
-        term, distill_metrics = _full_distill_term(scaled, picked, offset, mb, algo, agg)
+        if vocab_size is None:
+            raise RuntimeError("the rl objective got teacher distributions but no vocab_size")
+        term, distill_metrics = _full_distill_term(
+            scaled, picked, offset, mb, algo, agg, vocab_size=vocab_size
+        )
         loss = loss + term
         metrics |= distill_metrics
     if algo.entropy_coef > 0:
@@ -141,11 +151,13 @@ def _full_distill_term(
     mb: Batch,
     algo: AlgorithmConfig,
     agg: dict[str, Any],
+    *,
+    vocab_size: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`algorithm.on_policy_distill.mode: full`: coef x the exact divergence (reverse KL by
     default) of the student's next-token distributions (``scaled``: the response positions'
-    logits / temperature) to the teacher's (``teacher_dist_*`` of the batch), aggregated as
-    the policy loss is."""
+    logits / temperature, cut to the tokenizer's ``vocab_size`` as the teacher's were) to the
+    teacher's (``teacher_dist_*`` of the batch), aggregated as the policy loss is."""
     from roll_core.algorithms import agg_loss
     from roll_core.algorithms.on_policy_distill import full_divergence
 
@@ -158,6 +170,7 @@ def _full_distill_term(
         scaled,
         t["teacher_dist_logprobs"][:, offset:][picked],
         ids[:, offset:][picked] if ids is not None else None,
+        vocab_size=vocab_size,
         divergence=opd.divergence,
     )
     loss_mat = torch.zeros(mask.shape, dtype=per_position.dtype, device=mask.device)

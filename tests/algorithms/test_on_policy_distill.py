@@ -134,7 +134,7 @@ def test_full_mode_is_the_exact_reverse_kl_of_the_distributions() -> None:
     # student q = softmax([0, 0]) = [0.5, 0.5]; teacher p = [0.9, 0.1]
     logits = torch.zeros(1, 2, requires_grad=True)
     teacher = torch.tensor([[0.9, 0.1]]).log()
-    kl = full_divergence(logits, teacher)
+    kl = full_divergence(logits, teacher, vocab_size=2)
     # calc: 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.5 (-0.587787) + 0.5 (1.609438) = 0.510826
     assert float(kl.detach()) == pytest.approx(0.510826, abs=1e-6)
     kl.sum().backward()
@@ -142,9 +142,9 @@ def test_full_mode_is_the_exact_reverse_kl_of_the_distributions() -> None:
     assert logits.grad.tolist()[0] == pytest.approx([-0.549306, 0.549306], abs=1e-6)
     # the student's logits beyond the shared vocabulary (here id 2) are dropped
     wide = torch.tensor([[0.0, 0.0, 5.0]])
-    assert float(full_divergence(wide, teacher)) == pytest.approx(0.510826, abs=1e-6)
+    assert float(full_divergence(wide, teacher, vocab_size=2)) == pytest.approx(0.510826, abs=1e-6)
     # divergence forward_kl: KL(p || q) = 0.9 ln(0.9/0.5) + 0.1 ln(0.1/0.5) = 0.529008 - 0.160944
-    forward = full_divergence(wide, teacher, divergence="forward_kl")
+    forward = full_divergence(wide, teacher, vocab_size=2, divergence="forward_kl")
     assert float(forward) == pytest.approx(0.368064, abs=1e-6)
 
 
@@ -154,9 +154,67 @@ def test_full_mode_with_top_k_groups_the_students_tail_like_the_teachers() -> No
     # student q = [0.5, 0.3, 0.2]; the teacher's top 1 is token 0 (0.8), tail bucket 0.2
     logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
     teacher = torch.tensor([[0.8, 0.2]]).log()
-    kl = full_divergence(logits, teacher, torch.tensor([[0]]))
+    kl = full_divergence(logits, teacher, torch.tensor([[0]]), vocab_size=3)
     # calc: grouped q = [0.5, 0.5]: 0.5 ln(0.5/0.8) + 0.5 ln(0.5/0.2) = -0.235002 + 0.458145
     assert float(kl) == pytest.approx(0.223144, abs=1e-6)
+
+
+# Logits 6 wide, tokenizer vocabulary 4: ids 4 and 5 are embedding padding with large logits
+# (5.0: they would hold 99.7% of the student's softmax over all 6). Over the 4 tokens the
+# student is q = [0.5, 0.3, 0.1, 0.1], the teacher p = [0.6, 0.2, 0.15, 0.05].
+PADDED_STUDENT = torch.tensor([[0.5, 0.3, 0.1, 0.1]]).log()
+PADDED_STUDENT = torch.cat([PADDED_STUDENT, torch.tensor([[5.0, 5.0]])], dim=-1)
+PADDED_TEACHER = torch.cat(
+    [torch.tensor([[0.6, 0.2, 0.15, 0.05]]).log(), torch.tensor([[9.0, 9.0]])], -1
+)
+
+
+def _padded_divergence(top_k: int | None, divergence: str = "reverse_kl") -> float:
+    from roll_core.algorithms.distill import teacher_targets
+    from roll_core.algorithms.on_policy_distill import full_divergence
+
+    # the teacher's side, as Reference.distributions does it: cut to the vocabulary first
+    teacher, ids = teacher_targets(PADDED_TEACHER[:, :4], top_k=top_k)
+    return float(full_divergence(PADDED_STUDENT, teacher, ids, vocab_size=4, divergence=divergence))
+
+
+def test_full_mode_cuts_the_students_padding_rows_with_top_k_too() -> None:
+    # calc, top 2 (ids 0, 1): grouped q = [0.5, 0.3, 0.2], p = [0.6, 0.2, 0.2]:
+    # 0.5 ln(0.5/0.6) + 0.3 ln(0.3/0.2) + 0.2 ln(1) = -0.091161 + 0.121640 = 0.030479
+    # (with the padding rows in the student's tail: q = [0.0017, 0.0010, 0.9973], about 5.6)
+    assert _padded_divergence(2) == pytest.approx(0.030479, abs=1e-6)
+    # calc, full: -0.091161 + 0.121640 + 0.1 ln(0.1/0.15) + 0.1 ln(0.1/0.05)
+    #           = -0.091161 + 0.121640 - 0.040547 + 0.069315 = 0.059247
+    assert _padded_divergence(None) == pytest.approx(0.059247, abs=1e-6)
+    # top 3 = V - 1: the tail is token 3 alone, so the grouping loses nothing
+    assert _padded_divergence(3) == pytest.approx(0.059247, abs=1e-6)
+    # forward KL: 0.6 ln(0.6/0.5) + 0.2 ln(0.2/0.3) + 0.15 ln(0.15/0.1) + 0.05 ln(0.05/0.1)
+    #           = 0.109393 - 0.081093 + 0.060820 - 0.034657 = 0.054462
+    assert _padded_divergence(3, "forward_kl") == pytest.approx(0.054462, abs=1e-6)
+
+
+def test_full_mode_top_k_equals_roll_distills_loss_on_the_same_logits() -> None:
+    from roll_core.algorithms.distill import distill_loss, teacher_targets
+    from roll_core.algorithms.on_policy_distill import full_divergence
+
+    gen = torch.Generator().manual_seed(0)
+    student, teacher_logits = torch.randn(2, 5, 320, generator=gen).unbind(0)
+    student[:, 259:] += 4.0  # padding rows the untrained model gives much mass
+    for loss in ("reverse_kl", "forward_kl", "jsd"):
+        teacher, ids = teacher_targets(teacher_logits[:, :259], top_k=8)
+        on_policy = full_divergence(student, teacher, ids, vocab_size=259, divergence=loss)
+        # roll distill: the student cut to the vocabulary by its objective, tau = 1
+        offline, _ = distill_loss(student[:, :259], teacher, ids, loss_type=loss)
+        assert torch.allclose(on_policy, offline, atol=1e-6), loss
+
+
+def test_full_mode_refuses_a_vocabulary_that_does_not_fit() -> None:
+    from roll_core.algorithms.on_policy_distill import full_divergence
+
+    with pytest.raises(ValueError, match="does not fit the student's 6 logits"):
+        full_divergence(PADDED_STUDENT, PADDED_TEACHER, vocab_size=7)
+    with pytest.raises(ValueError, match="have 6 entries, not the vocabulary's 4"):
+        full_divergence(PADDED_STUDENT, PADDED_TEACHER, vocab_size=4)
 
 
 def test_full_mode_puts_no_reverse_kl_into_the_advantages() -> None:
