@@ -23,6 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny-arith-sft.yaml"
 
 
+def _hide(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
+    """Make `package` look absent, also where an earlier test of this process imported it
+    (its submodules, e.g. megatron.core, are in sys.modules then and would still be found)."""
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, package, None)
+
+
 @pytest.mark.parametrize(
     ("backend", "module", "project"),
     [("megatron", "megatron", "megatron-core"), ("deepspeed", "deepspeed", "deepspeed")],
@@ -31,7 +39,7 @@ def test_a_missing_backend_package_names_its_extra(
     backend: str, module: str, project: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check_backend_installed(backend)  # installed here (the dev extra)
-    monkeypatch.setitem(sys.modules, module, None)
+    _hide(monkeypatch, module)
     with pytest.raises(ConfigError) as info:
         check_backend_installed(backend)
     assert f"actor_train.backend is {backend}, which needs {project}" in info.value.message
@@ -45,7 +53,7 @@ def test_validate_and_sft_refuse_megatron_without_megatron_core(
 ) -> None:
     runs = tmp_path / "runs"
     args = [str(RECIPE), "actor_train.backend=megatron", f"runs_dir={runs}"]
-    monkeypatch.setitem(sys.modules, "megatron", None)
+    _hide(monkeypatch, "megatron")
     for command in (["validate"], ["sft"], ["sft", "--dry-run"]):
         res = CliRunner().invoke(app, [*command, *args])
         assert res.exit_code == 2, (command, res.output)
@@ -64,7 +72,7 @@ def test_resume_refuses_megatron_without_megatron_core(
         tmp_path, config_yaml=dump_config(cfg), name="m", pipeline="sft", command=[], recipe=None
     )
     before = {p.name: p.read_bytes() for p in run.dir.iterdir()}
-    monkeypatch.setitem(sys.modules, "megatron", None)
+    _hide(monkeypatch, "megatron")
     with pytest.raises(ConfigError, match=r"roll\[megatron\]"):
         resume(run.id, runs_dir=tmp_path)
     assert {p.name: p.read_bytes() for p in run.dir.iterdir()} == before

@@ -7,6 +7,7 @@ error naming it, within the timeout."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -207,25 +208,42 @@ def test_torch_to_hf_is_bitwise(path: str, lora: bool, bucket_mb: float, expect:
 
 
 class _Counted:
-    """Wraps a ProcessHandle: counts the bytes of every result the driver receives."""
+    """Wraps a ProcessHandle: counts the bytes of every result the driver receives.
+
+    The count runs in a done-callback, which the thread that completes the future runs after
+    waking the waiters, so a caller may go on before it ran: `received` waits for every
+    callback first."""
 
     def __init__(self, handle: object) -> None:
         self.handle = handle
-        self.received = 0
+        self._received = 0
+        self._pending = 0
+        self._idle = threading.Condition()
 
     def submit(self, method: str, *args: object, **kwargs: object):
         import cloudpickle
 
+        with self._idle:
+            self._pending += 1
         fut = self.handle.submit(method, *args, **kwargs)
 
         def count(f) -> None:
-            if f.exception() is None:
-                self.received += len(cloudpickle.dumps(f.result()))
+            size = len(cloudpickle.dumps(f.result())) if f.exception() is None else 0
+            with self._idle:
+                self._received += size
+                self._pending -= 1
+                self._idle.notify_all()
 
         fut.add_done_callback(count)
         return fut
 
     submit_async = submit
+
+    @property
+    def received(self) -> int:
+        with self._idle:
+            assert self._idle.wait_for(lambda: self._pending == 0, timeout=60)
+            return self._received
 
 
 @pytest.mark.slow
