@@ -38,24 +38,8 @@ from roll_core.rollout.agentic import (
     trajectory_batch,
 )
 from roll_core.rollout.agentic.endpoint import AgentEndpoint, AgentSession, EndpointError
+from tests.rollout.test_agent_segments import MOVE, TEMPLATE, TOOLS
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = str(ROOT / "examples/agents/chatml-tools.jinja")
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "move",
-            "description": "Move one cell.",
-            "parameters": {
-                "type": "object",
-                "properties": {"direction": {"type": "string"}},
-                "required": ["direction"],
-            },
-        },
-    }
-]
-MOVE = '<tool_call>\n{"name": "move", "arguments": {"direction": "right"}}\n</tool_call>'
 LAKE = "PFF/FHF/FFG"
 
 
