@@ -70,7 +70,7 @@ def rl(
     of the mini-batch's tokens, so their sums over micro-batches are mini-batch means (`*_max`
     metrics are maxima: left unweighted, combined by max).
     """
-    from roll_core.algorithms import entropy_bonus, entropy_from_logits, kl_loss, policy_loss
+    from roll_core.algorithms import kl_loss, policy_loss
 
     algo = algorithm
     t = mb.tensors
@@ -116,20 +116,10 @@ def rl(
         )
         loss = loss + term
         metrics |= distill_metrics
-    if algo.entropy_coef > 0:
-        ent = torch.zeros(mask.shape, dtype=scaled.dtype, device=mask.device)
-        ent[:, offset:] = ent[:, offset:].masked_scatter(picked, entropy_from_logits(scaled))
-        term, ent_metrics = entropy_bonus(
-            entropy=ent, response_mask=mask, coef=algo.entropy_coef, **agg
-        )
-        loss = loss + term
-        metrics |= ent_metrics
-    else:
-        with torch.no_grad():  # a chunk of rows at a time: softmax copies stay small
-            step = max(1, LOG_PROB_CHUNK // max(1, scaled.shape[-1]))
-            ent = torch.cat([entropy_from_logits(c) for c in scaled.split(step)])
-            ent_sum = (ent * mask[:, offset:][picked]).sum()
-            metrics["actor/entropy"] = float(ent_sum / mask.sum().clamp(min=1))
+    bonus, ent_metrics = _entropy_term(scaled, picked, offset, mask, algo.entropy_coef, agg)
+    if bonus is not None:
+        loss = loss + bonus
+    metrics |= ent_metrics
     if "old_log_probs" not in t:  # the train/infer gap, measured on this forward instead
         gap = (old_log_probs - t["behaviour_log_probs"]).abs()
         metrics["train_infer/logprob_diff"] = float((gap * mask).sum() / mask.sum().clamp(min=1))
@@ -142,6 +132,29 @@ def rl(
         k: float(v) * (1.0 if is_max_metric(k) or k in LOSS_SHARE_METRICS else share)
         for k, v in metrics.items()
     }
+
+
+def _entropy_term(
+    scaled: torch.Tensor,
+    picked: torch.Tensor,
+    offset: int,
+    mask: torch.Tensor,
+    coef: float,
+    agg: dict[str, Any],
+) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    """The entropy bonus (``coef > 0``) and its metrics; else no term, and the entropy metric
+    computed without a graph, a chunk of rows at a time (softmax copies stay small)."""
+    from roll_core.algorithms import entropy_bonus, entropy_from_logits
+
+    if coef > 0:
+        ent = torch.zeros(mask.shape, dtype=scaled.dtype, device=mask.device)
+        ent[:, offset:] = ent[:, offset:].masked_scatter(picked, entropy_from_logits(scaled))
+        return entropy_bonus(entropy=ent, response_mask=mask, coef=coef, **agg)
+    with torch.no_grad():
+        step = max(1, LOG_PROB_CHUNK // max(1, scaled.shape[-1]))
+        ent = torch.cat([entropy_from_logits(c) for c in scaled.split(step)])
+        ent_sum = (ent * mask[:, offset:][picked]).sum()
+        return None, {"actor/entropy": float(ent_sum / mask.sum().clamp(min=1))}
 
 
 def _full_distill_term(

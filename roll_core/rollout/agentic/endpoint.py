@@ -547,105 +547,110 @@ class _Server(ThreadingHTTPServer):
 
 
 def _handler(endpoint: AgentEndpoint) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    """The request handler class of `endpoint`'s server."""
+    return type("Handler", (_Handler,), {"endpoint": endpoint})
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
-            pass  # the metrics count calls; a log line per call would drown the console
 
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+class _Handler(BaseHTTPRequestHandler):
+    """One HTTP connection to the endpoint (`_handler` binds the endpoint)."""
+
+    endpoint: AgentEndpoint
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
+        pass  # the metrics count calls; a log line per call would drown the console
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except ConnectionError as err:  # broken pipe, reset: the client is gone
+            self.close_connection = True
+            raise ClientGone() from err
+
+    def _deliver(self, payload: dict[str, Any]) -> None:
+        """The reply of a served call, unless the client has hung up (ClientGone)."""
+        if self._hung_up():
+            self.close_connection = True
+            raise ClientGone()
+        self._send(200, payload)
+
+    def _hung_up(self) -> bool:
+        """Whether the client closed or reset the connection while its call was served:
+        an HTTP client sends nothing while it waits for a reply, so a readable socket at
+        end of stream is one that hung up (a timeout, a cancelled task, a dead agent)."""
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False  # nothing to read: still waiting for the reply
+        except OSError:
+            return True  # reset
+
+    def _error(self, err: EndpointError) -> None:
+        self._send(
+            err.status,
+            {"error": {"message": str(err), "type": err.code, "code": err.code, "param": None}},
+        )
+
+    def _route(self) -> tuple[AgentSession | None, str]:
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        if len(parts) >= 3 and parts[0] == "s":
+            with self.endpoint.lock:
+                session = self.endpoint.sessions.get(parts[1])
+            if session is None:
+                raise EndpointError(
+                    404,
+                    f"no open episode session {parts[1]!r} (it ended, "
+                    "or the base URL is not the one roll gave run()).",
+                    "not_found",
+                )
+            return session, "/" + "/".join(parts[2:])
+        return None, "/" + "/".join(parts)
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        try:
+            _, route = self._route()
+            if route != "/v1/models":
+                raise EndpointError(404, f"no route GET {self.path}", "not_found")
+            self._send(200, self.endpoint.models())
+        except EndpointError as err:
+            self._error(err)
+        except ClientGone:
+            pass
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        with contextlib.suppress(ClientGone):  # nothing to answer, nothing recorded
+            self._post()
+
+    def _post(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            session, route = self._route()
+            if route != "/v1/chat/completions":
+                raise EndpointError(404, f"no route POST {self.path}", "not_found")
+            if session is None:
+                raise EndpointError(
+                    404,
+                    "call the base URL roll gave run() (it names the "
+                    "episode's session: .../s/<token>/v1).",
+                    "not_found",
+                )
             try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                self.wfile.flush()
-            except ConnectionError as err:  # broken pipe, reset: the client is gone
-                self.close_connection = True
-                raise ClientGone() from err
-
-        def _deliver(self, payload: dict[str, Any]) -> None:
-            """The reply of a served call, unless the client has hung up (ClientGone)."""
-            if self._hung_up():
-                self.close_connection = True
-                raise ClientGone()
-            self._send(200, payload)
-
-        def _hung_up(self) -> bool:
-            """Whether the client closed or reset the connection while its call was served:
-            an HTTP client sends nothing while it waits for a reply, so a readable socket at
-            end of stream is one that hung up (a timeout, a cancelled task, a dead agent)."""
-            try:
-                return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-            except BlockingIOError:
-                return False  # nothing to read: still waiting for the reply
-            except OSError:
-                return True  # reset
-
-        def _error(self, err: EndpointError) -> None:
-            self._send(
-                err.status,
-                {"error": {"message": str(err), "type": err.code, "code": err.code, "param": None}},
-            )
-
-        def _route(self) -> tuple[AgentSession | None, str]:
-            parts = self.path.split("?", 1)[0].strip("/").split("/")
-            if len(parts) >= 3 and parts[0] == "s":
-                with endpoint.lock:
-                    session = endpoint.sessions.get(parts[1])
-                if session is None:
-                    raise EndpointError(
-                        404,
-                        f"no open episode session {parts[1]!r} (it ended, "
-                        "or the base URL is not the one roll gave run()).",
-                        "not_found",
-                    )
-                return session, "/" + "/".join(parts[2:])
-            return None, "/" + "/".join(parts)
-
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            try:
-                _, route = self._route()
-                if route != "/v1/models":
-                    raise EndpointError(404, f"no route GET {self.path}", "not_found")
-                self._send(200, endpoint.models())
-            except EndpointError as err:
-                self._error(err)
-            except ClientGone:
-                pass
-
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            with contextlib.suppress(ClientGone):  # nothing to answer, nothing recorded
-                self._post()
-
-        def _post(self) -> None:
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length)
-                session, route = self._route()
-                if route != "/v1/chat/completions":
-                    raise EndpointError(404, f"no route POST {self.path}", "not_found")
-                if session is None:
-                    raise EndpointError(
-                        404,
-                        "call the base URL roll gave run() (it names the "
-                        "episode's session: .../s/<token>/v1).",
-                        "not_found",
-                    )
-                try:
-                    body = json.loads(raw or b"{}")
-                except json.JSONDecodeError as err:
-                    raise EndpointError(400, f"the request body is not JSON: {err}") from None
-                session.complete(body, deliver=self._deliver)
-            except ClientGone:
-                raise
-            except EndpointError as err:
-                self._error(err)
-            except RollError as err:  # e.g. a chat template without tool support
-                self._error(EndpointError(400, err.message + (f" {err.hint}" if err.hint else "")))
-            except Exception as err:  # noqa: BLE001 - an answer, not a dead connection
-                self._error(EndpointError(500, f"{type(err).__name__}: {err}", "server_error"))
-
-    return Handler
+                body = json.loads(raw or b"{}")
+            except json.JSONDecodeError as err:
+                raise EndpointError(400, f"the request body is not JSON: {err}") from None
+            session.complete(body, deliver=self._deliver)
+        except ClientGone:
+            raise
+        except EndpointError as err:
+            self._error(err)
+        except RollError as err:  # e.g. a chat template without tool support
+            self._error(EndpointError(400, err.message + (f" {err.hint}" if err.hint else "")))
+        except Exception as err:  # noqa: BLE001 - an answer, not a dead connection
+            self._error(EndpointError(500, f"{type(err).__name__}: {err}", "server_error"))
