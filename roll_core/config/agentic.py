@@ -179,6 +179,21 @@ class AgenticRolloutConfig(SamplingConfig):
         "`strict`: HTTP 400 naming the first message that differs (one episode, one sequence). "
         "The run's metric rollout/segments_per_episode counts them (docs/agentic.md).",
     )
+    agent_sampling: Literal["strict", "recipe"] = Field(
+        default="strict",
+        description="Agent envs: a call that sets sampling fields (temperature, top_p, top_k, "
+        "penalties, logit_bias, seed) to values other than the recipe's. `strict`: HTTP 400 "
+        "naming the field (the samples must be the policy's, sampled as the recipe says). "
+        "`recipe`: the call is answered with the recipe's sampling and the reply lists the "
+        "replaced fields under roll.sampling_overridden (for a harness that always sends, "
+        "e.g., temperature: 0).",
+    )
+    agent_model_aliases: list[str] = Field(
+        default_factory=list,
+        description="Agent envs: model names the endpoint accepts besides model.path and "
+        "`policy` (e.g. the name a harness's config insists on); any other name gets 404 "
+        "model_not_found.",
+    )
     turn_barrier: bool = Field(
         default=False,
         description="Lockstep baseline for comparisons: every episode waits for all others at "

@@ -438,6 +438,8 @@ def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
         endpoint_port=r.endpoint_port,
         served_model=cfg.model.path,
         agent_history=r.agent_history,
+        agent_sampling=r.agent_sampling,
+        agent_model_aliases=tuple(r.agent_model_aliases),
     )
 
 
@@ -483,7 +485,11 @@ def demonstrations(
     """
     chat = ChatFormat(setup.tokenizer, setup.processor)
     # agent programs call an endpoint answered by their expert(): one for these episodes
-    endpoint = AgentEndpoint(port=0, model=cfg.model.path) if any(x.agent for x in specs) else None
+    endpoint = (
+        AgentEndpoint(port=0, model=cfg.model.path, aliases=tuple(cfg.rollout.agent_model_aliases))
+        if any(x.agent for x in specs)
+        else None
+    )
     try:
         return _demonstrations(cfg, setup, specs, chat, endpoint, count, offset, faults)
     finally:

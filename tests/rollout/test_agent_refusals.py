@@ -37,7 +37,12 @@ from roll_core.rollout.agentic import (
     step_batch,
     trajectory_batch,
 )
-from roll_core.rollout.agentic.endpoint import AgentEndpoint, AgentSession, EndpointError
+from roll_core.rollout.agentic.endpoint import (
+    AgentEndpoint,
+    AgentSession,
+    EndpointError,
+    chat_completion,
+)
 from tests.rollout.test_agent_segments import MOVE, TEMPLATE, TOOLS
 
 LAKE = "PFF/FHF/FFG"
@@ -56,7 +61,7 @@ def move(tok: Any, turn: int) -> Completion:
 
 
 def new_session(tok: Any, generate: Any = None) -> AgentSession:
-    def scripted(prompt: list[int], turn: int, vision: Any) -> Completion:
+    def scripted(prompt: list[int], turn: int, vision: Any, params: Any = None) -> Completion:
         return move(tok, turn)
 
     traj = Trajectory("lake", 0, 0, 0)
@@ -65,7 +70,7 @@ def new_session(tok: Any, generate: Any = None) -> AgentSession:
 
 
 def body(messages: list[Any]) -> dict[str, Any]:
-    return {"model": "m", "messages": messages, "tools": TOOLS}
+    return {"model": "policy", "messages": messages, "tools": TOOLS}
 
 
 def snapshot(s: AgentSession) -> tuple[Any, ...]:
@@ -87,7 +92,7 @@ def snapshot(s: AgentSession) -> tuple[Any, ...]:
 
 def test_a_refused_call_and_its_retries_leave_the_trajectory_as_it_was(tok: Any) -> None:
     s = new_session(tok)
-    first = s.complete(body([{"role": "user", "content": LAKE}]))
+    first = chat_completion(s, body([{"role": "user", "content": LAKE}]))
     answer = first["choices"][0]["message"]
     assert len(s.traj.trace.ids) == 82 + 79 and sum(s.traj.trace.mask) == 79
     before = snapshot(s)
@@ -99,13 +104,15 @@ def test_a_refused_call_and_its_retries_leave_the_trajectory_as_it_was(tok: Any)
         {"role": "tool", "tool_call_id": call_id, "content": "x" * 300},
     ]
     for _ in range(4):  # the call, then the client's retries of it
-        with pytest.raises(EndpointError, match=r"conversation \(481 tokens\)") as err:
-            s.complete(body(big))
+        with pytest.raises(
+            EndpointError, match=r"\(481 in the messages, 80 in the completion\)"
+        ) as err:
+            chat_completion(s, body(big))
         assert err.value.status == 400 and err.value.code == "context_length_exceeded"
         assert snapshot(s) == before
     # a retry that starts over with a 500-byte lake (a new segment of 71 + 500 = 571 ids)
-    with pytest.raises(EndpointError, match=r"conversation \(571 tokens\)"):
-        s.complete(body([{"role": "user", "content": "y" * 500}]))
+    with pytest.raises(EndpointError, match=r"\(571 in the messages"):
+        chat_completion(s, body([{"role": "user", "content": "y" * 500}]))
     assert snapshot(s) == before and s.context_full
     # the episode's one row: its 82 prompt ids and 79 generated ids, nothing of the refusals
     batch = trajectory_batch([[s.traj]], pad_id=tok.pad_token_id, max_len=512)
@@ -114,7 +121,7 @@ def test_a_refused_call_and_its_retries_leave_the_trajectory_as_it_was(tok: Any)
     assert batch.meta["rows_dropped_no_generated"] == batch.meta["rows_dropped_too_long"] == 0
     # an agent that shortens the result continues from the served conversation: 161 + 31 ids
     big[-1]["content"] = "SPF/FHF/FFG"
-    s.complete(body(big))
+    chat_completion(s, body(big))
     assert snapshot(s)[4] == [82, 161 + 31]
     assert s.traj.turns[1].prompt_ids[:161] == before[0]
 
@@ -128,7 +135,7 @@ class Gate:
         self.release = threading.Event()
         self.answered = threading.Event()
 
-    def __call__(self, prompt: list[int], turn: int, vision: Any) -> Completion:
+    def __call__(self, prompt: list[int], turn: int, vision: Any, params: Any = None) -> Completion:
         self.called.set()
         assert self.release.wait(20)
         self.answered.set()  # the call is served on under the session's lock (snapshot waits)
@@ -150,7 +157,7 @@ def test_a_reply_the_client_never_received_is_not_trained(
         gate.release.set()
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
         messages: list[Any] = [{"role": "user", "content": LAKE}]
-        answer = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        answer = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         before = snapshot(s)
         assert len(before[0]) == 161
         # the next call: the client gives up (its timeout) while the model generates
@@ -162,14 +169,14 @@ def test_a_reply_the_client_never_received_is_not_trained(
         ]
         impatient = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=0.5)
         with pytest.raises(openai.APITimeoutError):
-            impatient.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+            impatient.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         assert gate.called.is_set()
         gate.release.set()  # the model answers after the client hung up
         assert gate.answered.wait(20)
         assert snapshot(s) == before  # the reply no agent saw is not in the trajectory
         assert s.undelivered == 1
         # the retry is served as if it were the first try: 161 + 31 prompt ids
-        client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         ids, mask, _, segments, prompts, *_ = snapshot(s)
         assert prompts == [82, 161 + 31] and segments == 0
         assert len(ids) == 161 + 31 + 79 and sum(mask) == 2 * 79
@@ -271,7 +278,7 @@ def test_an_agent_whose_first_call_cannot_fit_is_a_fault_that_says_so(
         "def run(client, task):\n"
         "    try:\n"
         "        client.chat.completions.create(\n"
-        "            model='m', messages=[{'role': 'user', 'content': 'y' * 600}])\n"
+        "            model='policy', messages=[{'role': 'user', 'content': 'y' * 600}])\n"
         "    except openai.BadRequestError:\n"
         "        return 1.0\n"
     )
@@ -291,7 +298,7 @@ def test_an_agent_whose_first_call_cannot_fit_is_a_fault_that_says_so(
     finally:
         endpoint.close()
     # 1 + 5 `user\n` + 600 + 1 + 1 `\n` + 1 + 10 `assistant\n` = 619 prompt ids
-    assert "its first call was refused (the conversation (619 tokens) plus max_new_tokens=80 " in (
+    assert "its first call was refused (the conversation (619 tokens) plus max_tokens=80 " in (
         str(err.value)
     )
     assert "does not fit rollout.max_context=512), so the model generated nothing" in str(err.value)

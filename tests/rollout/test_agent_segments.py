@@ -19,7 +19,12 @@ from roll_core.errors import ConfigError
 from roll_core.models import load_tokenizer, materialize_builtin
 from roll_core.models.loading import use_chat_template
 from roll_core.rollout.agentic import ChatFormat, Trajectory, step_batch, trajectory_batch
-from roll_core.rollout.agentic.endpoint import AgentSession, EndpointError, prompt_key
+from roll_core.rollout.agentic.endpoint import (
+    AgentSession,
+    EndpointError,
+    chat_completion,
+    prompt_key,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = str(ROOT / "examples/agents/chatml-tools.jinja")
@@ -58,7 +63,7 @@ def enc(tok: Any, text: str) -> list[int]:
 
 
 def new_session(tok: Any, history: str, group: int = 0) -> AgentSession:
-    def generate(prompt: list[int], turn: int, vision: Any) -> Completion:
+    def generate(prompt: list[int], turn: int, vision: Any, params: Any = None) -> Completion:
         ids = enc(tok, MOVE) + [tok.eos_token_id]
         return Completion(turn, ids, [-(i + 1) / 100 for i in range(len(ids))], "stop", 3)
 
@@ -67,7 +72,7 @@ def new_session(tok: Any, history: str, group: int = 0) -> AgentSession:
 
 
 def call(s: AgentSession, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    return s.complete({"model": "m", "messages": messages, "tools": TOOLS})
+    return chat_completion(s, {"model": "policy", "messages": messages, "tools": TOOLS})
 
 
 def lake(text: str) -> list[dict[str, Any]]:
@@ -116,7 +121,7 @@ def test_strict_refuses_a_call_that_does_not_continue(tok: Any) -> None:
         call(s, lake("SPF/FHF/FFG"))
     assert err.value.status == 400
     with pytest.raises(EndpointError, match="tools differ"):
-        s.complete({"model": "m", "messages": lake("PFF/FHF/FFG")})
+        chat_completion(s, {"model": "policy", "messages": lake("PFF/FHF/FFG")})
     assert len(s.traj.turns) == 1 and s.traj.segments == []
 
 

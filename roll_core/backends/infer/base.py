@@ -23,6 +23,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+    """Also return this many most likely tokens (and their log-probs) at every generated
+    position (``Completion.top_logprobs``); the same log softmax as the behaviour log-probs."""
 
 
 @dataclass
@@ -51,6 +54,9 @@ class Completion:
     finish_reason: str  # "stop" (eos or a stop string), "length", or "abort" (partial)
     policy_version: int
     timing: dict[str, float] = field(default_factory=dict)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per generated token, the ``SamplingParams.top_logprobs`` most likely ``(id, log-prob)``
+    (most likely first); None when not asked for."""
 
 
 PREFIX_CONTINUATION_BACKENDS = frozenset({"hf", "vllm"})

@@ -122,17 +122,23 @@ class HFInferBackend:
                 hint="Use a vision-language model (builtin:tiny-qwen2.5-vl, Qwen2.5-VL) for "
                 "image prompts.",
             )
-        recorder = SampledLogProbs(params.temperature if sampling else 1.0, self.suppress)
+        recorder = SampledLogProbs(
+            params.temperature if sampling else 1.0, self.suppress, top=params.top_logprobs
+        )
         with self._model_lock, _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             out = self._generate(ids, attn, params, sampling, recorder, vision)
         new_tokens = out.sequences[:, width:].cpu()
         logp = recorder.finish(new_tokens)
         end = time.time()
-        return [
+        done = [
             self._completion(r, new_tokens[i].tolist(), logp[i].tolist(), params, start, end)
             for i, r in enumerate(requests)
         ]
+        if params.top_logprobs > 0:
+            for i, c in enumerate(done):
+                c.top_logprobs = recorder.top_of(i, len(c.response_ids))
+        return done
 
     def vision_inputs(self, inputs: list[Any], ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The model's vision keyword arguments for rows `ids` ([B, L], any padding) with
@@ -332,16 +338,23 @@ class SampledLogProbs(LogitsProcessor):
     First in the list because the model's generation config cannot add processors ahead of
     it: the engine's model gets a generation config of its own (:func:`neutral_generation`)."""
 
-    def __init__(self, temperature: float, suppress: list[int] | None = None) -> None:
+    def __init__(
+        self, temperature: float, suppress: list[int] | None = None, *, top: int = 0
+    ) -> None:
         self.temperature = temperature
         self.suppress = suppress
+        self.top = top  # also keep each step's `top` most likely (id, log-prob)
         self.columns: list[torch.Tensor] = []
+        self.tops: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: values, ids [B, k]
         self.last: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.last is not None:
             self.columns.append(self._take(input_ids[:, -1]))
         self.last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        if self.top > 0:
+            found = torch.topk(self.last, min(self.top, self.last.shape[-1]), dim=-1)
+            self.tops.append((found.values.cpu(), found.indices.cpu()))
         if not self.suppress:
             return scores
         banned = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
@@ -351,6 +364,13 @@ class SampledLogProbs(LogitsProcessor):
     def _take(self, tokens: torch.Tensor) -> torch.Tensor:
         assert self.last is not None
         return self.last.gather(-1, tokens.to(self.last.device)[:, None]).squeeze(-1).cpu()
+
+    def top_of(self, row: int, n: int) -> list[list[tuple[int, float]]]:
+        """Row ``row``'s most likely (id, log-prob) at each of its first ``n`` steps."""
+        return [
+            list(zip(ids[row].tolist(), values[row].tolist(), strict=True))
+            for values, ids in self.tops[:n]
+        ]
 
     def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
         """[B, new] float32 on the CPU: the log-probs of `new_tokens`, the generated ids."""

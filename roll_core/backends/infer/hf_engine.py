@@ -57,6 +57,7 @@ class _Seq:
     submitted: float
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     result: Completion | None = None
     error: BaseException | None = None
@@ -196,6 +197,7 @@ class HFEngine:
             finish_reason=reason,
             policy_version=self.backend.version,
             timing={"gen_start": seq.submitted, "gen_end": time.time()},
+            top_logprobs=list(seq.top_logprobs) if seq.params.top_logprobs > 0 else None,
         )
         self._by_id.pop(seq.request.request_id, None)
         seq.done.set()
@@ -257,10 +259,10 @@ class HFEngine:
             if not self._live:
                 return
             scores = torch.cat(logits, dim=0).float()  # [B, V] raw logits of the next token
-            tokens, logps = self._sample(scores)
+            tokens, logps, tops = self._sample(scores)
         self._last = tokens
         self.steps += 1
-        self._record(tokens.tolist(), logps.tolist())
+        self._record(tokens.tolist(), logps.tolist(), tops)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.backend.autocast_dtype
@@ -349,8 +351,11 @@ class HFEngine:
         self._pos = self._pos[:, index]
         self._last = self._last[index]
 
-    def _sample(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's next token (its own generator) and log softmax(raw / temperature) of it."""
+    def _sample(
+        self, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[list[tuple[int, float]] | None]]:
+        """Each row's next token (its own generator), log softmax(raw / temperature) of it, and
+        the row's ``top_logprobs`` most likely (id, log-prob) of that same log softmax."""
         params = [s.params for s in self._live]
         temps = torch.tensor(
             [p.temperature if p.temperature > 0 else 1.0 for p in params], device=scores.device
@@ -366,18 +371,30 @@ class HFEngine:
                 probs = torch.softmax(processed[i], dim=-1)
                 tokens[i] = torch.multinomial(probs, 1, generator=seq.generator)[0]
         logps = logps_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        return tokens, logps
+        tops: list[list[tuple[int, float]] | None] = [None] * len(params)
+        for i, p in enumerate(params):
+            if p.top_logprobs > 0:
+                top = torch.topk(logps_all[i], min(p.top_logprobs, logps_all.shape[-1]))
+                tops[i] = list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+        return tokens, logps, tops
 
-    def _record(self, tokens: list[int], logps: list[float]) -> None:
+    def _record(
+        self,
+        tokens: list[int],
+        logps: list[float],
+        tops: list[list[tuple[int, float]] | None],
+    ) -> None:
         """Append each row's token; answer the rows that finished (their rows leave at the
         next step)."""
         eos = self.backend.tokenizer.eos_token_id
         with self._cond:
-            for seq, tok, lp in zip(self._live, tokens, logps, strict=True):
+            for seq, tok, lp, top in zip(self._live, tokens, logps, tops, strict=True):
                 if seq.finished:
                     continue  # aborted during the step: its answer is already out
                 seq.tokens.append(tok)
                 seq.log_probs.append(lp)
+                if top is not None:
+                    seq.top_logprobs.append(top)
                 if tok == eos or self._hit_stop(seq):
                     self._finish(seq, "stop")
                 elif len(seq.tokens) >= seq.params.max_new_tokens:

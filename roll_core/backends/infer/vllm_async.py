@@ -52,6 +52,7 @@ class Partial:
     vllm_id: str
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
     aborted: bool = False
     started: bool = False
@@ -184,6 +185,10 @@ class AsyncEngine:
                     part.log_probs.extend(
                         float(entry[tok].logprob) for tok, entry in zip(tokens, logps, strict=True)
                     )
+                    if sampling.logprobs:
+                        part.top_logprobs.extend(
+                            top_entries(entry, sampling.logprobs) for entry in logps
+                        )
                 if done.finish_reason is not None:
                     part.finish_reason = str(done.finish_reason)
                 if part.aborted and part.finish_reason is None and not abort_sent:
@@ -276,3 +281,14 @@ def _is_engine_dead(err: BaseException) -> bool:
     except ImportError:  # pragma: no cover - the module exists in every vLLM 0.1x+
         return False
     return isinstance(err, EngineDeadError)
+
+
+def top_entries(entry: Any, k: int) -> list[tuple[int, float]]:
+    """The ``k`` most likely (id, log-prob) of one position's vLLM log-prob dict (which holds
+    the sampled token and the top ``k``, each with its 1-based ``rank``)."""
+    ranked = sorted(
+        (e.rank, tok, float(e.logprob))
+        for tok, e in entry.items()
+        if e.rank is not None and e.rank <= k
+    )
+    return [(tok, lp) for _, tok, lp in ranked]

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from roll_core.backends.infer.base import Completion, Request, SamplingParams
-from roll_core.backends.infer.vllm_async import AsyncEngine
+from roll_core.backends.infer.vllm_async import AsyncEngine, top_entries
 from roll_core.errors import ConfigError
 
 WORKER_EXTENSION = "roll_core.backends.infer.vllm_worker.RollWorkerExtension"
@@ -319,7 +319,7 @@ class VLLMInferBackend:
             top_k=params.top_k,
             stop=list(params.stop) or None,
             seed=request.seed,
-            logprobs=0,  # the sampled token's log-prob only
+            logprobs=params.top_logprobs,  # the sampled token's (and the top k alternatives)
             detokenize=bool(params.stop),  # stop strings are matched on text
         )
 
@@ -353,10 +353,13 @@ class VLLMInferBackend:
                 engine.abort([r.request_id for r in requests])
                 raise
             end = time.time()
-            return [
+            done = [
                 self._finished(r, p.token_ids, p.log_probs, p.finish_reason, version, start, end)
                 for r, p in zip(requests, parts, strict=True)
             ]
+            for c, p in zip(done, parts, strict=True):
+                c.top_logprobs = p.top_logprobs if params.top_logprobs > 0 else None
+            return done
         outputs = self.llm.generate(
             [self._prompt(r) for r in requests],
             [self._sampling(r, params) for r in requests],
@@ -364,18 +367,23 @@ class VLLMInferBackend:
         )
         end = time.time()
         return [
-            self._completion(r, out.outputs[0], start, end)
+            self._completion(r, out.outputs[0], start, end, params.top_logprobs)
             for r, out in zip(requests, outputs, strict=True)
         ]
 
-    def _completion(self, request: Request, out: Any, start: float, end: float) -> Completion:
+    def _completion(
+        self, request: Request, out: Any, start: float, end: float, top: int = 0
+    ) -> Completion:
         tokens = list(out.token_ids)
         logps = [entry[tok].logprob for tok, entry in zip(tokens, out.logprobs, strict=True)]
         if out.finish_reason not in ("stop", "length"):
             raise RuntimeError(
                 f"vLLM finished request {request.request_id} with {out.finish_reason!r}"
             )
-        return self._finished(request, tokens, logps, out.finish_reason, self.version, start, end)
+        done = self._finished(request, tokens, logps, out.finish_reason, self.version, start, end)
+        if top:
+            done.top_logprobs = [top_entries(entry, top) for entry in out.logprobs]
+        return done
 
     @staticmethod
     def _finished(
@@ -421,9 +429,11 @@ class VLLMInferBackend:
                 request.request_id, self._prompt(request), self._sampling(request, params)
             )
         )
-        return self._finished(
+        done = self._finished(
             request, part.token_ids, part.log_probs, part.finish_reason, version, start, time.time()
         )
+        done.top_logprobs = part.top_logprobs if params.top_logprobs > 0 else None
+        return done
 
     def abort(self, request_ids: list[int]) -> None:
         """Finish these requests now: their waiting calls return the partial response. Ids

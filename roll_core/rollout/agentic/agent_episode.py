@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from roll_core.backends.infer import Completion
+from roll_core.backends.infer import Completion, SamplingParams
 from roll_core.envs.agents import AgentProgram, expert_text
 from roll_core.envs.faults import EnvTimeout, describe_fault
 from roll_core.errors import ConfigError
@@ -164,9 +164,10 @@ def play_scripted(
     task = program.task(traj.seed)
     session: AgentSession
 
-    def generate(prompt: list[int], turn: int, vision: Any) -> Completion:
-        ids = respond(task, session.request, prompt, turn)
-        finish = "stop" if ids and ids[-1] == chat.eos_id else "length"
+    def generate(prompt: list[int], turn: int, vision: Any, params: SamplingParams) -> Completion:
+        ids, finish = scripted_limits(
+            chat, respond(task, session.request, prompt, turn), prompt, params
+        )
         return Completion(turn, ids, [0.0] * len(ids), finish, -1)
 
     session = AgentSession(
@@ -189,6 +190,21 @@ def play_scripted(
         remaining=remaining,
         task=task,
     )
+
+
+def scripted_limits(
+    chat: ChatFormat, ids: list[int], prompt: list[int], params: SamplingParams
+) -> tuple[list[int], str]:
+    """A scripted reply cut as an engine would cut it: at the first stop string (its ids
+    kept, as engines keep them), else at the call's ``max_new_tokens``; and its finish reason."""
+    for n in range(1, len(ids) + 1):
+        if n > params.max_new_tokens:
+            return ids[: n - 1], "length"
+        if params.stop:
+            tail = str(chat.tokenizer.decode(ids[:n]))
+            if any(s in tail for s in params.stop):
+                return ids[:n], "stop"
+    return ids, "stop" if ids and ids[-1] == chat.eos_id else "length"
 
 
 def expert_responder(program: AgentProgram, chat: ChatFormat) -> Respond:

@@ -115,7 +115,9 @@ class RolloutSettings:
     seed: int = 0
     endpoint_port: int = 0  # agent envs: the OpenAI-compatible endpoint's port (0: any free)
     served_model: str = "policy"  # agent envs: the model name GET /v1/models lists
-    agent_history: str = "segment"  # agent envs: segment | strict (endpoint.py)
+    agent_history: str = "segment"  # agent envs: segment | strict (endpoint/session.py)
+    agent_sampling: str = "strict"  # agent envs: a call's own sampling fields: strict | recipe
+    agent_model_aliases: tuple[str, ...] = ()  # agent envs: more names for the served model
 
 
 def window_prompt(

@@ -172,7 +172,11 @@ class EnvRolloutManager:
         self.running: dict[int, _Episode] = {}
         self.barrier = _TurnBarrier() if settings.turn_barrier else None
         self.endpoint = (  # agent programs call the policy through it (bring your own agent)
-            AgentEndpoint(port=settings.endpoint_port, model=settings.served_model)
+            AgentEndpoint(
+                port=settings.endpoint_port,
+                model=settings.served_model,
+                aliases=settings.agent_model_aliases,
+            )
             if any(spec.agent is not None for spec in specs)
             else None
         )
@@ -394,7 +398,13 @@ class EnvRolloutManager:
         def env_call(fn: Callable[..., Any], *args: Any) -> Any:
             return call_with_timeout(fn, *args, timeout=min(s.step_timeout_s, remaining()))
 
-        def generate(prompt: list[int], turn: int, vision: VisionInputs | None) -> Completion:
+        def generate(
+            prompt: list[int],
+            turn: int,
+            vision: VisionInputs | None,
+            params: SamplingParams | None = None,
+        ) -> Completion:
+            """One request (``params``: an agent call's own; None: the episode's)."""
             if ep.cancel.is_set():
                 raise EpisodeCancelled()
             if self.barrier is not None and group.counted:
@@ -404,7 +414,7 @@ class EnvRolloutManager:
                 self._request_id += 1
                 ep.request_id = self._request_id
             request = Request(ep.request_id, prompt, seed, vision=vision)
-            future = self.router.submit(request, ep.params, session=id(ep))
+            future = self.router.submit(request, params or ep.params, session=id(ep))
             try:
                 completion = self._wait(future, ep, remaining)
             except BaseException:
@@ -426,6 +436,8 @@ class EnvRolloutManager:
                     max_context=s.max_context,
                     model=s.served_model,
                     history=s.agent_history,
+                    sampling=ep.params,
+                    agent_sampling=s.agent_sampling,
                 )
                 try:
                     play_agent_episode(
