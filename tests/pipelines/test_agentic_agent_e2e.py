@@ -49,11 +49,11 @@ import openai
 
 def run(client, task):
     messages = [{"role": "user", "content": "2*3"}]
-    answer = client.chat.completions.create(model="m", messages=messages)
+    answer = client.chat.completions.create(model="policy", messages=messages)
     messages += [answer.choices[0].message, {"role": "user", "content": "x" * 5000}]
     for _ in range(4):  # a call that cannot fit the context, and 3 retries of it
         try:
-            client.chat.completions.create(model="m", messages=messages)
+            client.chat.completions.create(model="policy", messages=messages)
         except openai.BadRequestError:
             continue
     return 0.5 if task["seed"] % 2 else 0.0
