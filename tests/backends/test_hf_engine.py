@@ -417,3 +417,31 @@ def test_through_actor_infer_on_a_local_cluster(model_path: str) -> None:
     infer.resume_generation()
     again = kept.result(timeout=120)
     assert again.policy_version == 2 and again.response_ids == results[0].response_ids
+
+
+@pytest.mark.parametrize("path", ["request", "batch"])
+def test_top_logprobs_are_the_models_most_likely_tokens(backend: HFInferBackend, path: str) -> None:
+    """``SamplingParams.top_logprobs``: at every generated position, the k most likely ids and
+    their log softmax(logits / temperature), as one forward of the model gives them; the
+    sampled token's behaviour log-prob is the same quantity."""
+    params = SamplingParams(max_new_tokens=6, temperature=0.7, top_logprobs=3)
+    request = Request(7, [5, 9, 13, 17, 21], seed=3)
+    if path == "request":
+        out = backend.generate_request(request, params)
+    else:
+        [out] = backend.generate([request], params)
+    assert out.top_logprobs is not None and len(out.top_logprobs) == len(out.response_ids)
+    ids = torch.tensor([request.prompt_ids + out.response_ids])
+    with torch.no_grad():
+        logits = backend.model(input_ids=ids).logits[0].float()
+    n = len(request.prompt_ids)
+    logps = torch.log_softmax(logits[n - 1 : -1] / 0.7, dim=-1)
+    for t, (tok, lp, top) in enumerate(
+        zip(out.response_ids, out.log_probs, out.top_logprobs, strict=True)
+    ):
+        want = torch.topk(logps[t], 3)
+        assert [i for i, _ in top] == want.indices.tolist()
+        assert [v for _, v in top] == pytest.approx(want.values.tolist(), abs=1e-4)
+        assert lp == pytest.approx(logps[t, tok].item(), abs=1e-4)
+    plain = backend.generate_request(Request(8, request.prompt_ids, seed=3), SAMPLE)
+    assert plain.top_logprobs is None
