@@ -499,3 +499,24 @@ def test_a_killed_engine_fails_every_waiting_request(model_dir: str) -> None:
     finally:
         backend.close()  # type: ignore[attr-defined]
     assert not loop_thread.is_alive()  # close() stopped the engine's event loop
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_top_logprobs_are_the_models_most_likely_tokens(engine, vllm_batch, hf) -> None:
+    """``SamplingParams.top_logprobs`` through vLLM (request and batch modes): at each generated
+    position the k most likely ids with log softmax(logits / T), as a transformers forward
+    gives them (the trainer's view), most likely first."""
+    params = SamplingParams(max_new_tokens=6, temperature=0.7, top_logprobs=3)
+    req = sampled_requests()[1]
+    for out in (engine.generate_request(req, params), vllm_batch.generate([req], params)[0]):
+        assert out.top_logprobs is not None and len(out.top_logprobs) == len(out.response_ids)
+        ids = torch.tensor([req.prompt_ids + out.response_ids])
+        with torch.no_grad():
+            logits = hf(ids).logits[0, len(req.prompt_ids) - 1 : -1].float() / 0.7
+        logps = torch.log_softmax(logits, -1)
+        for t, top in enumerate(out.top_logprobs):
+            want = torch.topk(logps[t], 3)
+            assert [i for i, _ in top] == want.indices.tolist()
+            assert gap([v for _, v in top], want.values.tolist()) < 1e-4
+    assert engine.generate_request(req, SAMPLED).top_logprobs is None
