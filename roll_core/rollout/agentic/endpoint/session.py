@@ -445,7 +445,7 @@ class AgentSession:
         ids = list(completion.response_ids)
         self.traj.trace.add_generated(ids, list(completion.log_probs))
         self.after_eos = bool(ids) and ids[-1] == self.chat.eos_id
-        message = {"role": "assistant", "content": reply.content}
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             message["tool_calls"] = [openai_call(c) for c in reply.tool_calls]
         self.messages.append(_key(normalise(message, len(self.messages))))
