@@ -174,10 +174,21 @@ def advantages_and_kl(
         truncated = t["response_lengths"] >= max_new_tokens
         mask = mask * (~truncated).float().unsqueeze(1)
         t["response_mask"] = mask
-    scores = normalize_rewards(
-        algo.reward.normalize, scores=scores, group_ids=t["group_ids"], running=state.running
-    )
-    scores = clip_rewards(scores, algo.reward.clip)
+    once = _episode_rows(t, algo)
+    if once is not None:  # an agent episode of k segments counts once in its group
+        first, inverse = once
+        episode_scores = normalize_rewards(
+            algo.reward.normalize,
+            scores=scores[first],
+            group_ids=t["group_ids"][first],
+            running=state.running,
+        )
+        scores = clip_rewards(episode_scores, algo.reward.clip)[inverse]
+    else:
+        scores = normalize_rewards(
+            algo.reward.normalize, scores=scores, group_ids=t["group_ids"], running=state.running
+        )
+        scores = clip_rewards(scores, algo.reward.clip)
     token_rewards = scores_to_token_rewards(scores, mask)
     if algo.kl.coef > 0 and algo.kl.use_as == "reward" and "ref_log_probs" in t:
         token_rewards, kl_metrics = apply_kl_penalty(
@@ -198,6 +209,8 @@ def advantages_and_kl(
         values=t.get("values"),
         **algo.advantage_kwargs(),
     )
+    if once is not None:
+        advantages = _per_episode_advantages(algo, token_rewards, mask, t["group_ids"], once)
     if algo.advantage.whiten:
         advantages = whiten_advantages(advantages, mask)
     advantages = clip_advantages(advantages, algo.advantage.clip)
@@ -205,6 +218,51 @@ def advantages_and_kl(
     metrics["actor/advantage_mean"] = _masked_mean(advantages, mask)
     metrics["actor/advantage_abs_max"] = float((advantages.abs() * mask).max())
     return metrics
+
+
+ONCE_PER_EPISODE = frozenset({"grpo", "dr_grpo", "rloo"})
+"""Group estimators whose advantage is one number per response: with agent segments, each
+episode counts once in its group's statistics and every segment gets the episode's number."""
+
+
+def _episode_rows(t: dict[str, torch.Tensor], algo: AlgorithmConfig) -> Any:
+    """``(first row of each episode, episode of each row)`` when rows are segments of agent
+    episodes (``episode_ids`` with repeats) and the estimator works on one number per response
+    (:data:`ONCE_PER_EPISODE`, no per-row KL or length penalty in the score); else None."""
+    episodes = t.get("episode_ids")
+    if episodes is None or algo.adv_estimator not in ONCE_PER_EPISODE:
+        return None
+    if (algo.kl.coef > 0 and algo.kl.use_as == "reward") or algo.overlong.mode == "penalty":
+        return None
+    unique, inverse = torch.unique(episodes, return_inverse=True)
+    if len(unique) == len(episodes):
+        return None
+    rows = torch.arange(len(episodes), device=episodes.device)
+    first = torch.full((len(unique),), len(episodes), dtype=torch.long, device=episodes.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return first, inverse
+
+
+def _per_episode_advantages(
+    algo: AlgorithmConfig,
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    once: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """The estimator on one row per episode (its group statistics over episodes, not over
+    segments), each segment row getting its episode's advantage."""
+    first, inverse = once
+    adv, _ = compute_advantages(
+        algo.adv_estimator,
+        token_rewards=token_rewards[first],
+        response_mask=mask[first],
+        group_ids=group_ids[first],
+        **algo.advantage_kwargs(),
+    )
+    m = mask[first].to(adv.dtype)
+    per_episode = (adv * m).sum(-1) / m.sum(-1).clamp(min=1)
+    return per_episode[inverse].unsqueeze(-1) * mask.to(adv.dtype)
 
 
 def sampling_params(rollout: SamplingConfig) -> SamplingParams:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,9 +123,11 @@ def test_bad_agent_options_and_a_failing_make_task_are_the_users_errors(
     assert not (tmp_path / "runs").exists()
 
 
-def test_agent_with_context_management_trains_segments_step_wise(roll, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["step", "trajectory"])
+def test_agent_with_context_management_trains_segments(roll, tmp_path: Path, mode: str) -> None:
     """recipes/tiny-frozenlake-agent-lake.yaml: the FrozenLake agent sends only the current lake
-    each call, so each call is its own segment, trained step-wise (GiGPO)."""
+    each call, so each call is its own segment, trained step-wise (GiGPO) or one row per
+    segment (trajectory mode: GRPO counts each episode once in its group)."""
     data = yaml.safe_load((ROOT / "recipes/tiny-frozenlake-agent-lake.yaml").read_text())
     data["runs_dir"] = str(tmp_path / "runs")
     data["envs"][0].update(
@@ -137,6 +140,9 @@ def test_agent_with_context_management_trains_segments_step_wise(roll, tmp_path:
     data["trainer"]["max_steps"] = 1
     data["eval"]["every_steps"] = 1
     data["tracking"]["backends"] = ["jsonl"]
+    if mode == "trajectory":
+        data["rollout"]["mode"] = "trajectory"
+        data["algorithm"] = {"preset": "grpo", "kl": {"coef": 0.0}}
     path = tmp_path / "lake.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     res = roll("train", "agentic", str(path), "--run-id", "lk", timeout=240)

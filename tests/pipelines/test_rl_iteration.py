@@ -46,6 +46,29 @@ def test_grpo_advantages_by_hand() -> None:
     assert metrics["actor/advantage_abs_max"] == pytest.approx(a, abs=1e-5)
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_an_agent_episode_of_three_segments_counts_once_in_its_group(estimator: str) -> None:
+    # one group, three episodes: A (return 1) in 3 segments (rows 0-2), B and C (return 0).
+    # Per episode: scores (1, 0, 0), mean 1/3, unbiased std sqrt(1/3) = 0.57735:
+    #   grpo A = (2/3) / 0.57735 = 1.1547, B = C = -0.57735;
+    #   rloo A = 3/2 * 2/3 = 1, B = C = 3/2 * -1/3 = -0.5.
+    # Per row (the old count, A weighing 3 times): mean 0.6, grpo A = 0.4 / 0.5477 = 0.7303.
+    algo = AlgorithmConfig.model_validate({"preset": estimator, "kl": {"coef": 0.0}})
+    batch = _batch([1.0, 1.0, 1.0, 0.0, 0.0], [0] * 5, [1, 2, 1, 2, 1])
+    batch.tensors["episode_ids"] = torch.tensor([0, 0, 0, 1, 2])
+    advantages_and_kl(batch, algo, RLState(algo), max_new_tokens=4)
+    a, b = (
+        (2 / 3 / math.sqrt(1 / 3), -1 / 3 / math.sqrt(1 / 3)) if estimator == "grpo" else (1, -0.5)
+    )
+    expected = torch.tensor([[a, 0, 0, 0], [a, a, 0, 0], [a, 0, 0, 0], [b, b, 0, 0], [b, 0, 0, 0]])
+    assert torch.allclose(batch.tensors["advantages"], expected, atol=1e-5)
+    # without episode ids (env episodes: one row each) the rows are the samples, as before
+    batch = _batch([1.0, 1.0, 1.0, 0.0, 0.0], [0] * 5, [1, 2, 1, 2, 1])
+    advantages_and_kl(batch, algo, RLState(algo), max_new_tokens=4)
+    if estimator == "grpo":
+        assert batch.tensors["advantages"][0, 0] == pytest.approx(0.4 / math.sqrt(0.3), abs=1e-5)
+
+
 def test_overlong_penalty_and_reinforce_return_by_hand() -> None:
     # max_new_tokens 4, buffer 2: L_exp = 2. Lengths 1, 3, 4 get penalties 0,
     # (2 - 3) / 2 = -0.5 and (2 - 4) / 2 = -1. reinforce with gamma 1 and no baseline: every

@@ -101,7 +101,8 @@ def trajectory_batch(
 ) -> Batch:
     """One row per episode (StarPO); an agent episode whose calls did not continue one
     conversation (``rollout.agent_history: segment``) has one row per segment, each with the
-    episode's return and group. A row with no generated token, or longer than ``max_len``,
+    episode's return and group (``episode_ids`` says which episode: the group estimators count
+    an episode once, however many segments it has). A row with no generated token, or longer than ``max_len``,
     is left out and counted in ``meta`` (``rows_dropped_*``)."""
     trajs = [t for g in groups for t in g]
     dropped = _Dropped(max_len)
@@ -119,7 +120,9 @@ def trajectory_batch(
     def version(t: Trajectory, k: int) -> int:
         return min((u.policy_version for u in t.turns if u.segment == k), default=t.min_version)
 
+    episode_index = {id(t): k for k, t in enumerate(trajs)}
     tensors |= {
+        "episode_ids": torch.tensor([episode_index[id(t)] for t, _, _ in segs], dtype=torch.long),
         "scores": torch.tensor([t.episode_return for t, _, _ in segs], dtype=torch.float32),
         "group_ids": torch.tensor([group_index[t.group] for t, _, _ in segs], dtype=torch.long),
         "response_lengths": torch.tensor([sum(tr.mask) for _, _, tr in segs], dtype=torch.long),
