@@ -511,6 +511,10 @@ def _demonstrations(
     faults = {} if faults is None else faults
     out = []
     for spec in specs:
+        if spec.agent is not None:
+            assert endpoint is not None
+            out += _agent_demos(cfg, setup, spec, chat, endpoint, count, offset, faults)
+            continue
         failed: list[str] = []
         slot = 0
         while slot < count:
@@ -519,13 +523,6 @@ def _demonstrations(
             actor = _ScriptedActor(spec, chat, seed, s.step_timeout_s, cfg.warm_start.policy)
             traj = Trajectory(tag=spec.tag, group=slot, seed=seed, index=0)
             try:
-                if spec.agent is not None:
-                    assert endpoint is not None
-                    out.append(
-                        _agent_demo(cfg, setup, spec, traj, chat, endpoint, s.episode_timeout_s)
-                    )
-                    slot += 1
-                    continue
                 out.append(
                     play_episode(
                         traj,
@@ -539,21 +536,75 @@ def _demonstrations(
                 )
                 slot += 1
             except Exception as err:  # noqa: BLE001 - the env raised or hung: count, replace
-                kind = "env_timeouts" if isinstance(err, EnvTimeout) else "env_errors"
-                faults[f"warm_start/{kind}"] = faults.get(f"warm_start/{kind}", 0.0) + 1
-                failed.append(describe_fault(err))
-                if len(failed) > count + slot:  # more than half of the episodes failed
-                    raise EnvFault(
-                        f"warm start: env {spec.tag} failed {len(failed)} "
-                        f"{cfg.warm_start.policy}-policy episodes while {slot} completed (step timeout "
-                        f"rollout.step_timeout_s={s.step_timeout_s:g}s). First error: "
-                        f"{failed[0]}",
-                        hint="Fix the env (`roll debug-env ENV --policy random` shows the "
-                        "error), raise rollout.step_timeout_s if its steps are slow, or set "
-                        "warm_start.steps: 0.",
-                        metrics=faults,
-                    ) from None
+                _demo_failed(cfg, spec, err, failed, slot, count, faults)
     return out
+
+
+def _demo_failed(
+    cfg: AgenticConfig,
+    spec: EnvSpec,
+    err: Exception,
+    failed: list[str],
+    completed: int,
+    count: int,
+    faults: dict[str, float],
+) -> None:
+    """Count a failed warm-start episode; EnvFault once more than half of them failed."""
+    kind = "env_timeouts" if isinstance(err, EnvTimeout) else "env_errors"
+    faults[f"warm_start/{kind}"] = faults.get(f"warm_start/{kind}", 0.0) + 1
+    failed.append(describe_fault(err))
+    if len(failed) > count + completed:  # more than half of the episodes failed
+        raise EnvFault(
+            f"warm start: env {spec.tag} failed {len(failed)} "
+            f"{cfg.warm_start.policy}-policy episodes while {completed} completed (step timeout "
+            f"rollout.step_timeout_s={cfg.rollout.step_timeout_s:g}s). First error: "
+            f"{failed[0]}",
+            hint="Fix the env (`roll debug-env ENV --policy random` shows the "
+            "error), raise rollout.step_timeout_s if its steps are slow, or set "
+            "warm_start.steps: 0.",
+            metrics=faults,
+        ) from None
+
+
+def _agent_demos(
+    cfg: AgenticConfig,
+    setup: AgenticSetup,
+    spec: EnvSpec,
+    chat: ChatFormat,
+    endpoint: AgentEndpoint,
+    count: int,
+    offset: int,
+    faults: dict[str, float],
+) -> list[Trajectory]:
+    """``count`` expert episodes of an agent program, played at once (up to
+    ``rollout.max_concurrent_episodes``: an agent's own start-up and tool time overlap); a
+    failed one is replayed on another seed in the next round, as env demonstrations are."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    done: dict[int, Trajectory] = {}
+    failed: list[str] = []
+    pending = list(range(count))
+    workers = max(1, min(count, cfg.rollout.max_concurrent_episodes))
+    with ThreadPoolExecutor(workers, thread_name_prefix="warm-start-agent") as pool:
+        for round_ in range(count + 1):
+            if not pending:
+                break
+
+            def play(slot: int, round_: int = round_) -> Trajectory:
+                seed = DEMO_SEED_START + 1_000_000 * round_ + offset + slot
+                traj = Trajectory(tag=spec.tag, group=slot, seed=seed, index=0)
+                timeout = cfg.rollout.episode_timeout_s
+                return _agent_demo(cfg, setup, spec, traj, chat, endpoint, timeout)
+
+            futures = {slot: pool.submit(play, slot) for slot in pending}
+            pending = []
+            for slot, future in futures.items():
+                try:
+                    done[slot] = future.result()
+                except Exception as err:  # noqa: BLE001 - the agent failed: count, replay
+                    pending.append(slot)
+                    _demo_failed(cfg, spec, err, failed, len(done), count, faults)
+    return [done[k] for k in range(count)]
 
 
 def _agent_demo(
