@@ -78,7 +78,9 @@ def debug_env(
         str | None,
         typer.Option(
             "--model",
-            help="Model for --policy model: a local HF model, hub id or builtin:NAME.",
+            help="Model for --policy model: a local HF model, hub id or builtin:NAME. With an "
+            "agent and --policy expert: the tokenizer and context the expert's text is shown "
+            "in (the recipe's model.path).",
             show_default=False,
         ),
     ] = None,
@@ -165,7 +167,7 @@ def debug_env(
     from roll_core.errors import UsageError
 
     if env.startswith("agent:"):
-        chosen = _choose_policy(policy, model, replay, record)
+        chosen = _choose_policy(policy, model, replay, record, agent=True)
         if chosen not in ("model", "expert") or replay is not None:
             raise UsageError(
                 f"an agent program plays with --policy model or --policy expert (got "
@@ -182,6 +184,7 @@ def debug_env(
             chat_template,
             max_new_tokens,
             temperature,
+            expert=chosen == "expert",
         )
         return
     cls = get_env_class(env)
@@ -300,7 +303,12 @@ def _open_record(path: Path | None) -> IO[str] | None:
 
 
 def _choose_policy(
-    policy: PolicyName | None, model: str | None, replay: Path | None, record: Path | None
+    policy: PolicyName | None,
+    model: str | None,
+    replay: Path | None,
+    record: Path | None,
+    *,
+    agent: bool = False,
 ) -> str:
     from roll_core.errors import UsageError
 
@@ -328,6 +336,8 @@ def _choose_policy(
             hint="Give a local HF model directory, a hub id or a built-in model, e.g. "
             "--model builtin:tiny-qwen3.",
         )
+    if agent and policy is PolicyName.expert:
+        return policy.value  # --model: the tokenizer and context of the expert's text
     if policy is not PolicyName.model and model is not None:
         raise UsageError(
             f"--model is only used with --policy model (the policy is {policy.value}).",
@@ -717,9 +727,12 @@ def _debug_agent(
     chat_template: Path | None,
     max_new_tokens: int,
     temperature: float,
+    *,
+    expert: bool = False,
 ) -> None:
     """Play an agent program's episodes through the endpoint, each call answered by the model
-    (or, without --model, by the module's expert); print each call and how the episode ended."""
+    (or, with --policy expert, by the module's expert, its text in --model's tokenizer and
+    context when given); print each call and how the episode ended."""
     from roll_core.envs.agents import check_task, load_agent
     from roll_core.models.loading import use_chat_template
     from roll_core.rollout.agentic import ChatFormat, Trajectory
@@ -731,7 +744,14 @@ def _debug_agent(
     from roll_core.rollout.agentic.endpoint import AgentEndpoint
 
     program = load_agent(path, options)
-    if model is not None:
+    if model is not None and expert:  # the expert's text in the model's tokens and context
+        from roll_core.models import load_tokenizer
+        from roll_core.models.loading import model_config
+
+        tokenizer = load_tokenizer(model)
+        context = int(model_config(model).get("max_position_embeddings") or 4096)
+        model = None
+    elif model is not None:
         from roll_core.envs.model_policy import ModelPolicy
 
         player = ModelPolicy(model, max_new_tokens=max_new_tokens, temperature=temperature)

@@ -470,3 +470,34 @@ def test_agent_program_played_by_a_model(cli_env: dict[str, str]) -> None:
     res = _run([*args, "--chat-template", TOOL_TEMPLATE, "--max-new-tokens", "8"], cli_env)
     assert res.returncode == 0, res.stderr
     assert "call 1 · 85 prompt tokens" in res.stdout and "status done · reward 0" in res.stdout
+
+
+@pytest.mark.slow
+def test_agent_expert_shown_in_the_recipe_models_tokens_and_context(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """--policy expert --model M: the expert's episode in M's tokenizer (the real Qwen
+    vocabulary and Qwen3 template here) and M's context (1,024), not the built-in byte-level
+    tokenizer's 4,096 bytes: the prompt counts are Qwen token counts."""
+    from tests.qwen_real import write_model
+
+    model = write_model(tmp_path / "qwen", template="qwen3")
+    args = ["debug-env", AGENT, "low=2", "high=9", "--policy", "expert", "--model", str(model)]
+    res = _run(args, cli_env)
+    assert res.returncode == 0, res.stderr
+    assert "status done · reward 1 · success True" in res.stdout
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples/agents"))
+    from calculator_agent import TOOLS
+
+    messages = [{"role": "system", "content": "Use calc."}, {"role": "user", "content": "8*8"}]
+    text = tok.apply_chat_template(
+        messages, tools=TOOLS, add_generation_prompt=True, tokenize=False
+    )
+    n = len(tok.encode(text, add_special_tokens=False))
+    assert n < len(text.encode()) / 2  # Qwen tokens, not bytes
+    assert f"call 1 · {n} prompt tokens" in res.stdout

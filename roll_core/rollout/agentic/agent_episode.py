@@ -165,8 +165,11 @@ def play_scripted(
     session: AgentSession
 
     def generate(prompt: list[int], turn: int, vision: Any, params: SamplingParams) -> Completion:
+        # the call's own stop strings and max_tokens apply; the recipe's cap (a model's budget)
+        # does not bind an expert
+        cap = params.max_new_tokens if params.max_new_tokens < max_new_tokens else None
         ids, finish = scripted_limits(
-            chat, respond(task, session.request, prompt, turn), prompt, params
+            chat, respond(task, session.request, prompt, turn), prompt, params, cap
         )
         return Completion(turn, ids, [0.0] * len(ids), finish, -1)
 
@@ -193,12 +196,18 @@ def play_scripted(
 
 
 def scripted_limits(
-    chat: ChatFormat, ids: list[int], prompt: list[int], params: SamplingParams
+    chat: ChatFormat,
+    ids: list[int],
+    prompt: list[int],
+    params: SamplingParams,
+    cap: int | None = -1,
 ) -> tuple[list[int], str]:
     """A scripted reply cut as an engine would cut it: at the first stop string (its ids
-    kept, as engines keep them), else at the call's ``max_new_tokens``; and its finish reason."""
+    kept, as engines keep them), else at ``cap`` tokens (-1: ``params.max_new_tokens``; None:
+    no cap); and its finish reason."""
+    limit = params.max_new_tokens if cap == -1 else cap
     for n in range(1, len(ids) + 1):
-        if n > params.max_new_tokens:
+        if limit is not None and n > limit:
             return ids[: n - 1], "length"
         if params.stop:
             tail = str(chat.tokenizer.decode(ids[:n]))
