@@ -192,11 +192,15 @@ def _check_thinking(raw: Any, max_tokens: int, session: Any) -> None:
     if kind == "between_tools":
         raise bad("thinking between_tools is not served: the template decides.", "thinking")
     if kind == "enabled":
-        budget = get_int(raw, "budget_tokens", lo=1024)
-        if budget is None or budget >= max_tokens:
+        budget = raw.get("budget_tokens")
+        if (
+            isinstance(budget, bool)
+            or not isinstance(budget, int)
+            or not 1024 <= budget < max_tokens
+        ):
             raise bad(
-                f"thinking.budget_tokens must be at least 1024 and less than max_tokens "
-                f"({max_tokens}).",
+                f"thinking.budget_tokens must be an integer, at least 1024 and less than "
+                f"max_tokens ({max_tokens}), got {budget!r}.",
                 "thinking",
             )
     from roll_core.data.chat import reasoning_format
