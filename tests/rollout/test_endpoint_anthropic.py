@@ -296,6 +296,23 @@ def test_messages_become_one_chat_conversation(tok: Any) -> None:
         ({"tools": [{"name": "f", "input_schema": {"type": "x"}}]}, "tools", "not a valid tool"),
         ({"tool_choice": {"type": "tool"}}, "tool_choice", "tool_choice must be"),
         ({"tool_choice": "auto"}, "tool_choice", "tool_choice must be"),
+        (
+            {"tool_choice": {"type": "any", "disable_parallel_tool_use": 1}},
+            "tool_choice",
+            "true or false",
+        ),  # fmt: skip
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": "yes"}],
+                    }
+                ]
+            },
+            "messages",
+            "is_error",
+        ),  # fmt: skip
         ({"stop_sequences": [""]}, "stop_sequences", "non-empty"),
         ({"temperature": "hot"}, "temperature", "must be a number"),
         (

@@ -36,6 +36,7 @@ from tests.rollout.test_endpoint_chat import TEMPLATE, TOOLS, done, open_session
 ROOT = Path(__file__).resolve().parents[2]
 RTOOLS = [{"type": "function", **t["function"]} for t in TOOLS]  # the Responses' flat format
 LOGPROBS = "message.output_text.logprobs"
+ENCRYPTED = "reasoning.encrypted_content"
 ANSWER = "The answer is 42. END of story"
 
 
@@ -278,6 +279,9 @@ def test_a_reply_as_a_response_object_and_its_event_stream() -> None:
         events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
     )
     assert events[-1]["response"]["output"] == body["output"]
+    encrypted = _Request({"model": "policy", "input": "x", "include": [ENCRYPTED]}, [])
+    reasoning = response_body(_reply(), "policy", encrypted)["output"][0]
+    assert reasoning["encrypted_content"] == "I multiply."  # its text: roll has no secret
     # cut by max_output_tokens: incomplete, and the stream ends with response.incomplete
     cut = _reply(content="The a", reasoning=None, tool_calls=(), finish="length")
     body = response_body(cut, "policy", request)
@@ -494,7 +498,7 @@ def test_refused_rows_get_their_400_and_inert_values_pass(tok: Any, endpoint: An
         create(endpoint, s, "chat", temperature=0.0)
     inert = {
         "text": {"format": {"type": "text"}},
-        "reasoning": {},
+        "reasoning": {"effort": None, "summary": None},
         "truncation": "disabled",
         "background": False,
         "service_tier": "auto",

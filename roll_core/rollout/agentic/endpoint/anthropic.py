@@ -267,7 +267,9 @@ def tool_choice(raw: Any) -> tuple[ToolChoice, bool]:
             "(disable_parallel_tool_use: true / false).",
             "tool_choice",
         )
-    disable = get_bool(raw, "disable_parallel_tool_use")
+    disable = raw.get("disable_parallel_tool_use")
+    if disable is not None and not isinstance(disable, bool):
+        raise bad("tool_choice.disable_parallel_tool_use must be true or false.", "tool_choice")
     return ToolChoice(modes[kind], name), not disable  # type: ignore[arg-type]
 
 
@@ -339,7 +341,8 @@ def _user(blocks: list[Any], where: str, names: dict[str, str]) -> list[dict[str
                     f"{f' (unsupported field(s) {unknown})' if unknown else ''}.",
                     "messages",
                 )
-            get_bool(block, "is_error")
+            if block.get("is_error") not in (None, True, False):
+                raise bad(f"{at}.is_error must be true or false.", "messages")
             content = block.get("content")
             text = "" if content is None else _text_blocks(content, f"{at}.content")
             result = {"role": "tool", "tool_call_id": call_id, "content": text}

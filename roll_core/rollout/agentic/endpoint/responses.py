@@ -207,6 +207,9 @@ class _Request:
 def parse_responses(raw: Any, session: Any) -> tuple[ChatCall, _Request]:
     """A Responses request as a ChatCall (and what the response object echoes)."""
     body = need_object(raw, API)
+    for name in ("text", "reasoning"):  # {"effort": null, ...}: the fields a client left unset
+        if isinstance(body.get(name), dict):
+            body = {**body, name: {k: v for k, v in body[name].items() if v is not None}}
     check_fields(body, FIELDS, API)
     _check_refused_shapes(body)
     earlier: list[Any] = []
