@@ -26,8 +26,10 @@ from roll_core.rollout.agentic.endpoint.calls import CallOptions, ToolChoice
 from roll_core.rollout.agentic.endpoint.fields import table_rows
 from roll_core.rollout.agentic.endpoint.responses import (
     FIELDS,
+    KEPT,
     _Request,
     parse_responses,
+    reasoning_tokens,
     response_body,
     response_events,
 )
@@ -279,6 +281,19 @@ def test_a_reply_as_a_response_object_and_its_event_stream() -> None:
         events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
     )
     assert events[-1]["response"]["output"] == body["output"]
+
+    class Bytes:  # one id per character, as the built-in tokenizer has one per byte
+        @staticmethod
+        def decode(ids: list[int], skip_special_tokens: bool = True) -> str:
+            return "".join(map(chr, ids))
+
+    thought = _reply(
+        completion=Completion(0, [ord(c) for c in "<think>ab</think>cd"], [0.0] * 19, "stop", 0)
+    )
+    assert (
+        reasoning_tokens(thought, Bytes()) == 17
+        and reasoning_tokens(_reply(reasoning=None), Bytes()) == 0
+    )
     encrypted = _Request({"model": "policy", "input": "x", "include": [ENCRYPTED]}, [])
     reasoning = response_body(_reply(), "policy", encrypted)["output"][0]
     assert reasoning["encrypted_content"] == "I multiply."  # its text: roll has no secret
@@ -365,6 +380,9 @@ def test_previous_response_id_is_kept_for_the_episode_only(tok: Any, endpoint: A
     endpoint.close_session(s)
     with pytest.raises(openai.NotFoundError):
         create(endpoint, s, "more", previous_response_id=first.id)
+    assert s.token in KEPT.by_session
+    create(endpoint, other, "chat")  # storing a response drops the closed sessions' ones
+    assert s.token not in KEPT.by_session and other.token in KEPT.by_session
 
 
 def test_streaming_gives_the_same_reply_and_trajectory(tok: Any, endpoint: Any) -> None:

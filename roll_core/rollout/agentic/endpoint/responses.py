@@ -491,9 +491,10 @@ def output_items(reply: Reply, request: _Request | None = None) -> list[dict[str
 
 
 def response_body(
-    reply: Reply | None, model: str, request: _Request, rid: str = ""
+    reply: Reply | None, model: str, request: _Request, rid: str = "", reasoning_tokens: int = 0
 ) -> dict[str, Any]:
-    """The ``response`` object (``reply`` None: the in-progress one a stream opens with)."""
+    """The ``response`` object (``reply`` None: the in-progress one a stream opens with;
+    ``reasoning_tokens``: how many generated tokens the reasoning block took)."""
     body = request.body
     rid = rid or f"resp_{_ids(reply)}"  # type: ignore[arg-type]
     out: dict[str, Any] = {
@@ -534,7 +535,7 @@ def response_body(
         "input_tokens": reply.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": reply.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": reply.prompt_tokens + reply.completion_tokens,
     }
     notes = reply.notes()
@@ -543,9 +544,11 @@ def response_body(
     return out
 
 
-def response_events(reply: Reply, model: str, request: _Request) -> list[dict[str, Any]]:
+def response_events(
+    reply: Reply, model: str, request: _Request, reasoning_tokens: int = 0
+) -> list[dict[str, Any]]:
     """The events of a streamed response, in order, each with its ``sequence_number``."""
-    final = response_body(reply, model, request)
+    final = response_body(reply, model, request, reasoning_tokens=reasoning_tokens)
     opening = response_body(None, model, request, final["id"])
     opening["created_at"] = final["created_at"]
     events: list[dict[str, Any]] = [
@@ -626,6 +629,23 @@ def sse(events: list[dict[str, Any]]) -> bytes:
     return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
 
 
+def reasoning_tokens(reply: Reply, tokenizer: Any) -> int:
+    """How many of the generated ids the reasoning block took: the shortest prefix whose text
+    holds ``</think>`` (all of them for a block the cap cut; a binary search, as a longer
+    prefix holds it whenever a shorter one does)."""
+    ids = reply.completion.response_ids
+    if reply.reasoning is None or not ids:
+        return 0
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if "</think>" in str(tokenizer.decode(ids[:mid], skip_special_tokens=True)):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def assistant_message(reply: Reply) -> dict[str, Any]:
     """The reply as the assistant message of the conversation the session recorded."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
@@ -647,9 +667,11 @@ class Responses:
             rid = f"resp_{_ids(reply)}"
             if request.store:  # a retry of an undelivered reply has the same id: replaced
                 KEPT.put(session, rid, [*request.conversation, assistant_message(reply)])
+            thought = reasoning_tokens(reply, session.chat.tokenizer)
             if request.stream:
-                return "text/event-stream", sse(response_events(reply, model, request))
-            return "application/json", json.dumps(response_body(reply, model, request)).encode()
+                return "text/event-stream", sse(response_events(reply, model, request, thought))
+            body = response_body(reply, model, request, reasoning_tokens=thought)
+            return "application/json", json.dumps(body).encode()
 
         return call, render
 
