@@ -31,7 +31,11 @@ def recipe(tmp_path: Path, agent: str) -> Path:
 
 @pytest.mark.parametrize(
     ("agent", "package"),
-    [("litellm_agent.py", "litellm")],
+    [
+        ("litellm_agent.py", "litellm"),
+        ("responses_agent.py", "openai"),
+        ("anthropic_agent.py", "anthropic"),
+    ],
 )
 def test_agents_written_with_other_clients_train_token_in_token_out(
     roll, tmp_path: Path, agent: str, package: str

@@ -143,3 +143,9 @@ def _json_type(value: Any) -> str:
 def table_rows(table: Mapping[str, Field]) -> list[tuple[str, str, str]]:
     """``(field, status, how)`` rows of a field table, in the table's order (for the docs)."""
     return [(name, row.status, row.how) for name, row in table.items()]
+
+
+def extra_keys(obj: Mapping[str, Any], allowed: set[str] | frozenset[str]) -> list[str]:
+    """The keys of ``obj`` outside ``allowed`` that are set (a ``null`` asks for nothing: a
+    client that dumps its objects with every optional field as null is not refused)."""
+    return sorted(k for k, v in obj.items() if v is not None and k not in allowed)

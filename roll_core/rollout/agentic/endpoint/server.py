@@ -37,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from roll_core.errors import ConfigError, RollError
+from roll_core.rollout.agentic.endpoint.anthropic import AnthropicMessages
 from roll_core.rollout.agentic.endpoint.calls import (
     Api,
     ClientGone,
@@ -46,13 +47,14 @@ from roll_core.rollout.agentic.endpoint.calls import (
 )
 from roll_core.rollout.agentic.endpoint.fields import check_model
 from roll_core.rollout.agentic.endpoint.openai_chat import ChatCompletions
+from roll_core.rollout.agentic.endpoint.responses import Responses
 from roll_core.rollout.agentic.endpoint.session import AgentSession
 
 MAX_BODY = 32 * 2**20  # bytes of one request body
 
 
 def _apis() -> dict[str, Api]:
-    apis: list[Api] = [ChatCompletions()]
+    apis: list[Api] = [ChatCompletions(), Responses(), AnthropicMessages()]
     return {api.route: api for api in apis}
 
 
