@@ -704,3 +704,47 @@ def test_errors_clients_act_on_never_5xx(tok: Any, endpoint: Any) -> None:
             max_tokens=20,
             messages=[{"role": "user", "content": "y" * 200}],
         )
+
+
+def test_claude_code_style_tool_results_with_text_continue_and_tokens_are_counted(
+    tok: Any, endpoint: Any
+) -> None:
+    """A user message holding tool results and then text (Claude Code's system reminders)
+    continues the conversation: the prompt is the trace plus the template's ids for the tool
+    message and the user message, no new segment; count_tokens says the size of that prompt
+    before the call, without recording anything."""
+    s, _ = open_session(tok, endpoint)
+    first = create(endpoint, s, "12*34", system="Use calc.")
+    [use] = first.content
+    conversation = [
+        {"role": "user", "content": "12*34"},
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": use.id, "content": "408"},
+            {"type": "text", "text": "<system-reminder>be brief</system-reminder>"},
+        ]},
+    ]  # fmt: skip
+    c = client(endpoint, s)
+    counted = c.messages.count_tokens(
+        model="policy", messages=conversation, system="Use calc.", tools=ATOOLS
+    )
+    assert len(done(s).turns) == 1  # counting records nothing
+    second = create(endpoint, s, messages=conversation, system="Use calc.")
+    traj = done(s)
+    assert counted.input_tokens == second.usage.input_tokens == len(traj.turns[1].prompt_ids)
+    assert traj.segments == [] and len(traj.turns) == 2
+    before = traj.turns[0].prompt_ids + traj.turns[0].response_ids
+    added = traj.turns[1].prompt_ids[len(before) :]
+    want = "\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>user\n<system-reminder>be brief"
+    assert tok.decode(added).startswith(want) and traj.turns[1].prompt_ids[: len(before)] == before
+    # an unknown session on /v1/messages: Anthropic's error shape (the client's NotFoundError)
+    stale = anthropic.Anthropic(
+        base_url=f"http://127.0.0.1:{endpoint.port}/s/nosuchsession", api_key="x", max_retries=0
+    )
+    with pytest.raises(anthropic.NotFoundError) as err:
+        stale.messages.create(
+            model="policy", max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    assert (
+        err.value.body["type"] == "error" and err.value.body["error"]["type"] == "not_found_error"
+    )

@@ -145,11 +145,14 @@ class ChatFormat:
         return ids
 
     # ---- tool results ----------------------------------------------------------------------------
-    def tool_reply_text(self, results: Sequence[ToolResult]) -> str:
-        """The template's text after an assistant turn for ``results`` as ``tool`` messages, up
-        to the next generation prompt (a ModelError when the template cannot write it there)."""
+    def tool_reply_text(self, results: Sequence[ToolResult], user: str | None = None) -> str:
+        """The template's text after an assistant turn for ``results`` as ``tool`` messages
+        (then ``user``, a user message after them, if given), up to the next generation prompt
+        (a ModelError when the template cannot write it there)."""
         self._check_append()
         messages = [*self._base, *(r.message() for r in results)]
+        if user is not None:
+            messages.append({"role": "user", "content": user})
         try:
             text = self._text(messages, True)
         except Exception as err:  # noqa: BLE001 - the template's own error, reported as such
@@ -160,12 +163,13 @@ class ChatFormat:
             ) from None
         after = text.split(_SENTINEL, 1)[1] if text.count(_SENTINEL) == 1 else None
         pos = 0
-        for r in results if after is not None else ():
-            found = after.find(r.content, pos)  # type: ignore[union-attr]
+        contents = [r.content for r in results] + ([user] if user is not None else [])
+        for content in contents if after is not None else ():
+            found = after.find(content, pos)  # type: ignore[union-attr]
             if found < 0:
                 after = None
                 break
-            pos = found + len(r.content)
+            pos = found + len(content)
         if after is None:
             raise ModelError(
                 "the chat template does not write tool results after an earlier assistant "
@@ -176,9 +180,12 @@ class ChatFormat:
             )
         return after
 
-    def tool_message(self, results: Sequence[ToolResult], *, after_eos: bool) -> list[int]:
-        """Ids of the ``tool`` messages of ``results`` after an assistant turn."""
-        ids = self.encode(self.tool_reply_text(results))
+    def tool_message(
+        self, results: Sequence[ToolResult], *, after_eos: bool, user: str | None = None
+    ) -> list[int]:
+        """Ids of the ``tool`` messages of ``results`` (then a ``user`` message, if given)
+        after an assistant turn."""
+        ids = self.encode(self.tool_reply_text(results, user))
         if after_eos and ids and ids[0] == self.eos_id:
             ids = ids[1:]
         return ids

@@ -517,3 +517,27 @@ class AnthropicMessages:
 
     def error_body(self, err: EndpointError) -> dict[str, Any]:
         return error_body(err)
+
+
+class AnthropicCountTokens:
+    """``POST /v1/messages/count_tokens`` (Claude Code asks it before a call): the prompt
+    tokens the same request to /v1/messages would be given, as the session would render it
+    now (continued or a new segment); nothing is generated or recorded."""
+
+    name = API
+    route = "/v1/messages/count_tokens"
+    counts_tokens = True
+
+    def parse(self, raw: Any, session: Any, model: str) -> tuple[ChatCall, Render]:
+        body = need_object(raw, API)
+        if "max_tokens" in body:
+            raise bad("Unrecognized request argument supplied: max_tokens (count_tokens).")
+        call, _ = parse_messages({**body, "max_tokens": 2**31 - 1}, session)
+
+        def render(reply: Reply) -> tuple[str, bytes]:  # never called: nothing is generated
+            raise AssertionError("count_tokens has no reply")
+
+        return call, render
+
+    def error_body(self, err: EndpointError) -> dict[str, Any]:
+        return error_body(err)

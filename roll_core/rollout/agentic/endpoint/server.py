@@ -37,7 +37,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from roll_core.errors import ConfigError, RollError
-from roll_core.rollout.agentic.endpoint.anthropic import AnthropicMessages
+from roll_core.rollout.agentic.endpoint.anthropic import (
+    AnthropicCountTokens,
+    AnthropicMessages,
+)
 from roll_core.rollout.agentic.endpoint.calls import (
     Api,
     ClientGone,
@@ -54,7 +57,12 @@ MAX_BODY = 32 * 2**20  # bytes of one request body
 
 
 def _apis() -> dict[str, Api]:
-    apis: list[Api] = [ChatCompletions(), Responses(), AnthropicMessages()]
+    apis: list[Api] = [
+        ChatCompletions(),
+        Responses(),
+        AnthropicMessages(),
+        AnthropicCountTokens(),
+    ]
     return {api.route: api for api in apis}
 
 
@@ -268,28 +276,35 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.readline(64)
 
     # ---- routing ----------------------------------------------------------------------------------
-    def _route(self) -> tuple[AgentSession | None, str]:
+    def _route(self) -> tuple[str | None, str]:
+        """The session token in the path (None: none) and the route under it."""
         parts = self.path.split("?", 1)[0].strip("/").split("/")
         if len(parts) >= 2 and parts[0] == "s":
-            with self.endpoint.lock:
-                session = self.endpoint.sessions.get(parts[1])
-            if session is None:
-                raise EndpointError(
-                    404,
-                    f"no open episode session {parts[1]!r} (it ended, or the base URL is not "
-                    "the one roll gave the agent).",
-                    "not_found",
-                )
-            return session, "/" + "/".join(parts[2:])
+            return parts[1], "/" + "/".join(parts[2:])
         return None, "/" + "/".join(parts)
+
+    def _session(self, token: str | None) -> AgentSession | None:
+        if token is None:
+            return None
+        with self.endpoint.lock:
+            session = self.endpoint.sessions.get(token)
+        if session is None:
+            raise EndpointError(
+                404,
+                f"no open episode session {token!r} (it ended, or the base URL is not the one "
+                "roll gave the agent).",
+                "not_found",
+            )
+        return session
 
     def _answer(self, method: str) -> None:
         """Serve one request; every refusal is a JSON error (ClientGone: nothing to answer)."""
         api: Api | None = None
         self._body_read = method in ("GET", "HEAD", "OPTIONS", "DELETE")
         try:
-            session, route = self._route()
-            api = self.endpoint.apis.get(route)
+            token, route = self._route()
+            api = self.endpoint.apis.get(route)  # known first: errors in its shape
+            session = self._session(token)
             if method == "GET" and route.startswith("/v1/models"):
                 self._models(route)
                 return
@@ -323,6 +338,9 @@ class _Handler(BaseHTTPRequestHandler):
             raw.get("model") if isinstance(raw, dict) else None, self.endpoint.names
         )
         call, render = api.parse(raw, session, model)
+        if getattr(api, "counts_tokens", False):  # e.g. /v1/messages/count_tokens
+            self._json(200, {"input_tokens": session.count_tokens(call)})
+            return
 
         def deliver(reply: Reply) -> None:
             self._deliver(*render(reply))

@@ -8,7 +8,8 @@ exactly as the env path builds one (token-in/token-out, :mod:`..chat`):
 * the first call renders its messages (and tools, through the chat template's ``tools=``) into
   the first prompt;
 * a later call that continues the conversation (the earlier messages, the assistant message
-  this endpoint returned, then either tool results or one user message): its prompt is the
+  this endpoint returned, then tool results, one user message, or tool results then one user
+  message, as Claude-Code-style harnesses send them): its prompt is the
   trace so far (prompt ids + generated ids) plus the template's ids for the new messages only;
   nothing is re-rendered, so what is trained is exactly what the model was given plus what it
   generated. The assistant messages are compared on their text and tool calls: reasoning the
@@ -333,22 +334,30 @@ class AgentSession:
                 "a call must add tool results or a user message after the assistant's last "
                 f"answer (got {roles or 'nothing new'})."
             )
-        if not all(r == "tool" for r in roles) and len(roles) != 1:
+        if not all(r == "tool" for r in roles[:-1]):
             return (
-                "after the assistant's last answer a call adds either tool results or one "
-                f"user message, not {roles}."
+                "after the assistant's last answer a call adds tool results, one user "
+                f"message, or tool results then one user message, not {roles}."
             )
         return None
 
     def _continuation(self, new: list[dict[str, Any]]) -> list[int]:
         """The template's ids for the messages a continuing call adds (tool results, or one
         user message) after the assistant's last answer."""
-        if all(m["role"] == "tool" for m in new):
-            results = [
-                ToolResult(m["render"].get("name", ""), m["content"], m.get("call_id")) for m in new
-            ]
-            return self.chat.tool_message(results, after_eos=self.after_eos)
-        return self.chat.env_message(new[0]["content"], after_eos=self.after_eos)
+        tools = [m for m in new if m["role"] == "tool"]
+        user = new[-1]["content"] if new[-1]["role"] == "user" else None
+        if not tools:
+            return self.chat.env_message(str(user), after_eos=self.after_eos)
+        results = [
+            ToolResult(m["render"].get("name", ""), m["content"], m.get("call_id")) for m in tools
+        ]
+        return self.chat.tool_message(results, after_eos=self.after_eos, user=user)
+
+    def count_tokens(self, call: ChatCall) -> int:
+        """The prompt tokens ``call`` would be given (the session is not changed)."""
+        with self.lock:
+            messages = [normalise(m, k) for k, m in enumerate(call.messages)]
+            return len(self._prompt(messages, call.tools, call.options).prompt)
 
     def _check_tools(self, tools: list[dict[str, Any]], names: frozenset[str]) -> None:
         from roll_core.data.chat import tool_support_problem
