@@ -264,6 +264,38 @@ def test_tool_choice_and_parallel_tool_calls(tok: Any, endpoint: Any) -> None:
     )
 
 
+def test_strict_tools_hold_calls_to_their_schema(tok: Any, endpoint: Any) -> None:
+    strict = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calc",
+                "description": "Multiply.",
+                "strict": True,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"x": {"type": "integer"}},
+                    "required": ["x"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
+    s, _ = open_session(tok, endpoint)
+    messages = [{"role": "user", "content": "6*7"}]
+    c = client(endpoint, s)
+    out = c.chat.completions.create(model="policy", messages=messages, tools=strict)
+    # the model's call {"x": "6*7"} (a string, not an integer): content, an invalid action
+    assert out.choices[0].message.tool_calls is None and out.choices[0].finish_reason == "stop"
+    assert not done(s).turns[0].action_is_valid
+    loose = [{**strict[0], "function": {**strict[0]["function"], "strict": False}}]
+    s, _ = open_session(tok, endpoint)
+    out = client(endpoint, s).chat.completions.create(
+        model="policy", messages=messages, tools=loose
+    )
+    assert out.choices[0].message.tool_calls[0].function.name == "calc"
+
+
 def test_logprobs_and_top_logprobs(tok: Any, endpoint: Any) -> None:
     s, model = open_session(tok, endpoint)
     out = ask(endpoint, s, "chat", logprobs=True, top_logprobs=2, max_tokens=3)

@@ -50,7 +50,11 @@ FIELDS: dict[str, Field] = {
         "system / developer / user / assistant (with tool_calls) / tool messages, text content "
         "or text parts; continued, or a new segment (rollout.agent_history)",
     ),
-    "tools": Field("honoured", "function tools, rendered by the chat template"),
+    "tools": Field(
+        "honoured",
+        "function tools, rendered by the chat template; with strict: true a call whose "
+        "arguments break the schema comes back as content (an invalid action)",
+    ),
     "tool_choice": Field(
         "honoured",
         "auto; none (no tool_calls in the reply); required / a named function (roll writes "

@@ -46,6 +46,8 @@ What a call may ask (:class:`~.calls.CallOptions`), each honoured exactly or ref
   constrained decoding, nothing else forced); a call it does not finish readably comes back as
   content, an invalid action;
 * ``parallel_tool_calls: false``: the engine stops at the first ``</tool_call>``;
+* a tool declared with ``strict: true``: a call whose arguments do not satisfy its JSON Schema
+  is not returned as a call (content, an invalid action), as a strict schema promises;
 * ``logprobs`` / ``top_logprobs``: the behaviour log-prob of every generated token and the
   engine's top alternatives (log softmax of logits / temperature, as the trainer uses);
 * sampling fields (``temperature``, ``top_p``, ``top_k``, penalties, ``logit_bias``,
@@ -113,6 +115,7 @@ class _Call:
     tools_key: str | None
     tool_names: frozenset[str]
     forced: str = ""  # the tool call's opening roll wrote (tool_choice required / named)
+    strict: tuple[tuple[str, Any], ...] = ()  # (name, parameters) of tools with strict: true
 
 
 @dataclass
@@ -265,6 +268,12 @@ class AgentSession:
     ) -> _Call:
         """The call's prompt and what it adds (see _Call); the session is not changed."""
         pending = self._conversation(messages, tools)
+        strict = tuple(
+            (str(t["function"]["name"]), t["function"].get("parameters") or {})
+            for t in tools or []
+            if t["function"].get("strict")
+        )
+        pending = dataclasses.replace(pending, strict=strict)
         forced = self._forced(options, pending.tool_names, tools)
         if not forced:
             return pending
@@ -391,6 +400,14 @@ class AgentSession:
         if options.tool_choice.mode == "function":
             allowed = all(c.name == options.tool_choice.name for c in parsed.calls)
         valid = not parsed.errors and not unknown and (allowed or not parsed.calls)
+        if valid and pending.strict:  # strict tools: arguments that break the schema
+            from roll_core.envs.tools import argument_problem
+
+            schemas = dict(pending.strict)
+            valid = not any(
+                c.name in schemas and argument_problem(schemas[c.name], c.arguments)
+                for c in parsed.calls
+            )
         reasoning = _reasoning(text)
         turn = len(self.traj.turns)
         if parsed.calls and valid:
