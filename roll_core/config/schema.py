@@ -308,7 +308,7 @@ class ActorTrainConfig(Strict):
     )
 
     logit_chunk_tokens: int = Field(
-        default=1024,
+        default=512,
         ge=0,
         description="Positions whose logits exist at once in every pass that reads per-token "
         "log-probs (the update, old / reference / teacher log-probs, on-policy distillation's "

@@ -242,7 +242,7 @@ def assert_chunks_change_nothing(
     for chunk, packing, budget in settings:
         backend.logit_chunk_tokens, backend.packing, backend.max_tokens = chunk, packing, budget
         results[chunk, packing, budget] = step_of(backend, b, objective)
-    backend.logit_chunk_tokens, backend.packing, backend.max_tokens = 1024, True, None
+    backend.logit_chunk_tokens, backend.packing, backend.max_tokens = 512, True, None
     for (chunk, packing, budget), (metrics, grads) in results.items():
         ref_metrics, ref_grads = results[0, packing, None]
         for key, value in ref_metrics.items():
@@ -253,10 +253,10 @@ def assert_chunks_change_nothing(
     assert any(float(g.abs().max()) > 0 for g in grads.values())
 
 
-SETTINGS = [(0, True, None), (3, True, None), (1024, True, None), (4, True, 18)]
+SETTINGS = [(0, True, None), (3, True, None), (512, True, None), (4, True, 18)]
 SETTINGS += [(0, False, None), (5, False, None)]
 """(logit_chunk_tokens, packing, token budget): unchunked first, then chunks of 3 (many,
-not dividing the positions), 1024 (one chunk), 4 with a budget; the padded path."""
+not dividing the positions), 512 (one chunk), 4 with a budget; the padded path."""
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -273,7 +273,7 @@ def test_tied_head_gradient_is_the_sum_of_both_uses(tiny: TorchTrainBackend) -> 
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     tiny.logit_chunk_tokens = 3
     _, grads = step_of(tiny, batch(), get_objective("sft"))
-    tiny.logit_chunk_tokens = 1024
+    tiny.logit_chunk_tokens = 512
     emb = grads["model.embed_tokens.weight"]
     used = set(batch().tensors["input_ids"][batch().tensors["attention_mask"].bool()].tolist())
     unused_rows = [i for i in range(emb.shape[0]) if i not in used]
@@ -327,7 +327,7 @@ def test_log_prob_passes_chunked_equal_unchunked(tiny: TorchTrainBackend) -> Non
             ref.log_probs(b, temperature=0.7),
             *[v for d in (*dist.values(), *targets.values()) for v in d.values()],
         ]
-    tiny.logit_chunk_tokens = 1024
+    tiny.logit_chunk_tokens = 512
     assert len(got[3]) == 2 + 3 + 5
     for chunked, one_pass in zip(got[3], got[0], strict=True):
         if one_pass.dtype.is_floating_point:
@@ -428,3 +428,95 @@ def test_chunked_update_peak_memory_is_a_fraction_of_unchunked() -> None:
     one = n * vocab * 4
     assert full >= 2 * one  # logits, log-softmax, softmax... kept for the backward
     assert chunked < full / 4, (chunked, full)
+
+
+def test_vision_language_model_chunked_equals_unchunked() -> None:
+    """Tiny Qwen2.5-VL (its head on the top-level model, tied to the language model's
+    embedding): rows with 1, 0 and 2 images, packed; SFT gradients and log-probs."""
+    from PIL import Image
+
+    from roll_core.data.chat import encode_chat_images, image_message
+    from roll_core.data.vision import vision_fields
+    from roll_core.models.vision import load_processor
+
+    path = resolve_model_path("builtin:tiny-qwen2.5-vl")
+    proc = load_processor(path)
+    images = [
+        [Image.new("RGB", (56, 56), (255, 0, 0))],
+        [],
+        [Image.new("RGB", (84, 56), (0, 0, 255)), Image.new("RGB", (56, 56), (0, 255, 0))],
+    ]
+    rows, visions = [], []
+    for i, imgs in enumerate(images):
+        ids, vision = encode_chat_images(
+            proc, [image_message("count" + "!" * i, len(imgs))], imgs, add_generation_prompt=True
+        )
+        rows.append(ids + [100 + i] * (2 + i))
+        visions.append(vision if imgs else None)
+    width = max(len(r) for r in rows)
+    ids = torch.full((3, width), proc.tokenizer.pad_token_id)
+    attn = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        attn[i, : len(r)] = 1
+    b = Batch(
+        tensors={"input_ids": ids, "attention_mask": attn, "loss_mask": attn.clone()},
+        non_tensors=vision_fields(visions),
+        meta={"loss_tokens": float(attn[:, 1:].sum())},
+    )
+    backend = TorchTrainBackend(
+        TrainBackendSpec(
+            model_path=path,
+            device="cpu",
+            precision="fp32",
+            optim=OptimConfig(max_grad_norm=None),
+            micro_batch_size=2,
+            num_threads=1,
+        )
+    )
+    assert backend.head_blocker is None
+    settings = [(0, True, None), (5, True, None), (0, False, None), (7, False, None)]
+    assert_chunks_change_nothing(backend, b, get_objective("sft"), settings)
+    backend.logit_chunk_tokens = 0
+    one_pass = backend.log_probs(b)
+    backend.logit_chunk_tokens = 5
+    torch.testing.assert_close(backend.log_probs(b), one_pass, **TOL)
+
+
+def test_the_recipe_key_reaches_every_role_and_is_validated(monkeypatch) -> None:
+    """`actor_train.logit_chunk_tokens`: the schema's default is lm_head.py's; it reaches the
+    backend spec, and the reference and teacher of the recipes; negative values are errors."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from roll_core.backends.train.base import spec_from_config
+    from roll_core.backends.train.lm_head import DEFAULT_CHUNK_TOKENS
+    from roll_core.config import load_recipe
+    from roll_core.config.schema import ActorTrainConfig
+    from roll_core.errors import ConfigError
+
+    assert ActorTrainConfig().logit_chunk_tokens == DEFAULT_CHUNK_TOKENS
+    recipe = Path(__file__).parents[2] / "recipes" / "tiny-arith-rlvr.yaml"
+    cfg = load_recipe(recipe, ["actor_train.logit_chunk_tokens=7"])
+    spec = spec_from_config(cfg, model_path="m", total_steps=1, micro_batch_size=1)
+    assert spec.logit_chunk_tokens == 7
+    import roll_core.pipelines.roles as roles
+
+    built: dict[str, dict] = {}
+
+    def record(name: str, *args: Any, worker_kwargs: dict, **kwargs: Any) -> None:
+        built[name] = worker_kwargs
+
+    monkeypatch.setattr(roles, "Cluster", record)
+    roles.build_reference(cfg, None, model_path="m", micro_batch_size=1)
+    distill = load_recipe(
+        recipe.with_name("tiny-distill.yaml"), ["actor_train.logit_chunk_tokens=9"]
+    )
+    roles.build_teacher(distill, None, model_path="m", tokenizer_path="t")
+    assert built["reference"]["logit_chunk_tokens"] == 7
+    assert built["teacher"]["spec"].logit_chunk_tokens == 9
+    with pytest.raises((ConfigError, ValidationError), match="logit_chunk_tokens"):
+        load_recipe(recipe, ["actor_train.logit_chunk_tokens=-1"])
+    with pytest.raises(ConfigError, match="logit_chunk_tokens must be 0 or more"):
+        TrainBackendSpec(model_path="m", logit_chunk_tokens=-1)

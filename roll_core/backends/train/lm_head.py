@@ -39,9 +39,10 @@ from torch.utils.checkpoint import checkpoint
 
 from roll_core.algorithms.distill import teacher_targets
 
-DEFAULT_CHUNK_TOKENS = 1024
+DEFAULT_CHUNK_TOKENS = 512
 """Positions whose logits exist at once (`actor_train.logit_chunk_tokens`' default): with
-151,936 tokens, 1024 x 151,936 float32 = 0.6 GB per copy."""
+151,936 tokens, 512 x 151,936 float32 = 0.3 GB per copy (an update's chunk holds about 14
+bytes per logit in bf16: 1.0 GiB)."""
 
 LOG_PROB_CHUNK = 2**26
 """When full logits are given (:meth:`HeadInput.of`: the megatron backend, models whose head
