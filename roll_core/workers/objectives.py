@@ -79,13 +79,7 @@ def rl(
     algo = algorithm
     t = mb.tensors
     mask = t["response_mask"]
-    terms = _response_terms(
-        HeadInput.of(logits),
-        mb,
-        temperature,
-        entropy_grad=algo.entropy_coef > 0,
-        distill=_full_distill_spec(mb, algo, vocab_size),
-    )
+    terms = _response_terms(HeadInput.of(logits), mb, algo, temperature, vocab_size)
     picked, offset, log_probs = terms.picked, terms.offset, terms.log_probs
     loss_kwargs = algo.policy_loss_kwargs(max_len=int(mb.meta["max_response_length"]))
     globals_ = {
@@ -249,10 +243,9 @@ def _policy_chunk(
 def _response_terms(
     inp: HeadInput,
     mb: Batch,
+    algo: AlgorithmConfig,
     temperature: float,
-    *,
-    entropy_grad: bool,
-    distill: dict[str, Any] | None,
+    vocab_size: int | None,
 ) -> ResponseTerms:
     """The RL objective's per-position quantities, computed on the response positions only:
     the softmax over the vocabulary (and the entropy, and the divergence of `mode: full`) is
@@ -264,6 +257,8 @@ def _response_terms(
     offset = t["input_ids"].shape[1] - inp.width
     picked = mask[:, offset:].bool()
     targets = t["input_ids"][:, 1 + offset :][picked]
+    distill = _full_distill_spec(mb, algo, vocab_size)
+    entropy_grad = algo.entropy_coef > 0
     dist = []
     if distill is not None:
         dist.append(t["teacher_dist_logprobs"][:, offset:][picked])
