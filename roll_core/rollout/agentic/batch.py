@@ -91,6 +91,10 @@ class _Dropped:
         return {DROPPED_NO_GENERATED: self.no_generated, DROPPED_TOO_LONG: self.too_long}
 
 
+EPISODE_ROW = "episode_row"
+"""``Batch.non_tensors`` key: each row's ``(episode, part)``: the episode's index in the step's
+groups flattened, and the row's segment (trajectory mode) or turn (step mode) in it."""
+
 DROPPED_NO_GENERATED = "rows_dropped_no_generated"
 DROPPED_TOO_LONG = "rows_dropped_too_long"
 """``Batch.meta`` keys: rows of the batch's episodes that were not trained (_Dropped)."""
@@ -106,13 +110,13 @@ def trajectory_batch(
     trajs = [t for g in groups for t in g]
     dropped = _Dropped(max_len)
     segs = [
-        (t, k, trace)
-        for t in trajs
+        (t, k, trace, e)
+        for e, t in enumerate(trajs)
         for k, trace in enumerate(t.traces())
         if dropped.keep(len(trace.ids), sum(trace.mask))
     ]
     meta = dropped.meta(len(segs))
-    rows = [(trace.ids, trace.mask, trace.log_probs) for _, _, trace in segs]
+    rows = [(trace.ids, trace.mask, trace.log_probs) for _, _, trace, _ in segs]
     tensors = _rows(rows, pad_id)
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
 
@@ -120,16 +124,18 @@ def trajectory_batch(
         return min((u.policy_version for u in t.turns if u.segment == k), default=t.min_version)
 
     tensors |= {
-        "scores": torch.tensor([t.episode_return for t, _, _ in segs], dtype=torch.float32),
-        "group_ids": torch.tensor([group_index[t.group] for t, _, _ in segs], dtype=torch.long),
-        "response_lengths": torch.tensor([sum(tr.mask) for _, _, tr in segs], dtype=torch.long),
-        "policy_versions": torch.tensor([version(t, k) for t, k, _ in segs], dtype=torch.long),
+        "scores": torch.tensor([t.episode_return for t, *_ in segs], dtype=torch.float32),
+        "group_ids": torch.tensor([group_index[t.group] for t, *_ in segs], dtype=torch.long),
+        "response_lengths": torch.tensor([sum(s[2].mask) for s in segs], dtype=torch.long),
+        "policy_versions": torch.tensor([version(t, k) for t, k, *_ in segs], dtype=torch.long),
     }
     return Batch(
         tensors=tensors,
         non_tensors={
-            "env_tag": [t.tag for t, _, _ in segs],
-            **vision_fields([tr.vision() for _, _, tr in segs]),
+            "env_tag": [t.tag for t, *_ in segs],
+            # each row's episode (its index in the step's groups, flattened) and segment
+            EPISODE_ROW: [(e, k) for _, k, _, e in segs],
+            **vision_fields([tr.vision() for _, _, tr, _ in segs]),
         },
         meta=meta,
     )
@@ -144,12 +150,12 @@ def step_batch(
     trajs = [t for g in groups for t in g]
     dropped = _Dropped(max_len)
     rows, returns, episode_of, anchors, versions, rewards, tags = [], [], [], [], [], [], []
-    visions = []
+    visions, parts = [], []
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
     anchor_index: dict[tuple[int, str], int] = {}
     for e, traj in enumerate(trajs):
         step_returns = discounted_step_returns([turn.reward for turn in traj.turns], gamma)
-        for turn, ret in zip(traj.turns, step_returns, strict=True):
+        for k, (turn, ret) in enumerate(zip(traj.turns, step_returns, strict=True)):
             ids = turn.prompt_ids + turn.response_ids
             if not dropped.keep(len(ids), len(turn.response_ids)):
                 continue
@@ -164,6 +170,7 @@ def step_batch(
             rewards.append(turn.reward)
             tags.append(traj.tag)
             visions.append(turn.vision)
+            parts.append((e, k))
     dropped_meta = dropped.meta(len(rows))
     tensors = _rows(rows, pad_id)
     tensors |= {
@@ -183,7 +190,7 @@ def step_batch(
         "episode_groups": [group_index[t.group] for t in trajs],
         **dropped_meta,
     }
-    non_tensors = {"env_tag": tags, **vision_fields(visions)}
+    non_tensors = {"env_tag": tags, EPISODE_ROW: parts, **vision_fields(visions)}
     return Batch(tensors=tensors, non_tensors=non_tensors, meta=meta)
 
 
