@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -131,8 +130,3 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
         raise RunDirError(f"{path} line {number} is not a JSON object.", hint="Delete the file.")
     return record
 
-
-def file_size(run_dir: Path, step: int) -> int:
-    with contextlib.suppress(OSError):
-        return os.stat(step_path(Path(run_dir) / DIRNAME, step)).st_size
-    return 0
