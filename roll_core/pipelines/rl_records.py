@@ -207,9 +207,7 @@ def _conversation(tokenizer: Any, ids: list[int], generated: list[int]) -> list[
     for k in range(1, len(ids) + 1):
         if k == len(ids) or generated[k] != generated[begin]:
             role = "model" if generated[begin] else "context"
-            spans.append(
-                {"role": role, "start": begin, "text": _decode(tokenizer, ids[begin:k])}
-            )
+            spans.append({"role": role, "start": begin, "text": _decode(tokenizer, ids[begin:k])})
             begin = k
     return spans
 

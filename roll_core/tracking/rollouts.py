@@ -129,4 +129,3 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise RunDirError(f"{path} line {number} is not a JSON object.", hint="Delete the file.")
     return record
-

@@ -15,9 +15,15 @@ pytestmark = pytest.mark.slow
 
 
 def embedded(html: str) -> dict:
-    found = re.search(r'<script id="roll-data" type="application/json">(.*?)</script>', html, re.S)
+    """The runs and, under "stepData", each run's steps, from the JSON script elements."""
+    found = re.search(r'<script type="application/json" id="roll-data">(.*?)</script>', html)
     assert found is not None
-    return json.loads(found.group(1).replace("<\\/", "</"))
+    data = json.loads(found.group(1))
+    data["stepData"] = {}
+    pattern = r'<script type="application/json" data-run="(\d+)" data-step="(\d+)">(.*?)</script>'
+    for run, step, text in re.findall(pattern, html):
+        data["stepData"].setdefault(run, {})[step] = json.loads(text)
+    return data
 
 
 def test_export_holds_every_recorded_step_and_the_page(roll, tmp_path: Path) -> None:
@@ -47,7 +53,10 @@ def test_export_holds_every_recorded_step_and_the_page(roll, tmp_path: Path) -> 
             n_resp = len(r["ids"]) - r["start"]
             assert n_resp == r["length"] == len(r["behaviour_lp"]) == len(r["advantage"])
             # one update on on-policy samples: the trainer's log-probs are the sampler's (fp32)
-            assert max(abs(a - b) for a, b in zip(r["trainer_lp"], r["behaviour_lp"])) < 1e-3
+            assert (
+                max(abs(a - b) for a, b in zip(r["trainer_lp"], r["behaviour_lp"], strict=True))
+                < 1e-3
+            )
             assert r["staleness"] == 0 and r["policy_version"] == step - 1
             assert r["prompt"].endswith("assistant\n") and r["reward_parts"]["domain"] == "math"
 
@@ -64,7 +73,7 @@ def test_resume_after_a_kill_continues_the_record(roll, tmp_path: Path) -> None:
     # mark the files: a step the checkpoint holds must stay, the redone ones be rewritten
     for step in (2, 4):
         path = rollouts / f"step-00000{step}.jsonl"
-        path.write_text('{"step": %d, "summary": {"marker": true}}\n' % step)
+        path.write_text(json.dumps({"step": step, "summary": {"marker": True}}) + "\n")
     res = roll("resume", "k", "--runs-dir", str(tmp_path / "runs"), timeout=240)
     assert res.returncode == 0, res.stderr
     heads = {

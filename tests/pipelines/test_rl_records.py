@@ -8,6 +8,8 @@ import torch
 
 from roll_core.config.rlvr import RolloutRecordsConfig
 from roll_core.pipelines.rl_records import RolloutRecorder
+from roll_core.rollout.agentic.batch import trajectory_batch
+from roll_core.rollout.agentic.episode import Trajectory, Turn
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.scheduler import Prompt, Sample
 from roll_core.tracking.rollouts import read_step
@@ -34,7 +36,9 @@ def test_the_record_of_a_step_holds_whole_groups_aligned_token_by_token(tmp_path
     t["old_log_probs"] = t["behaviour_log_probs"] - 0.25 * t["response_mask"]
     t["advantages"] = t["response_mask"] * t["scores"].unsqueeze(1)
     t["response_mask"][3, 1] = 0.0  # row 3: its first response token (token 2) rejected
-    rec = RolloutRecorder(RolloutRecordsConfig(samples_per_step=2), tmp_path, tokenizer=None, start=0)
+    rec = RolloutRecorder(
+        RolloutRecordsConfig(samples_per_step=2), tmp_path, tokenizer=None, start=0
+    )
     assert rec.record(2, batch, groups)
     head, rows = read_step(tmp_path, 2)
     assert len(rows) == 2 and rows[0]["group"] == rows[1]["group"], "one whole group"
@@ -73,3 +77,50 @@ def test_trainer_log_probs_come_from_the_callable_when_the_update_makes_its_own(
     _, rows = read_step(tmp_path, 1)
     assert seen == [2] and [r["trainer_lp"] for r in rows] == [[-2.0, -2.0]] * 2
     assert "old_log_probs" not in batch.tensors, "the training batch is left as it was"
+
+
+def turn(action: str, reward: float, segment: int = 0) -> Turn:
+    return Turn(
+        prompt_ids=[1],
+        response_ids=[3],
+        log_probs=[-0.1],
+        finish_reason="stop",
+        policy_version=0,
+        action=action,
+        reward=reward,
+        state_key="s",
+        action_is_valid=True,
+        gen_s=0.0,
+        env_s=0.0,
+        segment=segment,
+    )
+
+
+def test_an_episode_row_holds_its_turns_and_its_conversation(tmp_path: Path) -> None:
+    traj = Trajectory(tag="calc", group=7, seed=3, index=0, status="done", episode_return=1.0)
+    traj.trace.add_context([1, 2])  # system + task
+    traj.trace.add_generated([3, 4], [-0.5, -0.25])  # the tool call
+    traj.trace.add_context([5])  # the tool's result
+    traj.trace.add_generated([6], [-1.0])  # the answer
+    traj.turns = [turn("call", 0.0), turn("answer", 1.0)]
+    batch = trajectory_batch([[traj]], pad_id=0)
+    batch.tensors["advantages"] = batch.tensors["response_mask"] * 2.0
+    rec = RolloutRecorder(RolloutRecordsConfig(), tmp_path, tokenizer=None, start=0)
+    assert rec.record(1, batch, [[traj]])
+    [row] = read_step(tmp_path, 1)[1]
+    assert row["ids"] == [1, 2, 3, 4, 5, 6] and row["start"] == 2
+    assert row["generated"] == [1, 1, 0, 1]
+    assert row["behaviour_lp"] == [-0.5, -0.25, 0.0, -1.0]
+    assert row["mask"] == [1.0, 1.0, 0.0, 1.0] and row["advantage"] == [2.0, 2.0, 0.0, 2.0]
+    assert row["conversation"] == [
+        {"role": "context", "start": 0, "text": "1 2"},
+        {"role": "model", "start": 2, "text": "3 4"},
+        {"role": "context", "start": 4, "text": "5"},
+        {"role": "model", "start": 5, "text": "6"},
+    ]
+    assert row["env"] == "calc" and row["prompt_key"] == "calc:3" and row["reward"] == 1.0
+    episode = row["episode"]
+    assert (episode["status"], episode["return"], episode["parts"]) == ("done", 1.0, 1)
+    assert [t["action"] for t in episode["turns"]] == ["call", "answer"]
+    assert row["reward_parts"] == {"turn_rewards": [0.0, 1.0]}
+    assert row["finish_reason"] == "stop"

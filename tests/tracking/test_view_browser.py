@@ -184,7 +184,9 @@ def test_agentic_episode_tool_calls_in_the_exported_page(browser: Any, runs: Pat
     rows = records(runs / "ag", 1)
     # an episode where the policy called the tool and got its result back
     k = next(
-        i for i, r in enumerate(rows) if "<|im_start|>tool" in "".join(s["text"] for s in r["conversation"])
+        i
+        for i, r in enumerate(rows)
+        if "<|im_start|>tool" in "".join(s["text"] for s in r["conversation"])
     )
     browser.find_element("id", f"card-{k}").click()
     episode = js_text(browser, "episode")
@@ -197,9 +199,7 @@ def test_agentic_episode_tool_calls_in_the_exported_page(browser: Any, runs: Pat
     screenshot(browser, "view-agentic.png")
 
 
-def test_a_running_run_shows_its_new_steps_and_two_runs_compare(
-    browser: Any, runs: Path
-) -> None:
+def test_a_running_run_shows_its_new_steps_and_two_runs_compare(browser: Any, runs: Path) -> None:
     live = runs / "live"
     shutil.copytree(runs / "rv", live)
     (live / "rollouts/step-000003.jsonl").unlink()
@@ -229,3 +229,31 @@ def test_a_running_run_shows_its_new_steps_and_two_runs_compare(
         assert f"same prompt in rv: {hits} rows" in compare and row["response"] in compare
     finally:
         served.close()
+
+
+def test_a_run_of_10000_recorded_rows_loads_in_under_2_s(browser: Any, tmp_path: Path) -> None:
+    """The issue's bar, measured: served and exported (benchmarks/view_load.py prints it)."""
+    import importlib.util
+    import threading
+
+    from roll_core.tracking.viewer import export, make_server, open_runs
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks/view_load.py"
+    spec = importlib.util.spec_from_file_location("view_load", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.synth_run(tmp_path, "big", steps=1250, rows=8, tokens=100)
+    data = open_runs(["big"], tmp_path)
+    server = make_server(data)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        served = min(bench.load_seconds(browser, url) for _ in range(2))
+        html = export(data, tmp_path / "big.html")
+        exported = min(bench.load_seconds(browser, html.as_uri()) for _ in range(2))
+    finally:
+        server.shutdown()
+    print(f"10,000 rows: served page {served:.2f} s, exported file {exported:.2f} s")
+    assert served < 2.0 and exported < 2.0
+    assert browser.find_element("id", "step-title").text.startswith("big · step 1250 · 8 recorded")

@@ -23,6 +23,7 @@ episode loops never make one, so this is the last line of defence.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import torch
 
@@ -150,7 +151,8 @@ def step_batch(
     trajs = [t for g in groups for t in g]
     dropped = _Dropped(max_len)
     rows, returns, episode_of, anchors, versions, rewards, tags = [], [], [], [], [], [], []
-    visions, parts = [], []
+    visions: list[Any] = []
+    parts: list[tuple[int, int]] = []
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
     anchor_index: dict[tuple[int, str], int] = {}
     for e, traj in enumerate(trajs):
@@ -190,7 +192,8 @@ def step_batch(
         "episode_groups": [group_index[t.group] for t in trajs],
         **dropped_meta,
     }
-    non_tensors = {"env_tag": tags, EPISODE_ROW: parts, **vision_fields(visions)}
+    non_tensors: dict[str, list[Any]] = {"env_tag": tags, EPISODE_ROW: parts}
+    non_tensors |= vision_fields(visions)
     return Batch(tensors=tensors, non_tensors=non_tensors, meta=meta)
 
 

@@ -22,14 +22,26 @@ async function getJSON(path) {
 const api = {
   runs: () => (EMBED ? Promise.resolve(EMBED) : getJSON("/api/runs")),
   step: (run, step) =>
-    EMBED ? Promise.resolve(EMBED.stepData[run][step]) : getJSON(`/api/step?run=${run}&step=${step}`),
+    EMBED ? Promise.resolve(embeddedStep(run, step)) : getJSON(`/api/step?run=${run}&step=${step}`),
   prompts: (run) => (EMBED ? Promise.resolve(embeddedPrompts(run)) : getJSON(`/api/prompts?run=${run}`)),
 };
 
+// an exported page holds each step in its own <script type="application/json" data-run
+// data-step> element, parsed the first time the step is shown
+const parsed = new Map();
+function embeddedStep(run, step) {
+  const key = `${run}/${step}`;
+  if (!parsed.has(key)) {
+    const node = document.querySelector(`script[data-run="${run}"][data-step="${step}"]`);
+    parsed.set(key, JSON.parse(node.textContent));
+  }
+  return parsed.get(key);
+}
+
 function embeddedPrompts(run) {
   const index = {};
-  for (const [step, data] of Object.entries(EMBED.stepData[run])) {
-    data.rows.forEach((row, k) => (index[row.prompt_key] ||= []).push([Number(step), k]));
+  for (const { step } of EMBED.runs[run].steps) {
+    embeddedStep(run, step).rows.forEach((row, k) => (index[row.prompt_key] ||= []).push([step, k]));
   }
   return index;
 }
