@@ -158,6 +158,7 @@ def test_rlvr_run_groups_rewards_token_overlays_and_filters(browser: Any, runs: 
         title, _ = hover_value(browser, row, "gap", 0)
         gap = row["trainer_lp"][0] - row["behaviour_lp"][0]
         assert abs(float(title.removeprefix("log-prob gap: ")) - gap) < 1e-5
+        hover_value(browser, row, "behaviour_lp", 1)  # the docs' picture: a coloured overlay
         screenshot(browser, "view-rlvr.png")
         # filters: finish reason, then reward
         from selenium.webdriver.support.ui import Select

@@ -239,7 +239,10 @@ function renderSample() {
 function renderTokens(row) {
   const kind = state.overlay, overlay = OVERLAYS[kind];
   const values = overlay.values(row);
-  const scale = values ? Math.max(1e-9, ...values.map((v) => Math.abs((v ?? 0) - (overlay.centre || 0)))) : 1;
+  // the scale: the largest distance from the centre over the generated tokens (an agent's
+  // trace also holds context tokens, whose sampler log-prob is no sample)
+  const spread = values ? values.filter((v, j) => row.generated[j] === 1 && v !== null) : [];
+  const scale = Math.max(1e-9, ...spread.map((v) => Math.abs(v - (overlay.centre || 0))));
   $("overlay-note").textContent = values ? `colour scale ±${fmt(round5(scale))}` :
     kind === "entropy" ? "not recorded: the trainer computes only its mean (metric actor/entropy)" :
     kind === "is_weight" ? "not recorded: no rollout correction weights this step" : "not recorded for this row";
@@ -326,6 +329,7 @@ function renderHeader() {
 async function refresh() {
   const data = await api.runs();
   const before = currentRun() ? currentRun().steps.length : -1;
+  const logged = currentRun() ? currentRun().metrics.length : -1;
   state.runs = data.runs;
   const run = currentRun();
   $("live").textContent = EMBED ? "exported snapshot" : `status ${run.status} · refreshed ${new Date().toLocaleTimeString()}`;
@@ -334,6 +338,9 @@ async function refresh() {
     const last = run.steps.length ? run.steps[run.steps.length - 1].step : null;
     if (last !== null && (state.step === null || state.follow)) await selectStep(last, true);
     else { renderTimeline(); renderSteps(); }
+  } else if (run.metrics.length !== logged) {
+    renderMetricSelect();
+    renderTimeline();  // new metrics, no new record (e.g. the records' budget is spent)
   }
 }
 
