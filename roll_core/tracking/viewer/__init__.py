@@ -179,7 +179,13 @@ def make_server(data: ViewData, *, host: str = "127.0.0.1", port: int = 0) -> Th
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as err:  # in use, or a port this user may not open
+        raise UsageError(
+            f"roll view cannot listen on {host}:{port} ({err.strerror}).",
+            hint="Choose another --port, or leave it out (0: any free port).",
+        ) from None
     server.daemon_threads = True
     return server
 

@@ -1,6 +1,6 @@
 // roll view: the rollout records of one run (or two, compared), in plain JavaScript.
 // Data: /api/* of `roll view` (polled, so a running run's steps appear), or the JSON inlined
-// by `roll view --export` (<script id="roll-data">). docs/view.md describes the page.
+// by `roll view --export` (the script element #roll-data). docs/view.md describes the page.
 "use strict";
 
 const EMBED = (() => {
@@ -26,8 +26,8 @@ const api = {
   prompts: (run) => (EMBED ? Promise.resolve(embeddedPrompts(run)) : getJSON(`/api/prompts?run=${run}`)),
 };
 
-// an exported page holds each step in its own <script type="application/json" data-run
-// data-step> element, parsed the first time the step is shown
+// an exported page holds each step in its own JSON script element (data-run,
+// data-step), parsed the first time the step is shown
 const parsed = new Map();
 function embeddedStep(run, step) {
   const key = `${run}/${step}`;
