@@ -6,10 +6,10 @@ resume). `roll view` reads them.
 A recorded row holds its unpadded token ids and each token's text; per-token values over the
 tokens from the first generated one on (``start``; value j belongs to token ``start + j`` and
 comes from target position ``start + j - 1``): ``behaviour_lp`` (the sampler's log-prob),
-``trainer_lp`` (the trainer's, before the update), ``ref_lp`` / ``teacher_lp`` when the step
-has them, ``advantage``, ``mask`` (the loss mask the update uses), ``generated`` (1 on tokens
-the model sampled: generated but masked = rejected by rollout correction or the overlong
-filter), ``is_weight`` (rollout-correction importance weights) and ``entropy`` (None: the
+``trainer_lp`` (the trainer's, before the update), ``ref_lp`` / ``teacher_lp`` / ``value``
+(the critic's, PPO) when the step has them, ``advantage``, ``mask`` (the loss mask the update
+uses), ``generated`` (1 on tokens the model sampled: generated but masked = rejected by rollout
+correction or the overlong filter), ``is_weight`` (rollout-correction importance weights) and ``entropy`` (None: the
 trainer computes only its mean, ``actor/entropy``). Then the row's reward and its parts, group,
 policy version and staleness, finish reason, and for agentic rows the episode (env, seed,
 status, turns) and its conversation: the row's context and generated spans as text.
@@ -40,6 +40,7 @@ _TOKEN_FIELDS = {
     "advantage": "advantages",
     "mask": "response_mask",
     "is_weight": "rollout_is_weights",
+    "value": "values",
 }
 
 

@@ -5,8 +5,10 @@ the rollout records: a group's rewards, a token's overlay value on hover, the fi
 episode's tool call and tool result, a running run's new step, two runs compared.
 
 Skipped, with the reason, where Selenium or the browser is missing. With
-``ROLL_VIEW_SCREENSHOTS=DIR`` the pages are saved as PNGs there (docs/img/ holds the ones
-docs/view.md shows: ``ROLL_VIEW_SCREENSHOTS=docs/img pytest tests/tracking/test_view_browser.py``).
+``ROLL_VIEW_SCREENSHOTS=DIR`` the pages are saved as PNGs there; docs/img/ holds the ones
+docs/view.md shows, made with the tiny SFT model (`nox -s demo` makes it) as the rlvr run's
+model: ``ROLL_VIEW_MODEL=runs/tiny-arith-sft/final ROLL_VIEW_SCREENSHOTS=docs/img pytest
+tests/tracking/test_view_browser.py``.
 """
 
 from __future__ import annotations
@@ -66,7 +68,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Path:
     """A finished 3-step rlvr run `rv` and a 1-step agentic run `ag` (tool calls)."""
     root = tmp_path_factory.mktemp("view")
     roll = make_roll(make_cli_env(tmp_path_factory.mktemp("cache")))
-    res = roll("train", "rlvr", str(rlvr_recipe(root)), "--run-id", "rv", timeout=300)
+    # ROLL_VIEW_MODEL: the rlvr run's model (e.g. runs/tiny-arith-sft/final, for the docs'
+    # screenshot: answers and rewards instead of a random model's bytes)
+    model = {"path": os.environ.get("ROLL_VIEW_MODEL", "builtin:tiny-qwen3")}
+    res = roll("train", "rlvr", str(rlvr_recipe(root, model=model)), "--run-id", "rv", timeout=300)
     assert res.returncode == 0, res.stderr
     res = roll("train", "agentic", str(agent_recipe(root)), "--run-id", "ag", timeout=600)
     assert res.returncode == 0, res.stderr
