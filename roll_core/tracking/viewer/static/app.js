@@ -205,6 +205,7 @@ const OVERLAYS = {
   mask: { name: "loss mask", values: (r) => r.mask, diverging: false },
   is_weight: { name: "correction weight", values: (r) => r.is_weight, diverging: true, centre: 1 },
   behaviour_lp: { name: "sampler log-prob", values: (r) => r.behaviour_lp, diverging: false },
+  value: { name: "critic value", values: (r) => r.value, diverging: true },
 };
 
 function colour(kind, v, scale) {
@@ -245,7 +246,8 @@ function renderTokens(row) {
   const scale = Math.max(1e-9, ...spread.map((v) => Math.abs(v - (overlay.centre || 0))));
   $("overlay-note").textContent = values ? `colour scale ±${fmt(round5(scale))}` :
     kind === "entropy" ? "not recorded: the trainer computes only its mean (metric actor/entropy)" :
-    kind === "is_weight" ? "not recorded: no rollout correction weights this step" : "not recorded for this row";
+    kind === "is_weight" ? "not recorded: no rollout correction weights this step" :
+    kind === "value" ? "not recorded: no critic in this run (PPO has one)" : "not recorded for this row";
   const spans = row.tokens.map((text, i) => {
     const j = i - row.start;
     const generated = j >= 0 && row.generated[j] === 1;
