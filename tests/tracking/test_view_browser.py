@@ -168,8 +168,9 @@ def test_rlvr_run_groups_rewards_token_overlays_and_filters(browser: Any, runs: 
         # filters: finish reason, then reward
         from selenium.webdriver.support.ui import Select
 
-        Select(browser.find_element("id", "f-finish")).select_by_value("length")
-        n = sum(r["finish_reason"] == "length" for r in rows)
+        finish = rows[0]["finish_reason"]
+        Select(browser.find_element("id", "f-finish")).select_by_value(finish)
+        n = sum(r["finish_reason"] == finish for r in rows)
         assert browser.find_element("id", "filter-count").text == f"{n} of 8 rows shown"
         assert len(browser.find_elements("css selector", ".card")) == n
         Select(browser.find_element("id", "f-finish")).select_by_value("")
