@@ -7,10 +7,9 @@ seconds of the run's process (`perf/process_cpu_total_s` differences: every role
 under `executor: local`, and CPU time is steadier than wall time on a shared machine), the
 ratio of the arms, and the record's own time (`time/records`, measured inside the step) as a
 share of the step. The model is runs/tiny-arith-sft/final when it exists (`nox -s demo` makes it),
-else the random-init built-in tiny model (the record's cost depends on the shapes, not on
-the weights).
+else the random-init built-in tiny model, or `--model PATH`.
 
-    OMP_NUM_THREADS=1 python benchmarks/view_records.py [--steps 8] [--repeats 2]
+    OMP_NUM_THREADS=1 python benchmarks/view_records.py [--steps 8] [--repeats 2] [--model PATH]
 """
 
 from __future__ import annotations
@@ -28,9 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROLL = str(Path(sys.executable).with_name("roll"))
 
 
-def run_arm(runs: Path, name: str, records: bool, steps: int) -> list[dict]:
-    sft = ROOT / "runs/tiny-arith-sft/final"
-    model = str(sft) if (sft / "config.json").is_file() else "builtin:tiny-qwen3"
+def run_arm(runs: Path, name: str, records: bool, steps: int, model: str) -> list[dict]:
     overrides = [
         f"runs_dir={runs}",
         f"model.path={model}",
@@ -57,7 +54,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--model", default=None, help="model path (default: see above)")
     args = p.parse_args()
+    sft = ROOT / "runs/tiny-arith-sft/final"
+    model = args.model or (str(sft) if (sft / "config.json").is_file() else "builtin:tiny-qwen3")
+    print(f"model: {model}")
     step_s: dict[str, list[float]] = {"on": [], "off": []}
     cpu_s: dict[str, list[float]] = {"on": [], "off": []}
     shares: list[float] = []
@@ -65,7 +66,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.repeats):
             for arm in ("on", "off"):
-                rows = run_arm(Path(tmp), f"{arm}-{k}", arm == "on", args.steps)
+                rows = run_arm(Path(tmp), f"{arm}-{k}", arm == "on", args.steps, model)
                 step_s[arm] += [r["perf/step_s"] for r in rows]
                 cpu_s[arm] += [r["cpu_s"] for r in rows]
                 if arm == "on":

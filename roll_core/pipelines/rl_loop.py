@@ -182,9 +182,9 @@ def _recorder(
     return RolloutRecorder(rc, loop.run.dir, tokenizer=hooks.tokenizer, start=start)
 
 
-def _log_probs(roles: RLRoles, temperature: float) -> Callable[[Batch], Any] | None:
-    """The trainer's log-probs of a few recorded rows (when the update computes the batch's
-    own), or None when they are fewer than actor_train's ranks (each needs a row)."""
+def _log_probs(roles: RLRoles, temperature: float) -> Callable[[Batch], Any]:
+    """For the record: the trainer's log-probs of its few rows (when the update computes the
+    batch's own), or None when they are fewer than actor_train's ranks (each needs a row)."""
     ranks = int(getattr(roles.actor_train, "world_size", 1))
 
     def log_probs(sub: Batch) -> Any:
