@@ -190,11 +190,13 @@ def test_agentic_episode_tool_calls_in_the_exported_page(browser: Any, runs: Pat
     wait_ready(browser)
     rows = records(runs / "ag", 1)
     # an episode where the policy called the tool and got its result back
-    k = next(
+    with_result = [
         i
         for i, r in enumerate(rows)
         if "<|im_start|>tool" in "".join(s["text"] for s in r["conversation"])
-    )
+    ]
+    assert with_result, "no recorded episode called the tool: the warm start did not take"
+    k = with_result[0]
     browser.find_element("id", f"card-{k}").click()
     episode = js_text(browser, "episode")
     calls = [s["text"] for s in rows[k]["conversation"] if s["role"] == "model"]
