@@ -62,6 +62,7 @@ def main() -> None:
     step_s: dict[str, list[float]] = {"on": [], "off": []}
     cpu_s: dict[str, list[float]] = {"on": [], "off": []}
     shares: list[float] = []
+    spent = [0.0, 0.0]  # time/records and step time summed over the "on" arm's steps
     size = 0
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.repeats):
@@ -71,6 +72,8 @@ def main() -> None:
                 cpu_s[arm] += [r["cpu_s"] for r in rows]
                 if arm == "on":
                     shares += [r["time/records"] / r["perf/step_s"] for r in rows]
+                    spent[0] += sum(r["time/records"] for r in rows)
+                    spent[1] += sum(r["perf/step_s"] for r in rows)
                     size = sum(f.stat().st_size for f in (Path(tmp) / f"on-{k}/rollouts").iterdir())
     on, off = statistics.median(step_s["on"]), statistics.median(step_s["off"])
     print(f"steps per arm: {args.steps} x {args.repeats} (step 1 left out)")
@@ -79,7 +82,8 @@ def main() -> None:
     print(f"median step CPU time: records on {con:.3f} s, off {coff:.3f} s; ratio {con / coff:.3f}")
     print(
         f"record's own time: median {100 * statistics.median(shares):.2f}% of the step "
-        f"(max {100 * max(shares):.2f}%); {size / args.steps / 1024:.1f} KiB a step"
+        f"(max {100 * max(shares):.2f}%), in total {100 * spent[0] / spent[1]:.2f}% of the "
+        f"steps' time; {size / args.steps / 1024:.1f} KiB a step"
     )
 
 
