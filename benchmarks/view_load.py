@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from roll_core.tracking.rollouts import RolloutStore
+from roll_core.tracking.rollouts import DIRNAME, encode_step, step_path
 from roll_core.tracking.viewer import export, make_server, open_runs
 
 
@@ -69,21 +69,12 @@ def synth_run(runs_dir: Path, run_id: str, *, steps: int, rows: int, tokens: int
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     rng = random.Random(0)
-    store = RolloutStore(run, max_mb=1e6)
-    for s in range(1, steps + 1):
+    summary = {"rows": rows, "groups": rows // 4, "reward_mean": 0.5, "max_staleness": 0}
+    summary |= {"finish_reasons": {"stop": rows}, "envs": ["math"]}
+    (run / DIRNAME).mkdir()
+    for s in range(1, steps + 1):  # the files RolloutStore writes, without its fsync per file
         recs = [synth_row(rng, k, k // 4, tokens) for k in range(rows)]
-        store.write(
-            s,
-            {
-                "rows": rows,
-                "groups": rows // 4,
-                "reward_mean": 0.5,
-                "finish_reasons": {"stop": rows},
-                "envs": ["math"],
-                "max_staleness": 0,
-            },
-            recs,
-        )
+        step_path(run / DIRNAME, s).write_text(encode_step(s, summary, recs))
     return run
 
 
