@@ -14,6 +14,7 @@ from roll_core.config.schema import (
     OptimConfig,
     RunConfig,
     Strict,
+    TrackingConfig,
 )
 
 OffloadSwitch = bool | Literal["auto"]
@@ -461,6 +462,37 @@ class SyncConfig(Strict):
     )
 
 
+class RolloutRecordsConfig(Strict):
+    """A sample of every step's rollouts kept in the run directory (`rollouts/`), for
+    `roll view` (docs/view.md): tokens, per-token log-probs, advantages, masks, rewards."""
+
+    enabled: bool = Field(
+        default=True, description="Write the rollout records (false: none are written)."
+    )
+    samples_per_step: int = Field(
+        default=8,
+        ge=1,
+        description="Rows recorded per step, as whole groups picked at random (seeded by the "
+        "step): groups are added until at least this many rows are in (one group at least).",
+    )
+    max_mb: float = Field(
+        default=64.0,
+        gt=0,
+        description="Size budget of the run's `rollouts/` directory in MiB: once a step's file "
+        "would take it past this, no more steps are recorded (a console note says so once).",
+    )
+
+
+class RLTrackingConfig(TrackingConfig):
+    """Where metrics go, plus the RL pipelines' rollout records."""
+
+    rollout_records: RolloutRecordsConfig = Field(
+        default_factory=RolloutRecordsConfig,
+        description="A sample of each step's rollouts in `rollouts/` of the run directory, "
+        "read by `roll view` (docs/view.md).",
+    )
+
+
 class RLConfig(RunConfig):
     """The sections of the RL pipelines (rlvr, agentic): rollout, algorithm, the RL roles."""
 
@@ -477,6 +509,9 @@ class RLConfig(RunConfig):
     """True when `_async_behaviour_correction` added the correction (`roll validate` lists it)."""
     sync: SyncConfig = Field(
         default_factory=SyncConfig, description="Weight sync actor_train -> actor_infer."
+    )
+    tracking: RLTrackingConfig = Field(
+        default_factory=RLTrackingConfig, description="Trackers and rollout records."
     )
 
     @model_validator(mode="after")

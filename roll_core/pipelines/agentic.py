@@ -735,6 +735,7 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
             eval_at_start=evaluate,
             advantages=functools.partial(_gigpo, cfg) if cfg.rollout.mode == "step" else None,
             before_first_sync=warm,
+            tokenizer=setup.tokenizer,
         )
         return run_rl(cfg, rl, source, loop, hooks)
 

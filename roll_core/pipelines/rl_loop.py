@@ -14,6 +14,7 @@ checkpoint with the DriverLoop, and call :func:`run_rl`::
         batch += critic values                     # only for gae (PPO)
         batch += hooks.advantages(batch)           # algorithms/, pure; GiGPO for agentic
         batch = correct_rollout(batch)             # algorithm.rollout_correction
+        records.record(step, batch)                # tracking.rollout_records (roll view)
         metrics = update_policy(roles, batch)      # critic first, ppo_epochs x mini_batches
         with source.paused(step):                  # suspend -> sync -> resume at `step`
             roles.turns.sync(roles.sync)           # colocated: offload / reload around it
@@ -49,6 +50,7 @@ from roll_core.pipelines.rl_iteration import (
     update_policy,
     warn_logprob_gap,
 )
+from roll_core.pipelines.rl_records import RolloutRecorder
 from roll_core.pipelines.roles import RLRoles
 from roll_core.rollout.source import RolloutSource
 
@@ -65,13 +67,16 @@ class RLHooks:
     * ``advantages``: how the batch gets its advantages (None: the estimator of
       `algorithm.adv_estimator` with KL in the reward, :func:`advantages_and_kl`);
     * ``before_first_sync``: called with the start step after the checkpoint is restored
-      and before the first weight sync (agentic: the warm start).
+      and before the first weight sync (agentic: the warm start);
+    * ``tokenizer``: decodes the rollout records' tokens (`tracking.rollout_records`; None:
+      the records show token ids).
     """
 
     evaluate: Callable[[], dict[str, float]] | None = None
     eval_at_start: bool = False
     advantages: Advantages | None = None
     before_first_sync: Callable[[int], None] | None = None
+    tokenizer: Any = None
 
 
 def run_rl(
@@ -86,6 +91,7 @@ def run_rl(
     loop.register("rl", rl_state)
     loop.register("rollout", source)
     start = loop.begin()
+    records = _recorder(cfg, loop, hooks, start)
     if hooks.before_first_sync is not None:
         hooks.before_first_sync(start)
     with source.paused(start):
@@ -96,8 +102,17 @@ def run_rl(
         loop.log_eval(0, hooks.evaluate)
     evaluate = hooks.evaluate
     for step in loop.steps(start, cfg.trainer.max_steps):
-        one_step = functools.partial(rl_step, cfg, roles, source, step, rl_state, hooks, reuse)
+        one_step = functools.partial(
+            rl_step, cfg, roles, source, step, rl_state, hooks, reuse, records
+        )
         metrics = logging_faults(loop, step, one_step)
+        if records is not None and records.store.full and not records.budget_noted:
+            records.budget_noted = True
+            budget = cfg.tracking.rollout_records.max_mb
+            loop.console_note(
+                f"rollout records: tracking.rollout_records.max_mb={budget:g} is spent; steps "
+                f"from {step} on are not recorded (roll view shows the steps before)"
+            )
         warn_logprob_gap(loop, rl_state, metrics, cfg.trainer.warn_logprob_diff)
         metrics |= source.metrics()
         # version v = the weights after v updates; async: suspend -> sync -> resume;
@@ -117,9 +132,11 @@ def rl_step(
     rl_state: RLState,
     hooks: RLHooks,
     reuse_log_probs: bool = False,
+    records: RolloutRecorder | None = None,
 ) -> dict[str, float]:
     """One step up to the weight sync: rollout -> batch -> log-probs -> advantages ->
-    update; returns the step's metrics."""
+    update; returns the step's metrics. `records`: the rollout record, written before the
+    update (the trainer's log-probs are the pre-update policy's)."""
     timers: dict[str, float] = {}
     t = step_start = time.perf_counter()
     rollout = source.next_batch(step)
@@ -139,6 +156,10 @@ def rl_step(
     metrics |= correct_rollout(batch, cfg.algorithm)
     if roles.critic is not None:
         metrics |= critic_batch_metrics(batch)
+    if records is not None:
+        t = time.perf_counter()
+        records.record(step, batch, rollout.groups, trainer_log_probs=_log_probs(roles, temp))
+        timers["time/records"] = time.perf_counter() - t
     t = time.perf_counter()
     metrics |= update_policy(cfg, roles, batch, temp)
     timers["time/train"] = time.perf_counter() - t
@@ -149,6 +170,29 @@ def rl_step(
         **metrics,
         **timers,
     }
+
+
+def _recorder(
+    cfg: RLConfig, loop: DriverLoop, hooks: RLHooks, start: int
+) -> RolloutRecorder | None:
+    """The run's rollout record (`tracking.rollout_records`), continued after `start`."""
+    rc = cfg.tracking.rollout_records
+    if not rc.enabled:
+        return None
+    return RolloutRecorder(rc, loop.run.dir, tokenizer=hooks.tokenizer, start=start)
+
+
+def _log_probs(roles: RLRoles, temperature: float) -> Callable[[Batch], Any]:
+    """For the record: the trainer's log-probs of its few rows (when the update computes the
+    batch's own), or None when they are fewer than actor_train's ranks (each needs a row)."""
+    ranks = int(getattr(roles.actor_train, "world_size", 1))
+
+    def log_probs(sub: Batch) -> Any:
+        if len(sub) < ranks:
+            return None
+        return roles.actor_train.log_probs(sub, temperature=temperature)
+
+    return log_probs
 
 
 def _perf(batch: Batch, wall: float, rollout_s: float) -> dict[str, float]:

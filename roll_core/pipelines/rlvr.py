@@ -425,6 +425,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
                 evaluate=evaluate if setup.eval else None,
                 eval_at_start=bool(cfg.eval.every_steps and setup.eval),
                 advantages=_distill_hook(cfg, setup, rl),
+                tokenizer=setup.tokenizer,
             )
             return run_rl(cfg, rl, source, loop, hooks)
 

@@ -88,6 +88,13 @@ def test_teachers_score_the_sampled_tokens_and_resume_is_bitwise(roll, tmp_path)
     # the student moved; the frozen math teacher now disagrees with it
     assert later["distill/teacher_math/reverse_kl"] != 0.0
     assert {"time/teacher", "distill/teacher_log_prob", "distill/reverse_kl"} <= set(first)
+    # the rollout record (roll view) holds the teacher's log-probs; the math teacher is the
+    # student's starting weights, so at step 1 they equal the trainer's
+    record = (tmp_path / "runs/opd-base/rollouts/step-000001.jsonl").read_text().splitlines()
+    recorded = [json.loads(x) for x in record[1:]]
+    assert len(recorded) == 8 and all(r["teacher_lp"] is not None for r in recorded)
+    math_row = next(r for r in recorded if r["env"] == "math")
+    assert math_row["teacher_lp"] == math_row["trainer_lp"]
 
     res = roll(
         "train", "rlvr", str(recipe), "--run-id", "opd-kill", env={"ROLL_DEBUG_KILL_IN_SAVE": "2"}

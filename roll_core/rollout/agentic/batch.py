@@ -23,6 +23,7 @@ episode loops never make one, so this is the last line of defence.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import torch
 
@@ -91,6 +92,10 @@ class _Dropped:
         return {DROPPED_NO_GENERATED: self.no_generated, DROPPED_TOO_LONG: self.too_long}
 
 
+EPISODE_ROW = "episode_row"
+"""``Batch.non_tensors`` key: each row's ``(episode, part)``: the episode's index in the step's
+groups flattened, and the row's segment (trajectory mode) or turn (step mode) in it."""
+
 DROPPED_NO_GENERATED = "rows_dropped_no_generated"
 DROPPED_TOO_LONG = "rows_dropped_too_long"
 """``Batch.meta`` keys: rows of the batch's episodes that were not trained (_Dropped)."""
@@ -102,37 +107,38 @@ def trajectory_batch(
     """One row per episode (StarPO); an agent episode whose calls did not continue one
     conversation (``rollout.agent_history: segment``) has one row per segment, each with the
     episode's return and group (``episode_ids`` says which episode: the group estimators count
-    an episode once, however many segments it has). A row with no generated token, or longer than ``max_len``,
-    is left out and counted in ``meta`` (``rows_dropped_*``)."""
+    an episode once, however many segments it has). A row with no generated token, or longer
+    than ``max_len``, is left out and counted in ``meta`` (``rows_dropped_*``)."""
     trajs = [t for g in groups for t in g]
     dropped = _Dropped(max_len)
     segs = [
-        (t, k, trace)
-        for t in trajs
+        (t, k, trace, e)
+        for e, t in enumerate(trajs)
         for k, trace in enumerate(t.traces())
         if dropped.keep(len(trace.ids), sum(trace.mask))
     ]
     meta = dropped.meta(len(segs))
-    rows = [(trace.ids, trace.mask, trace.log_probs) for _, _, trace in segs]
+    rows = [(trace.ids, trace.mask, trace.log_probs) for _, _, trace, _ in segs]
     tensors = _rows(rows, pad_id)
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
 
     def version(t: Trajectory, k: int) -> int:
         return min((u.policy_version for u in t.turns if u.segment == k), default=t.min_version)
 
-    episode_index = {id(t): k for k, t in enumerate(trajs)}
     tensors |= {
-        "episode_ids": torch.tensor([episode_index[id(t)] for t, _, _ in segs], dtype=torch.long),
-        "scores": torch.tensor([t.episode_return for t, _, _ in segs], dtype=torch.float32),
-        "group_ids": torch.tensor([group_index[t.group] for t, _, _ in segs], dtype=torch.long),
-        "response_lengths": torch.tensor([sum(tr.mask) for _, _, tr in segs], dtype=torch.long),
-        "policy_versions": torch.tensor([version(t, k) for t, k, _ in segs], dtype=torch.long),
+        "episode_ids": torch.tensor([e for *_, e in segs], dtype=torch.long),
+        "scores": torch.tensor([t.episode_return for t, *_ in segs], dtype=torch.float32),
+        "group_ids": torch.tensor([group_index[t.group] for t, *_ in segs], dtype=torch.long),
+        "response_lengths": torch.tensor([sum(s[2].mask) for s in segs], dtype=torch.long),
+        "policy_versions": torch.tensor([version(t, k) for t, k, *_ in segs], dtype=torch.long),
     }
     return Batch(
         tensors=tensors,
         non_tensors={
-            "env_tag": [t.tag for t, _, _ in segs],
-            **vision_fields([tr.vision() for _, _, tr in segs]),
+            "env_tag": [t.tag for t, *_ in segs],
+            # each row's episode (its index in the step's groups, flattened) and segment
+            EPISODE_ROW: [(e, k) for _, k, _, e in segs],
+            **vision_fields([tr.vision() for _, _, tr, _ in segs]),
         },
         meta=meta,
     )
@@ -147,12 +153,13 @@ def step_batch(
     trajs = [t for g in groups for t in g]
     dropped = _Dropped(max_len)
     rows, returns, episode_of, anchors, versions, rewards, tags = [], [], [], [], [], [], []
-    visions = []
+    visions: list[Any] = []
+    parts: list[tuple[int, int]] = []
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
     anchor_index: dict[tuple[int, str], int] = {}
     for e, traj in enumerate(trajs):
         step_returns = discounted_step_returns([turn.reward for turn in traj.turns], gamma)
-        for turn, ret in zip(traj.turns, step_returns, strict=True):
+        for k, (turn, ret) in enumerate(zip(traj.turns, step_returns, strict=True)):
             ids = turn.prompt_ids + turn.response_ids
             if not dropped.keep(len(ids), len(turn.response_ids)):
                 continue
@@ -167,6 +174,7 @@ def step_batch(
             rewards.append(turn.reward)
             tags.append(traj.tag)
             visions.append(turn.vision)
+            parts.append((e, k))
     dropped_meta = dropped.meta(len(rows))
     tensors = _rows(rows, pad_id)
     tensors |= {
@@ -186,7 +194,8 @@ def step_batch(
         "episode_groups": [group_index[t.group] for t in trajs],
         **dropped_meta,
     }
-    non_tensors = {"env_tag": tags, **vision_fields(visions)}
+    non_tensors: dict[str, list[Any]] = {"env_tag": tags, EPISODE_ROW: parts}
+    non_tensors |= vision_fields(visions)
     return Batch(tensors=tensors, non_tensors=non_tensors, meta=meta)
 
 
