@@ -1,7 +1,8 @@
 """Running untrusted programs against test cases: limits, isolation, a bounded pool.
 
 One call of :meth:`Sandbox.run` is one *execution*: a program and its test cases go to a
-fresh supervisor process (:mod:`roll_core.rewards._sandbox_supervisor`) that runs each case
+fresh supervisor process (:mod:`roll_core.rewards._sandbox_supervisor`, on the namespace and
+confinement code it shares with the SWE sandbox in :mod:`roll_core.sandbox`) that runs each case
 in a fresh interpreter and returns one verdict per case. The host side here:
 
 * starts the supervisor in its own session with an empty environment (only ``PATH``,
@@ -70,6 +71,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from roll_core.sandbox.supervisor import supervisor_source
+
 __all__ = [
     "CaseResult",
     "ExecutionResult",
@@ -86,10 +89,7 @@ Status = Literal[
     "pass", "fail", "error", "timeout", "output_limit", "file_limit", "not_run", "sandbox_error"
 ]
 _STATUSES = set(Status.__args__)  # type: ignore[attr-defined]
-_SUPERVISOR = "\n".join(
-    Path(__file__).with_name(name).read_text(encoding="utf-8")
-    for name in ("_sandbox_confine.py", "_sandbox_supervisor.py")
-)
+_SUPERVISOR = supervisor_source(Path(__file__).with_name("_sandbox_supervisor.py"))
 _ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",

@@ -1,8 +1,8 @@
 """Kernel confinement of one sandboxed program: a seccomp filter and a Landlock ruleset.
 
-Part of the sandbox supervisor's source (:mod:`roll_core.rewards.sandbox` prepends this
-file to :mod:`roll_core.rewards._sandbox_supervisor`); standard library only, never
-imported by roll. Both are applied in the program's child process after ``fork`` and
+Part of a sandbox supervisor's source (:func:`roll_core.sandbox.supervisor.supervisor_source`
+puts this file first, for the code reward's and the SWE sandbox's supervisors); standard
+library only, never imported by roll. Both are applied in the program's child process after ``fork`` and
 before ``execve``, after ``no_new_privs``, so an unprivileged process may install them and
 neither the program nor anything it starts can remove them.
 

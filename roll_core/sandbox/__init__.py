@@ -1,0 +1,1 @@
+"""Sandboxes: isolated workspaces for agents and graders (see docs/swe.md)."""
