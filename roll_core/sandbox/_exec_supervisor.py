@@ -85,7 +85,8 @@ def set_exec_limits(spec):
     if spec["mode"] == "namespaces":  # counted per user namespace: this sandbox only
         limits.append((resource.RLIMIT_NPROC, spec["max_processes"]))
     for which, value in limits:
-        resource.setrlimit(which, (value, value))
+        hard = value + 1 if which == resource.RLIMIT_CPU else value  # SIGXCPU, then SIGKILL
+        resource.setrlimit(which, (value, hard))
 
 
 def exec_command(lib, spec, parent):
@@ -165,6 +166,12 @@ def pump(pid, streams, deadline, flood):
                 return None, wstatus, exited
 
 
+def cpu_spent(spec):
+    """Whether the command's children used up their CPU limit (SIGKILL at the hard one)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime >= spec["cpu_s"]
+
+
 def run_command(lib, spec):
     start = time.monotonic()
     pid, out_r, err_r = start_command(lib, spec)
@@ -185,7 +192,9 @@ def run_command(lib, spec):
     code = os.waitstatus_to_exitcode(wstatus)
     if code == START_FAILED and err.head.startswith(b"sandbox: cannot start the command"):
         fail(err.text().strip())  # a broken sandbox, not a failing command
-    timed_out = stop == "timeout" or code == -signal.SIGXCPU
+    timed_out = (
+        stop == "timeout" or code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or cpu_spent(spec)
+    )
     return {
         "exit_code": code,
         "stdout": out.text(),

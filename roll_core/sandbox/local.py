@@ -44,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -281,7 +280,9 @@ class LocalSandbox:
         except subprocess.TimeoutExpired:
             self._kill(proc)
             proc.communicate()
-            raise SandboxError(f"a command overran its bound of {bound:g} s and was killed") from None
+            raise SandboxError(
+                f"a command overran its bound of {bound:g} s and was killed"
+            ) from None
         finally:
             self._kill(proc)
             with self._lock:
