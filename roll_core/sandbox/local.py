@@ -271,12 +271,12 @@ class LocalSandbox:
                 cwd="/",
                 start_new_session=True,
             )
-        except OSError as err:
-            raise SandboxError(f"cannot start the sandbox supervisor: {err}") from err
+        except OSError as start_err:
+            raise SandboxError(f"cannot start the sandbox supervisor: {start_err}") from None
         with self._lock:
             self._procs.add(proc)
         try:
-            out, err = proc.communicate(json.dumps(spec).encode("utf-8"), timeout=bound)
+            out, errout = proc.communicate(json.dumps(spec).encode("utf-8"), timeout=bound)
         except subprocess.TimeoutExpired:
             self._kill(proc)
             proc.communicate()
@@ -290,7 +290,7 @@ class LocalSandbox:
         if self._closed:
             return ExecResult(-signal.SIGKILL, "", "sandbox closed", timed_out=False)
         if proc.returncode != 0:
-            detail = err[-2000:].decode("utf-8", "replace").strip() or "no output"
+            detail = errout[-2000:].decode("utf-8", "replace").strip() or "no output"
             raise SandboxError(
                 f"the sandbox supervisor failed (exit code {proc.returncode}): {detail}",
                 hint=_HINT if "setup" in detail else None,
