@@ -376,6 +376,36 @@ def data_shapes(
     )
 
 
+@data_app.command("swe")
+@handle_errors
+def data_swe(
+    out_dir: Annotated[
+        Path, typer.Argument(help="New directory for train/, test/ and manifest.json.")
+    ],
+    count: Annotated[int, typer.Option(help="Tasks to write (train + held out).")] = 240,
+    seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
+    held_out: Annotated[
+        float, typer.Option(help="Share of each repository's functions held out (test split).")
+    ] = 0.2,
+    debug: Debug = False,
+) -> None:
+    """Generate SWE-style tasks (bugs planted in small Python repositories, each verified in
+    the sandbox); see docs/swe.md."""
+    from roll_core.data.swe.generate import generate_swe_tasks
+    from roll_core.errors import ConfigError
+
+    if count < 1 or not 0 < held_out < 1:
+        raise ConfigError(
+            f"--count must be at least 1 and --held-out between 0 and 1 (got {count}, {held_out}).",
+            hint="For example: roll data swe OUT --count 240 --held-out 0.2",
+        )
+    report = generate_swe_tasks(out_dir, seed=seed, count=count, held_out=held_out)
+    out.print(
+        f"wrote {report.train} train and {report.test} held-out SWE tasks to {out_dir} "
+        f"({report.candidates_tried} candidate bugs checked, {report.dropped} dropped)"
+    )
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"roll {__version__}")

@@ -26,6 +26,13 @@ for pure in ("algorithms", "rewards", "envs", "data"):
 # rollout/ produces batches for the pipelines and calls workers through clusters: it never
 # reaches up into the driver loops or the CLI. workers/ hold role logic and know nothing about
 # Ray, the rollout producers or the pipelines that call them.
+# sandbox/ is the lowest layer the SWE tasks, the envs and the code reward build on: it imports
+# only the standard library and roll_core.errors.
+HIGHER["sandbox"] = tuple(
+    f"roll_core.{p.name}"
+    for p in sorted((ROOT / "roll_core").iterdir())
+    if p.is_dir() and p.name not in ("sandbox", "__pycache__")
+) + ("roll_cli", "ray", "torch")
 HIGHER["rollout"] = ("roll_cli", "roll_core.pipelines", "roll_core.evaluation")
 HIGHER["workers"] = (*HIGHER["rollout"], "roll_core.rollout", "ray")
 

@@ -144,6 +144,10 @@ class Sandbox(Protocol):
         """Kill anything still running and remove the workspace; idempotent."""
         ...
 
+    def __enter__(self) -> Sandbox: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
 
 class SandboxBackend(Protocol):
     """Makes sandboxes; bounds how many commands run at once."""

@@ -1,0 +1,1 @@
+"""SWE-style tasks: generated repositories with planted bugs, user tasks, grading (docs/swe.md)."""
