@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roll_core.data.swe.grading import PYTEST, parse_pytest, pytest_command, run_tests
+from roll_core.data.swe.grading import parse_pytest, pytest_command, run_tests
 from roll_core.data.swe.mutate import Mutant, mutants
 from roll_core.data.swe.repos_a import INTERVALS, INVENTORY, MATRIX, TEXTKIT
 from roll_core.data.swe.repos_b import PQUEUE, STATS, TOKLIB
@@ -57,22 +57,25 @@ class Hang(Exception):
 def _alarm(*_):
     raise Hang()
 signal.signal(signal.SIGALRM, _alarm)
-module = importlib.import_module(sys.argv[1])
-out, hung = [], False
-for snippet in json.loads(sys.argv[2]):
-    scope = dict(vars(module))
-    tree = ast.parse(snippet)
-    last = tree.body.pop()
-    signal.alarm(2)
-    try:
-        exec(compile(tree, "<probe>", "exec"), scope)
-        out.append(["ok", repr(eval(compile(ast.Expression(last.value), "<probe>", "eval"), scope))])
-    except Hang:
-        out.append(["hang", "it never returns"]); hung = True
-    except Exception as err:
-        out.append(["raise", f"{type(err).__name__}: {err}"])
-    finally:
-        signal.alarm(0)
+out, hung = {}, False
+for name, snippets in json.loads(sys.argv[1]).items():
+    module = importlib.import_module(name)
+    results = out[name] = []
+    for snippet in snippets:
+        scope = dict(vars(module))
+        tree = ast.parse(snippet)
+        last = tree.body.pop()
+        signal.alarm(2)
+        try:
+            exec(compile(tree, "<probe>", "exec"), scope)
+            value = eval(compile(ast.Expression(last.value), "<probe>", "eval"), scope)
+            results.append(["ok", repr(value)])
+        except Hang:
+            results.append(["hang", "it never returns"]); hung = True
+        except Exception as err:
+            results.append(["raise", f"{type(err).__name__}: {err}"])
+        finally:
+            signal.alarm(0)
 print("@@ROLL-PROBES@@" + json.dumps(out))
 sys.exit(3 if hung else 0)
 """
@@ -122,22 +125,29 @@ def _hidden_file(module: str, snippets: list[str], values: list[str]) -> tuple[s
     return f"tests/test_{name}_issue.py", "\n".join(lines).rstrip() + "\n"
 
 
-def _probe_command(module: str, snippets: list[str]) -> str:
-    return f"python -c {shlex.quote(PROBE_RUNNER)} {module} {shlex.quote(json.dumps(snippets))}"
+def _probe_command(probes: dict[str, list[str]]) -> str:
+    return f"python -c {shlex.quote(PROBE_RUNNER)} {shlex.quote(json.dumps(probes))}"
 
 
-def _probe_results(module: str, output: str) -> list[list[str]] | None:
-    """The probes' results (None when one hangs)."""
+def _probe_results(output: str) -> dict[str, list[list[str]]] | None:
+    """Module -> the probes' results (None when one hangs)."""
     for line in output.splitlines():
         if line.startswith(PROBE_MARK):
             data = json.loads(line[len(PROBE_MARK) :])
-            return None if any(kind == "hang" for kind, _ in data) else data
-    raise DataError(f"the SWE probe runner failed on {module}: {output[-1000:]}")
+            hung = any(kind == "hang" for results in data.values() for kind, _ in results)
+            return None if hung else data
+    raise DataError(f"the SWE probe runner failed: {output[-1000:]}")
 
 
-def _probe(box: Any, module: str, snippets: list[str]) -> list[list[str]] | None:
-    result = box.exec(_probe_command(module, snippets), timeout=10 + 2 * len(snippets))
-    return _probe_results(module, result.output())
+def _test_ids(files: dict[str, str]) -> list[str]:
+    """The visible tests' node ids: top-level ``test_*`` functions of ``tests/test_*.py``."""
+    ids = []
+    for path in sorted(files):
+        if path.startswith("tests/test_") and path.endswith(".py"):
+            tree = ast.parse(files[path])
+            ids += [f"{path}::{node.name}" for node in tree.body
+                    if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]  # fmt: skip
+    return ids
 
 
 class _Generator:
@@ -153,10 +163,13 @@ class _Generator:
         for rel, text in template.files.items():
             (base / rel).parent.mkdir(parents=True, exist_ok=True)
             (base / rel).write_text(text, encoding="utf-8")
+        self.visible[template.name] = _test_ids(template.files)
         with self.backend.create(base, self.spec) as box:
+            result = box.exec(_probe_command(template.probes), timeout=120)
+            found = _probe_results(result.output())
             for module, snippets in template.probes.items():
-                results = _probe(box, module, snippets)
-                if results is None or any(kind != "ok" for kind, _ in results):
+                results = (found or {}).get(module, [])
+                if len(results) != len(snippets) or any(k != "ok" for k, _ in results):
                     raise DataError(
                         f"SWE template {template.name}: a probe of {module} fails: {results}"
                     )
@@ -164,12 +177,8 @@ class _Generator:
                 for value in values:
                     ast.literal_eval(value)  # a literal the hidden test can compare with
                 self.expected[(template.name, module)] = values
-                self.hidden[(template.name, module)] = _hidden_file(module, snippets, values)
-            collected = box.exec(PYTEST.replace("-rA", "--collect-only"), timeout=60)
-            self.visible[template.name] = [
-                line.strip() for line in collected.stdout.splitlines() if "::" in line
-            ]
-            for path, text in (v for (t, _), v in self.hidden.items() if t == template.name):
+                path, text = _hidden_file(module, snippets, values)
+                self.hidden[(template.name, module)] = (path, text)
                 box.write_file(path, text)
             ids = self.visible[template.name] + self._hidden_ids(template.name)
             verdict, tail = run_tests(box, ids, timeout=120)
@@ -194,15 +203,16 @@ class _Generator:
         (src / path).write_text(text, encoding="utf-8")
         hidden = self._hidden_ids(t.name, module)
         ids = self.visible[t.name] + hidden
-        probes = _probe_command(module, t.probes[module])
+        probes = _probe_command({module: t.probes[module]})
         try:
             with self.backend.create(src, self.spec) as box:  # probes, then (no hang) tests
                 result = box.exec(f"{probes} && {pytest_command(ids)}", timeout=120)
         finally:
             shutil.rmtree(src, ignore_errors=True)
-        results = _probe_results(module, result.stdout)
-        if results is None:
+        found = _probe_results(result.stdout)
+        if found is None:
             return None
+        results = found[module]
         verdict = parse_pytest(result.stdout, ids, result.timed_out)
         expected = self.expected[(t.name, module)]
         wrong = [
@@ -302,10 +312,9 @@ def generate_swe_tasks(
     tried, start = 0, time.perf_counter()
     try:
         gen = _Generator(backend, spec, work)
-        for t in templates:
-            gen.prepare(t)
         workers = getattr(backend, "max_concurrent", 2)
         with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(gen.prepare, templates))
             while len(chosen) < count and tried < len(candidates):
                 batch = candidates[tried : tried + max(workers, count - len(chosen))]
                 tried += len(batch)
@@ -326,7 +335,12 @@ def generate_swe_tasks(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     n_test = sum(c.function_key in held for c, _ in chosen)
-    manifest: dict[str, Any] = {"seed": seed, "count": count, "train": count - n_test, "test": n_test}
+    manifest: dict[str, Any] = {
+        "seed": seed,
+        "count": count,
+        "train": count - n_test,
+        "test": n_test,
+    }
     manifest["tasks"] = sorted(c.task_id for c, _ in chosen)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
     return GenerateReport(out_dir, count - n_test, n_test, tried, tried - count, check_seconds)
