@@ -124,9 +124,9 @@ def test_another_episodes_workspace_is_unreachable(store: Path) -> None:
 def test_a_fork_bomb_is_bounded_and_leaves_nothing(box) -> None:
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     start = time.monotonic()
-    result = box.exec(f"b() {{ exec -a {marker} sleep 300 & b | b & }}; b; sleep 3", timeout=3)
+    result = box.exec(f"b() {{ exec -a {marker} sleep 300 & b | b & }}; b; sleep 30", timeout=3)
     assert time.monotonic() - start < 10
-    assert result.timed_out or result.exit_code != 0 or result.ok
+    assert result.timed_out  # the bomb's sleepers kept the command alive until its timeout
     assert processes_with(marker) == []
 
 
@@ -178,7 +178,7 @@ def test_no_process_is_left_behind(box) -> None:
         timeout=10,
     )
     time.sleep(0.2)
-    assert processes_with(f"sleep {marker}") == []
+    assert processes_with(marker) == []
     assert "sleep" not in box.exec("ps -e 2>/dev/null || ls /proc", 10).stdout
 
 
@@ -190,11 +190,12 @@ def test_close_kills_a_running_command(store: Path) -> None:
     thread = threading.Thread(target=lambda: results.append(box.exec(f"sleep {marker}", 60)))
     thread.start()
     deadline = time.monotonic() + 10
-    while not processes_with(f"sleep {marker}") and time.monotonic() < deadline:
+    while not processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert processes_with(marker)  # the matcher sees a live command (so the checks can fail)
     box.close()
     thread.join(timeout=10)
-    assert not thread.is_alive() and processes_with(f"sleep {marker}") == []
+    assert not thread.is_alive() and processes_with(marker) == []
     assert not box.home.exists()
     with pytest.raises(SandboxError, match="closed"):
         box.exec("true", 1)
