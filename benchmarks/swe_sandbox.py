@@ -5,7 +5,7 @@
 Each episode is what a scripted expert does in the coding env: create a sandbox from the
 task's repository, read the buggy module, run the visible tests, apply the reference fix with
 ``git apply``, run the tests again, take the workspace's diff and close; then the diff is
-graded in a fresh sandbox (:func:`roll_core.data.swe.grading.grade`). ``--episodes`` run at
+graded in a fresh sandbox (:func:`roll_core.swe.grading.grade`). ``--episodes`` run at
 once on threads, sharing ``--slots`` command slots of one :class:`LocalBackend` (the bound
 on CPU). Prints one JSON object: per-phase mean and max seconds, episodes solved, lost
 (an exception anywhere), and the machine's load average.
@@ -21,9 +21,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from roll_core.data.swe.grading import grade, pytest_command
-from roll_core.data.swe.task import SweTask, load_tasks
 from roll_core.sandbox import LocalBackend, SandboxSpec
+from roll_core.swe.grading import grade, pytest_command
+from roll_core.swe.task import SweTask, load_tasks
 
 
 def episode(task: SweTask, backend: LocalBackend, spec: SandboxSpec) -> dict[str, float]:

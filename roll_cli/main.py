@@ -387,19 +387,26 @@ def data_swe(
     held_out: Annotated[
         float, typer.Option(help="Share of each repository's functions held out (test split).")
     ] = 0.2,
+    repos: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated repositories to use (default: all seven)."),
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """Generate SWE-style tasks (bugs planted in small Python repositories, each verified in
     the sandbox); see docs/swe.md."""
-    from roll_core.data.swe.generate import generate_swe_tasks
     from roll_core.errors import ConfigError
+    from roll_core.swe.generate import generate_swe_tasks, pick_templates
 
     if count < 1 or not 0 < held_out < 1:
         raise ConfigError(
             f"--count must be at least 1 and --held-out between 0 and 1 (got {count}, {held_out}).",
             hint="For example: roll data swe OUT --count 240 --held-out 0.2",
         )
-    report = generate_swe_tasks(out_dir, seed=seed, count=count, held_out=held_out)
+    templates = pick_templates(repos.split(",") if repos else None)
+    report = generate_swe_tasks(
+        out_dir, seed=seed, count=count, held_out=held_out, templates=templates
+    )
     out.print(
         f"wrote {report.train} train and {report.test} held-out SWE tasks to {out_dir} "
         f"({report.candidates_tried} candidate bugs checked, {report.dropped} dropped)"

@@ -21,8 +21,11 @@ HIGHER = {
         "roll_core.engine",
     ),
 }
-for pure in ("algorithms", "rewards", "envs", "data"):
+for pure in ("algorithms", "rewards", "envs", "data", "swe"):
     HIGHER[pure] = (*HIGHER["backends"], "ray")
+# swe/ (SWE tasks and grading) sits under envs/ and beside data/, on sandbox/ only: no torch.
+HIGHER["swe"] += ("roll_core.envs", "roll_core.rewards", "roll_core.data", "roll_core.models",
+                  "torch")  # fmt: skip
 # rollout/ produces batches for the pipelines and calls workers through clusters: it never
 # reaches up into the driver loops or the CLI. workers/ hold role logic and know nothing about
 # Ray, the rollout producers or the pipelines that call them.

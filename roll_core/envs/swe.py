@@ -1,6 +1,6 @@
 """The coding env: fix a bug in a repository through native tool calls, graded by hidden tests.
 
-Each episode draws one SWE task (:mod:`roll_core.data.swe`) from ``tasks`` (a folder made by
+Each episode draws one SWE task (:mod:`roll_core.swe`) from ``tasks`` (a folder made by
 ``roll data swe``, a folder of task folders, or SWE-bench-style JSONL; by default a small set
 generated once into the roll cache) and copies its repository into a fresh sandbox
 (:mod:`roll_core.sandbox`). The first observation is the issue text. The model calls tools in
@@ -20,7 +20,7 @@ or not unique) answers ``error: ...`` and counts as a tool error.
 Budgets: ``max_steps`` turns and ``time_budget_s`` seconds of wall time; when either runs out
 the episode is truncated and, with ``grade_on_truncation``, the diff so far is graded.
 
-Reward: :func:`roll_core.data.swe.grading.grade` of the diff, in a **fresh** sandbox (1 when
+Reward: :func:`roll_core.swe.grading.grade` of the diff, in a **fresh** sandbox (1 when
 every fail-to-pass test passes and every pass-to-pass test still does; ``partial_credit``:
 the share, see docs/swe.md). The episode's last ``info`` carries ``episode_metrics``:
 ``solved``, ``steps``, ``diff_lines``, ``tool_errors`` (failed editor calls), ``timeouts``
@@ -40,8 +40,6 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from roll_core.data.swe.grading import grade
-from roll_core.data.swe.task import SweTask, load_tasks
 from roll_core.envs.base import InvalidAction, Transition
 from roll_core.envs.registry import register_env
 from roll_core.envs.tool_parsers import ToolCall
@@ -49,6 +47,8 @@ from roll_core.envs.tools import Tool, ToolCallingEnv, ToolCallingOptions, ToolS
 from roll_core.errors import ConfigError, SandboxError
 from roll_core.sandbox import LocalBackend, LocalSandbox, SandboxSpec
 from roll_core.sandbox.diff import split_diff
+from roll_core.swe.grading import grade
+from roll_core.swe.task import SweTask, load_tasks
 
 _BACKENDS: dict[int, LocalBackend] = {}
 _LOCK = threading.Lock()
@@ -64,7 +64,7 @@ def shared_backend(slots: int) -> LocalBackend:
 
 def default_tasks() -> Path:
     """A small task set (24 tasks, seed 0) generated once into the roll cache."""
-    from roll_core.data.swe.generate import generate_swe_tasks
+    from roll_core.swe.generate import generate_swe_tasks
 
     cache = Path(os.environ.get("ROLL_CACHE_DIR") or Path.home() / ".cache" / "roll")
     target = cache / "swe-tasks" / "seed0-count24"

@@ -10,7 +10,7 @@ import pytest
 from roll_core.envs import make_env
 from roll_core.envs.tools import tool_call_text
 from roll_core.sandbox.local import namespaces_work
-from tests.data.test_swe_tasks import make_task
+from tests.swe.test_tasks import make_task
 
 pytestmark = pytest.mark.skipif(
     not namespaces_work(sys.executable, True, 65534)[0],

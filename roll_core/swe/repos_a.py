@@ -4,12 +4,12 @@ model, intervals and dates, a matrix library.
 A template is a small pure-Python package with its own passing pytest suite and *probes*:
 snippets whose last line is an expression, run against the original code to make the hidden
 tests (``assert <expression> == <value on the original>``). See
-:mod:`roll_core.data.swe.generate`.
+:mod:`roll_core.swe.generate`.
 """
 
 from __future__ import annotations
 
-from roll_core.data.swe.template import RepoTemplate
+from roll_core.swe.template import RepoTemplate
 
 TEXTKIT = RepoTemplate(
     name="textkit",

@@ -18,7 +18,7 @@ them), ``patch`` (the reference fix), ``test_patch`` (the diff that adds the hid
 ``repo_path``: the repository on this machine, relative to the JSONL file's directory.
 
 Loading checks the structure (a missing repository, hidden tests, field or fix is a
-:class:`~roll_core.errors.DataError` naming the task); :func:`roll_core.data.swe.grading.
+:class:`~roll_core.errors.DataError` naming the task); :func:`roll_core.swe.grading.
 check_task` runs the tests to check the semantics (the hidden tests fail before the fix and
 pass after it).
 """

@@ -1,9 +1,9 @@
 """Repository templates of the SWE task generator (part 2): a tokenizer and calculator, a
-priority queue and scheduler, descriptive statistics. See :mod:`roll_core.data.swe.repos_a`."""
+priority queue and scheduler, descriptive statistics. See :mod:`roll_core.swe.repos_a`."""
 
 from __future__ import annotations
 
-from roll_core.data.swe.template import RepoTemplate
+from roll_core.swe.template import RepoTemplate
 
 TOKLIB = RepoTemplate(
     name="toklib",

@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from roll_core.data.swe.task import SweTask
 from roll_core.errors import DataError
 from roll_core.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from roll_core.sandbox.diff import split_diff
+from roll_core.swe.task import SweTask
 
 __all__ = ["GradeResult", "check_task", "grade", "run_tests"]
 

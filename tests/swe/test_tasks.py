@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from roll_core.data.swe.grading import check_task, grade
-from roll_core.data.swe.task import load_tasks
 from roll_core.errors import DataError
 from roll_core.sandbox import LocalBackend, SandboxSpec
 from roll_core.sandbox.local import namespaces_work
+from roll_core.swe.grading import check_task, grade
+from roll_core.swe.task import load_tasks
 
 pytestmark = pytest.mark.skipif(
     not namespaces_work(__import__("sys").executable, True, 65534)[0],

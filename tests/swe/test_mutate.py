@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from roll_core.data.swe.mutate import mutants
+from roll_core.swe.mutate import mutants
 
 SOURCE = '''"""A module."""
 

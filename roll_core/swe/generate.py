@@ -1,13 +1,13 @@
 """``roll data swe``: SWE-style tasks generated from a seed, each verified in the sandbox.
 
-For each repository template (:mod:`roll_core.data.swe.repos_a`, :mod:`~.repos_b`):
+For each repository template (:mod:`roll_core.swe.repos_a`, :mod:`~.repos_b`):
 
 1. its probes run on the original code in a sandbox; their values become the hidden tests
    (``tests/test_<module>_issue.py``: ``assert <expression> == <value>``), and the original
    with every hidden test must pass its whole suite (else the template is broken: an error);
 2. every function is put in the train or the held-out split (a seeded shuffle, about
    ``held_out`` of each template's functions held out), so the splits share no function;
-3. every mutant of every function (:mod:`roll_core.data.swe.mutate`) is a candidate; the
+3. every mutant of every function (:mod:`roll_core.swe.mutate`) is a candidate; the
    candidates are shuffled with the seed and verified in that order, in parallel, until
    ``count`` qualify. Verifying runs the probes (2 s each; a hang drops the mutant) and the
    whole suite with the module's hidden tests on the mutant, in a sandbox. A mutant
@@ -35,18 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roll_core.data.swe.grading import parse_pytest, pytest_command, run_tests
-from roll_core.data.swe.mutate import Mutant, mutants
-from roll_core.data.swe.repos_a import INTERVALS, INVENTORY, MATRIX, TEXTKIT
-from roll_core.data.swe.repos_b import PQUEUE, STATS, TOKLIB
-from roll_core.data.swe.task import write_task
-from roll_core.data.swe.template import RepoTemplate
-from roll_core.errors import DataError
+from roll_core.errors import ConfigError, DataError
 from roll_core.sandbox.base import SandboxBackend, SandboxSpec
 from roll_core.sandbox.diff import diff_paths
 from roll_core.sandbox.local import LocalBackend
+from roll_core.swe.grading import parse_pytest, pytest_command, run_tests
+from roll_core.swe.mutate import Mutant, mutants
+from roll_core.swe.repos_a import INTERVALS, INVENTORY, MATRIX, TEXTKIT
+from roll_core.swe.repos_b import PQUEUE, STATS, TOKLIB
+from roll_core.swe.task import write_task
+from roll_core.swe.template import RepoTemplate
 
-__all__ = ["TEMPLATES", "GenerateReport", "generate_swe_tasks"]
+__all__ = ["TEMPLATES", "GenerateReport", "generate_swe_tasks", "pick_templates"]
 
 TEMPLATES: tuple[RepoTemplate, ...] = (TEXTKIT, INVENTORY, INTERVALS, MATRIX, TOKLIB, PQUEUE, STATS)
 PROBE_MARK = "@@ROLL-PROBES@@"
@@ -79,6 +79,20 @@ for name, snippets in json.loads(sys.argv[1]).items():
 print("@@ROLL-PROBES@@" + json.dumps(out))
 sys.exit(3 if hung else 0)
 """
+
+
+def pick_templates(names: list[str] | None) -> tuple[RepoTemplate, ...]:
+    """The templates named (all of them for None); an unknown name is a ConfigError."""
+    if not names:
+        return TEMPLATES
+    by_name = {t.name: t for t in TEMPLATES}
+    unknown = [n for n in names if n.strip() not in by_name]
+    if unknown:
+        raise ConfigError(
+            f"unknown SWE repository {', '.join(map(repr, unknown))}.",
+            hint=f"Repositories: {', '.join(by_name)}.",
+        )
+    return tuple(by_name[n.strip()] for n in dict.fromkeys(names))
 
 
 @dataclass(frozen=True)

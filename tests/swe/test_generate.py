@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from roll_core.data.swe.generate import TEMPLATES, generate_swe_tasks
-from roll_core.data.swe.grading import check_task
-from roll_core.data.swe.repos_b import STATS
-from roll_core.data.swe.task import load_tasks
 from roll_core.sandbox import LocalBackend
 from roll_core.sandbox.local import namespaces_work
+from roll_core.swe.generate import TEMPLATES, generate_swe_tasks
+from roll_core.swe.grading import check_task
+from roll_core.swe.repos_b import STATS
+from roll_core.swe.task import load_tasks
 
 pytestmark = pytest.mark.skipif(
     not namespaces_work(sys.executable, True, 65534)[0],
@@ -48,7 +48,7 @@ def test_generation_is_deterministic_verified_and_splits_share_no_function(tmp_p
 
 
 def test_there_are_enough_candidate_bugs_for_200_tasks() -> None:
-    from roll_core.data.swe.mutate import mutants
+    from roll_core.swe.mutate import mutants
 
     total = sum(len(mutants(t.files[m])) for t in TEMPLATES for m in t.modules())
     assert len(TEMPLATES) == 7 and total >= 400  # about 80% qualify (docs/swe.md)
@@ -57,12 +57,16 @@ def test_there_are_enough_candidate_bugs_for_200_tasks() -> None:
 @pytest.mark.slow
 def test_roll_data_swe_cli(roll, tmp_path: Path) -> None:
     out = tmp_path / "swe"
-    result = roll("data", "swe", str(out), "--count", "2", "--seed", "5")
+    result = roll("data", "swe", str(out), "--count", "2", "--seed", "5", "--repos", "matrix")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SWE tasks" in result.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["train"] + manifest["test"] == 2 and len(load_tasks(out)) == 2
+    assert all(t.meta["template"] == "matrix" for t in load_tasks(out))
     again = roll("data", "swe", str(out), "--count", "2")
     assert again.returncode == 2 and "is not empty" in again.stdout + again.stderr
     bad = roll("data", "swe", str(tmp_path / "x"), "--count", "0")
     assert bad.returncode == 2 and "--count" in bad.stdout + bad.stderr
+    typo = roll("data", "swe", str(tmp_path / "y"), "--repos", "matrx")
+    assert typo.returncode == 2 and "unknown SWE repository 'matrx'" in typo.stdout + typo.stderr
+    assert "Traceback" not in typo.stdout + typo.stderr
