@@ -188,6 +188,17 @@ class LocalSandbox:
         self._closed = False
         self._as_root = os.geteuid() == 0
         backend.root.mkdir(parents=True, exist_ok=True)
+        if (
+            mode == "exec"
+            and self._as_root
+            and hidden_from([str(backend.root / "x")], spec.run_as_uid)
+        ):
+            raise SandboxError(
+                f"the sandbox root {backend.root} is inside a directory uid {spec.run_as_uid} "
+                "cannot enter, so the exec mode cannot run commands there",
+                hint="Create sandboxes under a world-traversable directory (the default, "
+                "the system's temporary directory) or make namespaces work (docs/swe.md).",
+            )
         self.home = Path(tempfile.mkdtemp(prefix="roll-sandbox-", dir=backend.root))
         try:
             self.workspace = self.home / "workspace"
