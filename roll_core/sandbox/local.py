@@ -68,7 +68,9 @@ _HINT = (
 
 
 def _ignore(_dir: str, names: list[str]) -> set[str]:
-    return {n for n in names if n in IGNORED_DIRS or n.endswith(IGNORED_SUFFIXES)}
+    """Caches are not copied; ``.git`` is (an agent may run ``git diff``; :meth:`diff`
+    ignores it)."""
+    return {n for n in names if (n in IGNORED_DIRS and n != ".git") or n.endswith(IGNORED_SUFFIXES)}
 
 
 def _tree_bytes(root: Path, limit: int) -> int:
