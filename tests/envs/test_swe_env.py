@@ -91,3 +91,20 @@ def test_the_time_budget_truncates_and_grades(tasks: Path) -> None:
     env.reset(0)
     r = env.step(call("bash", command="true"))
     assert r.truncated and "Out of time" in r.observation and r.reward == 0.0
+
+
+@pytest.mark.slow
+def test_eight_episodes_at_once_on_two_slots_lose_nothing(tasks: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def episode(seed: int) -> float:
+        env = make_env("swe", tasks=str(tasks), sandbox_slots=2)
+        env.reset(seed)
+        while True:
+            r = env.step(env.expert_action())
+            if r.terminated or r.truncated:
+                return r.reward
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        rewards = list(pool.map(episode, range(8)))
+    assert rewards == [1.0] * 8
