@@ -413,6 +413,32 @@ def data_swe(
     )
 
 
+@data_app.command("swe-check")
+@handle_errors
+def data_swe_check(
+    tasks: Annotated[
+        Path, typer.Argument(help="A task folder, a folder of them, or a SWE-bench-style JSONL.")
+    ],
+    debug: Debug = False,
+) -> None:
+    """Check SWE tasks in the sandbox: the fail-to-pass tests fail before the reference fix,
+    every test passes after it (docs/swe.md)."""
+    from roll_core.errors import DataError
+    from roll_core.sandbox import LocalBackend
+    from roll_core.swe.grading import check_tasks
+    from roll_core.swe.task import load_tasks
+
+    loaded = load_tasks(tasks)
+    errors = check_tasks(loaded, backend=LocalBackend())
+    if errors:
+        shown = "\n".join(f"  {err.message}" for err in errors[:20])
+        raise DataError(
+            f"{len(errors)} of {len(loaded)} SWE tasks in {tasks} are not sound:\n{shown}",
+            hint="Fix or remove those tasks (docs/swe.md, the task format).",
+        )
+    out.print(f"{len(loaded)} SWE tasks in {tasks} are sound")
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"roll {__version__}")

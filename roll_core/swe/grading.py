@@ -31,7 +31,7 @@ from roll_core.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from roll_core.sandbox.diff import split_diff
 from roll_core.swe.task import SweTask
 
-__all__ = ["GradeResult", "check_task", "grade", "run_tests"]
+__all__ = ["GradeResult", "check_task", "check_tasks", "grade", "run_tests"]
 
 PROTECTED_NAMES = frozenset(
     {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py",
@@ -209,3 +209,22 @@ def check_task(task: SweTask, *, backend: SandboxBackend, spec: SandboxSpec | No
             f"SWE task {task.task_id!r}: the reference fix does not make the tests pass ({why})",
             hint="Check fix.patch / patch against the repository and the hidden tests.",
         )
+
+
+def check_tasks(
+    tasks: list[SweTask], *, backend: SandboxBackend, spec: SandboxSpec | None = None
+) -> list[DataError]:
+    """:func:`check_task` on every task (as many at once as the backend has slots); the
+    errors, in task order (empty: every task is sound)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(task: SweTask) -> DataError | None:
+        try:
+            check_task(task, backend=backend, spec=spec)
+        except DataError as err:
+            return err
+        return None
+
+    workers = max(1, int(getattr(backend, "max_concurrent", 2)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return [err for err in pool.map(one, tasks) if err is not None]

@@ -153,3 +153,16 @@ def test_a_workspace_diff_applies_to_a_fresh_copy(tmp_path: Path, backend) -> No
         assert fresh.read_file("empty.txt") == ""
         assert not (fresh.workspace / "pkg" / "gone.py").exists()
         assert fresh.diff() == diff
+
+
+@pytest.mark.slow
+def test_roll_data_swe_check_names_the_bad_task(roll, tmp_path: Path) -> None:
+    make_task(tmp_path / "tasks")
+    ok = roll("data", "swe-check", str(tmp_path / "tasks"))
+    assert ok.returncode == 0 and "1 SWE tasks" in ok.stdout and "are sound" in ok.stdout
+    bad = make_task(tmp_path / "tasks", "calc-2")
+    (bad / "fix.patch").write_text(FIX.replace("+    return a + b", "+    return a * b"))
+    result = roll("data", "swe-check", str(tmp_path / "tasks"))
+    out = result.stdout + result.stderr
+    assert result.returncode == 2 and "1 of 2 SWE tasks" in out and "'calc-2'" in out
+    assert "reference fix does not make" in out and "Traceback" not in out
