@@ -8,8 +8,9 @@ For each repository template (:mod:`roll_core.swe.repos_a`, :mod:`~.repos_b`):
 2. every function is put in the train or the held-out split (a seeded shuffle, about
    ``held_out`` of each template's functions held out), so the splits share no function;
 3. every mutant of every function (:mod:`roll_core.swe.mutate`) is a candidate; the
-   candidates are shuffled with the seed and verified in that order, in parallel, until
-   ``count`` qualify. Verifying runs the probes (2 s each; a hang drops the mutant) and the
+   candidates are shuffled with the seed, taken round robin over the mutation operators
+   (so the many off-by-one sites do not crowd out the rare kinds) and verified in that
+   order, in parallel, until ``count`` qualify. Verifying runs the probes (2 s each; a hang drops the mutant) and the
    whole suite with the module's hidden tests on the mutant, in a sandbox. A mutant
    qualifies when at least one hidden test fails and the pytest verdicts agree with the
    probes; fail-to-pass = the failing tests (hidden, and visible ones the bug breaks),
@@ -281,6 +282,21 @@ def issue_text(
     return f"{title}\n\n{opener}\n\n```python\n{code}\n```\n\n{closer}\n"
 
 
+def _interleave_ops(candidates: list[_Candidate]) -> list[_Candidate]:
+    """Round robin over the mutation operators (each in its shuffled order), so that the
+    common ones (off-by-one constants are everywhere) do not crowd out the rare ones."""
+    groups: dict[str, list[_Candidate]] = {}
+    for cand in candidates:
+        groups.setdefault(cand.mutant.op, []).append(cand)
+    out: list[_Candidate] = []
+    queues = [groups[op] for op in sorted(groups)]
+    while any(queues):
+        for queue in queues:
+            if queue:
+                out.append(queue.pop(0))
+    return out
+
+
 def _split(templates: tuple[RepoTemplate, ...], held_out: float, rng: random.Random) -> set[str]:
     """The held-out functions: about ``held_out`` of each template's, at least one."""
     test: set[str] = set()
@@ -321,6 +337,7 @@ def generate_swe_tasks(
         _Candidate(t, m, x) for t in templates for m in t.modules() for x in mutants(t.files[m])
     ]
     rng.shuffle(candidates)
+    candidates = _interleave_ops(candidates)
     work = Path(tempfile.mkdtemp(prefix="roll-swe-gen-"))
     chosen: list[tuple[_Candidate, dict[str, Any]]] = []
     tried, start = 0, time.perf_counter()
