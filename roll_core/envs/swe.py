@@ -31,6 +31,7 @@ reward 0 and ``sandbox_fault`` set: it is the machine's fault, counted, never a 
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -74,6 +75,12 @@ def default_tasks() -> Path:
             generate_swe_tasks(staging, seed=0, count=24, held_out=0.25)
             staging.rename(target)
     return target
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_tasks(path: str, split: str | None) -> list[SweTask]:
+    """Tasks loaded once per process (a rollout builds many envs on the same folder)."""
+    return load_tasks(Path(path), split=split)
 
 
 class SweOptions(ToolCallingOptions):
@@ -142,7 +149,7 @@ class SweEnv(ToolCallingEnv):
         super().__init__(**options)
         path = Path(self.options.tasks) if self.options.tasks else default_tasks()
         split = None if self.options.split == "all" else self.options.split
-        self.tasks: list[SweTask] = load_tasks(path, split=split)
+        self.tasks: list[SweTask] = _cached_tasks(str(path.resolve()), split)
         if not self.tasks:
             raise ConfigError(
                 f"env swe: no {self.options.split} tasks in {path}.",

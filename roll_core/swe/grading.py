@@ -103,8 +103,10 @@ def apply_patch(box: Sandbox, diff: str, timeout: float = 60.0) -> str | None:
 
 
 def pytest_command(test_ids: list[str]) -> str:
-    """The shell command that runs ``test_ids`` (plugins are not auto-loaded: a task's
-    repository that needs one names it with ``-p`` in its own test ids' conftest)."""
+    """The shell command that runs ``test_ids``. Plugins are not auto-loaded
+    (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: 1 s instead of 6 s in roll's own environment); a
+    repository whose tests need one loads it itself (``pytest_plugins`` in its own
+    ``conftest.py``, which grading keeps)."""
     return PYTEST + " " + " ".join(shlex.quote(t) for t in test_ids)
 
 
