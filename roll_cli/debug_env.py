@@ -39,7 +39,7 @@ def debug_env(
     env: Annotated[
         str,
         typer.Argument(
-            help="Env name (sokoban, frozen_lake, tool_use), a GEM env gem:ID "
+            help="Env name (sokoban, frozen_lake, tool_use, swe), a GEM env gem:ID "
             "(gem:game:GuessTheNumber-v0-easy), a user env package.module:Class, or an agent "
             "program agent:path/to/agent.py:run (played by --policy model or expert).",
             show_default=False,

@@ -378,6 +378,69 @@ def data_shapes(
     )
 
 
+@data_app.command("swe")
+@handle_errors
+def data_swe(
+    out_dir: Annotated[
+        Path, typer.Argument(help="New directory for train/, test/ and manifest.json.")
+    ],
+    count: Annotated[int, typer.Option(help="Tasks to write (train + held out).")] = 240,
+    seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
+    held_out: Annotated[
+        float, typer.Option(help="Share of each repository's functions held out (test split).")
+    ] = 0.2,
+    repos: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated repositories to use (default: all seven)."),
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Generate SWE-style tasks (bugs planted in small Python repositories, each verified in
+    the sandbox); see docs/swe.md."""
+    from roll_core.errors import ConfigError
+    from roll_core.swe.generate import generate_swe_tasks, pick_templates
+
+    if count < 1 or not 0 < held_out < 1:
+        raise ConfigError(
+            f"--count must be at least 1 and --held-out between 0 and 1 (got {count}, {held_out}).",
+            hint="For example: roll data swe OUT --count 240 --held-out 0.2",
+        )
+    templates = pick_templates(repos.split(",") if repos else None)
+    report = generate_swe_tasks(
+        out_dir, seed=seed, count=count, held_out=held_out, templates=templates
+    )
+    out.print(
+        f"wrote {report.train} train and {report.test} held-out SWE tasks to {out_dir} "
+        f"({report.candidates_tried} candidate bugs checked, {report.dropped} dropped)"
+    )
+
+
+@data_app.command("swe-check")
+@handle_errors
+def data_swe_check(
+    tasks: Annotated[
+        Path, typer.Argument(help="A task folder, a folder of them, or a SWE-bench-style JSONL.")
+    ],
+    debug: Debug = False,
+) -> None:
+    """Check SWE tasks in the sandbox: the fail-to-pass tests fail before the reference fix,
+    every test passes after it (docs/swe.md)."""
+    from roll_core.errors import DataError
+    from roll_core.sandbox import LocalBackend
+    from roll_core.swe.grading import check_tasks
+    from roll_core.swe.task import load_tasks
+
+    loaded = load_tasks(tasks)
+    errors = check_tasks(loaded, backend=LocalBackend())
+    if errors:
+        shown = "\n".join(f"  {err.message}" for err in errors[:20])
+        raise DataError(
+            f"{len(errors)} of {len(loaded)} SWE tasks in {tasks} are not sound:\n{shown}",
+            hint="Fix or remove those tasks (docs/swe.md, the task format).",
+        )
+    out.print(f"{len(loaded)} SWE tasks in {tasks} are sound")
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"roll {__version__}")

@@ -74,3 +74,11 @@ class WorkerDiedError(RollError):
         self.rank = rank
         self.detail = detail
         super().__init__(f"worker {role} rank {rank} died ({detail}).")
+
+
+class SandboxError(RollError):
+    """A sandbox that cannot be created or has failed (no namespaces where isolation is
+    required, disk full, a supervisor that died): the machine's fault or the setup's, never
+    the sandboxed command's."""
+
+    exit_code = 1

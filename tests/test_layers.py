@@ -21,11 +21,21 @@ HIGHER = {
         "roll_core.engine",
     ),
 }
-for pure in ("algorithms", "rewards", "envs", "data"):
+for pure in ("algorithms", "rewards", "envs", "data", "swe"):
     HIGHER[pure] = (*HIGHER["backends"], "ray")
+# swe/ (SWE tasks and grading) sits under envs/ and beside data/, on sandbox/ only: no torch.
+HIGHER["swe"] += ("roll_core.envs", "roll_core.rewards", "roll_core.data", "roll_core.models",
+                  "torch")  # fmt: skip
 # rollout/ produces batches for the pipelines and calls workers through clusters: it never
 # reaches up into the driver loops or the CLI. workers/ hold role logic and know nothing about
 # Ray, the rollout producers or the pipelines that call them.
+# sandbox/ is the lowest layer the SWE tasks, the envs and the code reward build on: it imports
+# only the standard library and roll_core.errors.
+HIGHER["sandbox"] = tuple(
+    f"roll_core.{p.name}"
+    for p in sorted((ROOT / "roll_core").iterdir())
+    if p.is_dir() and p.name not in ("sandbox", "__pycache__")
+) + ("roll_cli", "ray", "torch")
 HIGHER["rollout"] = ("roll_cli", "roll_core.pipelines", "roll_core.evaluation")
 HIGHER["workers"] = (*HIGHER["rollout"], "roll_core.rollout", "ray")
 

@@ -15,7 +15,7 @@ class EnvEntry(Strict):
 
     env: str | None = Field(
         default=None,
-        description="Registered env name (sokoban, frozen_lake, tool_use), a GEM env as "
+        description="Registered env name (sokoban, frozen_lake, tool_use, swe), a GEM env as "
         "gem:ID (the `gem` extra, e.g. gem:game:GuessTheNumber-v0-easy), or a user env as "
         "package.module:Class. Exactly one of `env` and `agent`.",
     )

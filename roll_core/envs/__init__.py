@@ -1,6 +1,6 @@
 """Text environments behind one protocol (see :mod:`roll_core.envs.base` and docs/envs.md).
 
-Built-in envs: ``sokoban``, ``frozen_lake``, ``tool_use``. User envs are named by a dotted
+Built-in envs: ``sokoban``, ``frozen_lake``, ``tool_use``, ``swe`` (docs/swe.md). User envs are named by a dotted
 path ``package.module:Class``. ``make_env(name, **options)`` builds either.
 """
 
@@ -27,6 +27,7 @@ from roll_core.envs.registry import (
     registered_envs,
 )
 from roll_core.envs.sokoban import SokobanEnv
+from roll_core.envs.swe import SweEnv
 from roll_core.envs.tool_use import ToolUseEnv
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Observation",
     "SokobanEnv",
     "StepResult",
+    "SweEnv",
     "TextEnv",
     "ToolUseEnv",
     "Transition",

@@ -1,7 +1,8 @@
 """Running untrusted programs against test cases: limits, isolation, a bounded pool.
 
 One call of :meth:`Sandbox.run` is one *execution*: a program and its test cases go to a
-fresh supervisor process (:mod:`roll_core.rewards._sandbox_supervisor`) that runs each case
+fresh supervisor process (:mod:`roll_core.rewards._sandbox_supervisor`, on the namespace and
+confinement code it shares with the SWE sandbox in :mod:`roll_core.sandbox`) that runs each case
 in a fresh interpreter and returns one verdict per case. The host side here:
 
 * starts the supervisor in its own session with an empty environment (only ``PATH``,
@@ -70,6 +71,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from roll_core.sandbox.host import ENV as _ENV
+from roll_core.sandbox.host import hidden_from as _hidden_from
+from roll_core.sandbox.host import interpreter_paths as _interpreter
+from roll_core.sandbox.host import landlock_abi
+from roll_core.sandbox.supervisor import supervisor_source
+
 __all__ = [
     "CaseResult",
     "ExecutionResult",
@@ -86,20 +93,7 @@ Status = Literal[
     "pass", "fail", "error", "timeout", "output_limit", "file_limit", "not_run", "sandbox_error"
 ]
 _STATUSES = set(Status.__args__)  # type: ignore[attr-defined]
-_SUPERVISOR = "\n".join(
-    Path(__file__).with_name(name).read_text(encoding="utf-8")
-    for name in ("_sandbox_confine.py", "_sandbox_supervisor.py")
-)
-_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "PYTHONIOENCODING": "utf-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONHASHSEED": "0",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
+_SUPERVISOR = supervisor_source(Path(__file__).with_name("_sandbox_supervisor.py"))
 
 
 @dataclass(frozen=True)
@@ -165,17 +159,6 @@ class ExecutionResult:
     def timeouts(self) -> int:
         """Cases that ran out of time."""
         return sum(c.status == "timeout" for c in self.cases)
-
-
-@functools.cache
-def landlock_abi() -> int:
-    """The kernel's Landlock ABI version (0: unavailable); rlimits mode uses it."""
-    import ctypes
-
-    lib = ctypes.CDLL(None, use_errno=True)
-    lib.syscall.restype = ctypes.c_long
-    abi = lib.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    return max(0, int(abi))
 
 
 @functools.cache
@@ -390,54 +373,6 @@ class Sandbox:
             return [_parse_case(case) for case in verdict["cases"]], None
         except (ValueError, KeyError, TypeError) as e:
             return [], f"the sandbox supervisor's verdict is not valid ({e}): {out[:200]!r}"
-
-
-_SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
-
-
-@functools.cache
-def _interpreter(python: str, site_packages: bool) -> tuple[str, list[str], list[list[str]]]:
-    """What a program needs: the interpreter to execute, the paths the sandbox shows it
-    (read-only: the system's library directories, the interpreter's installation and, with
-    ``site_packages``, its virtualenv) and the top-level symlinks to recreate (``/lib``).
-
-    The probe runs without ``-S`` so that a virtualenv's ``sys.prefix`` is the venv (with
-    ``-S`` it is the base installation). Without ``site_packages`` the program runs on the
-    base interpreter (``-I -S``: standard library only), so the venv is not shown at all.
-    """
-    code = "import sys; print(sys.base_prefix); print(sys.prefix)"
-    out = subprocess.run(
-        [python, "-I", "-c", code], capture_output=True, text=True, check=True, env=_ENV
-    ).stdout.splitlines()
-    base, venv = os.path.realpath(out[0]), os.path.realpath(out[1])
-    real = os.path.realpath(python)
-    binds: list[str] = []
-    links: list[list[str]] = []
-    for path in _SYSTEM_DIRS:
-        if os.path.islink(path):
-            links.append([path, os.readlink(path)])
-        elif os.path.isdir(path):
-            binds.append(path)
-    if os.path.isfile("/etc/ld.so.cache"):
-        binds.append("/etc/ld.so.cache")
-    wanted = [base, os.path.dirname(real)]
-    if site_packages and venv != base:
-        wanted.append(venv)
-    for path in wanted:
-        if not any(path == b or path.startswith(b.rstrip("/") + "/") for b in binds):
-            binds.append(path)
-    program = os.path.abspath(python) if site_packages else real
-    return program, binds, links
-
-
-def _hidden_from(paths: list[str], uid: int) -> list[str]:
-    """The paths below a directory that ``uid`` cannot enter (rlimits mode as root)."""
-    hidden = []
-    for path in paths:
-        parents = Path(path).parents
-        if not all(p.stat().st_mode & 0o001 or p.stat().st_uid == uid for p in parents):
-            hidden.append(path)
-    return hidden
 
 
 def _parse_case(data: dict[str, Any]) -> CaseResult:

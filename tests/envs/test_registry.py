@@ -106,7 +106,7 @@ def test_unknown_env_lists_the_registered_ones() -> None:
     with pytest.raises(ConfigError) as err:
         make_env("sokobon")
     assert "unknown env 'sokobon'. Did you mean 'sokoban'?" in err.value.message
-    assert "frozen_lake, sokoban, tool_use" in err.value.message
+    assert "frozen_lake, sokoban, swe, tool_use" in err.value.message
     assert "package.module:Class" in (err.value.hint or "")
 
 

@@ -1,8 +1,8 @@
 """Kernel confinement of one sandboxed program: a seccomp filter and a Landlock ruleset.
 
-Part of the sandbox supervisor's source (:mod:`roll_core.rewards.sandbox` prepends this
-file to :mod:`roll_core.rewards._sandbox_supervisor`); standard library only, never
-imported by roll. Both are applied in the program's child process after ``fork`` and
+Part of a sandbox supervisor's source (:func:`roll_core.sandbox.supervisor.supervisor_source`
+puts this file first, for the code reward's and the SWE sandbox's supervisors); standard
+library only, never imported by roll. Both are applied in the program's child process after ``fork`` and
 before ``execve``, after ``no_new_privs``, so an unprivileged process may install them and
 neither the program nor anything it starts can remove them.
 
@@ -16,7 +16,9 @@ neither the program nor anything it starts can remove them.
   for threads), no signal to any other process (``kill`` only to itself or its own process
   group, ``tgkill`` only to its own threads; no ``tkill``, ``rt_*sigqueueinfo``, no
   ``F_SETOWN``/``F_SETSIG``/``FIOSETOWN``/``SIOCSPGRP`` SIGIO redirection), and no
-  ``socket`` at all (``socketpair`` stays).
+  ``socket`` at all (``socketpair`` stays);
+* ``exec`` (the SWE sandbox without namespaces: a shell must start processes): the common
+  list and no ``socket``.
 
 ``landlock_restrict(read_paths, write_paths)`` (Linux >= 5.13 with Landlock enabled; a no-op
 returning the ABI 0 where it is not): the program may read and execute beneath
@@ -112,6 +114,8 @@ def seccomp_filter(mode, pid):
     if machine == "x86_64":  # the x32 ABI: other numbers for the same calls
         prog += [_insn(JGE, 0, 1, 0x40000000), _insn(RET, 0, 0, eperm)]
     deny = {name: eperm for name in COMMON}
+    if mode == "exec":
+        deny["socket"] = RET_ERRNO | errno.EACCES
     if mode == "rlimits":
         deny.update(
             fork=RET_ERRNO | errno.EAGAIN,
