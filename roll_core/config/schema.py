@@ -307,21 +307,6 @@ class ActorTrainConfig(Strict):
         "be at least the longest row (prompt + response). null: count rows.",
     )
 
-    logit_chunk_tokens: int = Field(
-        default=512,
-        ge=0,
-        description="Positions whose logits exist at once in every pass that reads per-token "
-        "log-probs (the update, old / reference / teacher log-probs, on-policy distillation's "
-        "`mode: full`, dpo, sft, distill): the model's forward stops at the last hidden "
-        "states and the LM head, log-softmax, entropy and loss run this many positions at a "
-        "time, each chunk's logits recomputed in the backward, so no [tokens, vocabulary] "
-        "tensor lives through the backward (docs/performance.md). Same numbers as one pass "
-        "within float rounding. 0: the whole micro-batch's logits at once (more memory, one "
-        "LM-head matmul less per micro-batch). The megatron backend's own ranks keep their "
-        "full (vocabulary-parallel) logits; the torch roles beside them (reference, "
-        "teacher) follow this key.",
-    )
-
     @model_validator(mode="after")
     def _backend_options(self) -> ActorTrainConfig:
         if self.world_size > 1 and self.backend == "torch":

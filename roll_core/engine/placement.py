@@ -243,13 +243,6 @@ class LogitsSpec:
     # actor_train.max_tokens_per_micro_batch: a micro-batch holds at most this many positions
     # (as many rows as fit, micro_batch_size unused), all of which may be response tokens
     max_tokens: int | None = None
-    # actor_train.logit_chunk_tokens: positions whose logits exist at once (0: all of them)
-    chunk_tokens: int = 0
-    # the LM head runs outside the forward, a chunk at a time (False: the megatron backend
-    # and ZeRO-3 keep the model's full logits; only their float32 work is chunked)
-    head_deferred: bool = True
-    # algorithm.entropy_coef > 0: the entropy's graph is kept (per chunk) for the backward
-    entropy_bonus: bool = False
 
     def positions(self) -> int:
         """B x L: the positions of one micro-batch (the budget when there is one)."""
@@ -267,51 +260,8 @@ LOG_PROB_CHUNK; the engine layer cannot import the backends, tests check they ag
 
 def logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
     """Peak bytes of one micro-batch's logits in actor_train (train phase only), as the code
-    computes them. Chunked (``chunk_tokens`` > 0, backends/train/lm_head.py):
-    :func:`chunked_logits_memory`; unchunked: :func:`full_logits_memory`."""
-    if spec.chunk_tokens > 0:
-        return chunked_logits_memory(shape, spec)
-    return full_logits_memory(shape, spec)
-
-
-CHUNK_BYTES = {"log_probs": 8, "update": 12, "entropy_bonus": 22}
-"""Bytes per logit of one chunk beyond the logits' own b (backends/train/lm_head.py): the
-log-prob pass (a float32 copy divided by the temperature and its log-softmax), the update's
-recomputed chunk with its gradients, and the same with the entropy's graph (softmax and
-product kept) for an entropy bonus. Measured with torch's profiler on CPU (peak live bytes,
-V = 151,936, chunks of 128 and 256 positions, bf16 and fp32): 8, 11.0-13.0 and 20.0-22.0
-(docs/performance.md)."""
-
-
-def chunked_logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
-    """The chunked path's peak (``chunk_tokens`` = C positions, vocabulary V, b bytes per
-    logit, P positions of which N response): the largest of the log-prob pass, one chunk of
-    min(C, P) positions: ``min(C, P) V (b + 8)``, and the update's, one chunk of min(C, N)
-    response positions recomputed in the backward: ``min(C, N) V (b + 12)`` (``b + 22`` with
-    an entropy bonus); see :data:`CHUNK_BYTES`. When the head is not deferred
-    (``head_deferred`` False: megatron, ZeRO-3) the model's full logits ``P V b`` are held too
-    and a chunk is ``LOGIT_CHUNK`` elements, no new logits: ``P V b + min(LOGIT_CHUNK, .) x
-    (8 | 12 | 22 - 2)``. The head's weight gradient is a parameter gradient (counted with the
-    gradients), the hidden states ``P H b`` are activations."""
-    v, b = shape.vocab_size, spec.logits_bytes
-    update_bytes = CHUNK_BYTES["entropy_bonus" if spec.entropy_bonus else "update"]
-    if spec.head_deferred:
-        log_prob_pass = (
-            min(spec.chunk_tokens, spec.positions()) * v * (b + CHUNK_BYTES["log_probs"])
-        )
-        update = min(spec.chunk_tokens, spec.response_positions()) * v * (b + update_bytes)
-        return float(max(log_prob_pass, update))
-    full = spec.positions() * v
-    picked = spec.response_positions() * v
-    log_prob_pass = full * b + min(LOGIT_CHUNK, full) * CHUNK_BYTES["log_probs"]
-    update = full * b + min(LOGIT_CHUNK, picked) * (update_bytes - 2)
-    return float(max(log_prob_pass, update))
-
-
-def full_logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
-    """Peak bytes of one micro-batch's logits, unchunked (``logit_chunk_tokens: 0``), with B
-    rows of L positions, R of them response tokens, vocabulary V, b bytes per logit and C =
-    LOGIT_CHUNK; the larger of its two passes:
+    computes them, with B rows of L positions, R of them response tokens, vocabulary V,
+    b bytes per logit and C = LOGIT_CHUNK; the larger of its two passes:
 
     * log-prob pass (old / reference log-probs, `token_log_probs`): the logits [B, L, V] plus
       one chunk of at most C of them in float32, divided by the temperature, and its
@@ -323,12 +273,11 @@ def full_logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
       8 min(C, N V)), and backward (the saved log-softmax, its gradient and the input's:
       12 N V; the logits are gone by then).
 
-    Measured on CPU (peak RSS, V = 151,936, B 1, L 1024, R 768, bf16), before the chunked
-    head: log-prob pass 817 MiB (formula 809), loss pass 1711 MiB (formula 1699). The torch
-    backend computes the logits of the response columns only (so L is ~R there); the
-    estimate keeps L, the sharded backends' case. An entropy bonus (algorithm.entropy_coef >
-    0) keeps two more float32 [N, V] tensors for backward, not counted; nor are the other
-    activations.
+    Measured on CPU (peak RSS, V = 151,936, B 1, L 1024, R 768, bf16): log-prob pass 817 MiB
+    (formula 809), loss pass 1711 MiB (formula 1699). The torch backend computes the logits
+    of the response columns only (so L is ~R there); the estimate keeps L, the sharded
+    backends' case. An entropy bonus (algorithm.entropy_coef > 0) keeps two more float32
+    [N, V] tensors for backward, not counted; nor are the other activations.
     """
     v, b = shape.vocab_size, spec.logits_bytes
     full = spec.positions() * v

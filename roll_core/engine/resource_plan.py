@@ -134,19 +134,7 @@ def _logits_spec(cfg: Any, dtype_bytes: int) -> LogitsSpec | None:
     bf16 = getattr(train, "precision", "auto") != "fp32"  # auto: bf16 on a GPU
     logits_bytes = 2 if dtype_bytes < 4 or bf16 else 4
     budget = getattr(train, "max_tokens_per_micro_batch", None)
-    deepspeed = getattr(train, "deepspeed", None)
-    zero3 = train.backend == "deepspeed" and deepspeed is not None and deepspeed.zero_stage == 3
-    algorithm = getattr(cfg, "algorithm", None)
-    return LogitsSpec(
-        trainer.micro_batch_size,
-        seq,
-        response,
-        logits_bytes,
-        max_tokens=budget,
-        chunk_tokens=getattr(train, "logit_chunk_tokens", 0),
-        head_deferred=train.backend != "megatron" and not zero3,
-        entropy_bonus=float(getattr(algorithm, "entropy_coef", 0.0) or 0.0) > 0,
-    )
+    return LogitsSpec(trainer.micro_batch_size, seq, response, logits_bytes, max_tokens=budget)
 
 
 def _uses_gpus(cfg: Any) -> bool:

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from roll_core.backends.train.base import is_max_metric
-from roll_core.backends.train.lm_head import HeadInput
-from roll_core.backends.train.torch_backend import Objective, next_token_select, token_loss_sum
+from roll_core.backends.train.torch_backend import LOG_PROB_CHUNK, Objective, token_loss_sum
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
 
 
-def sft(logits: torch.Tensor | HeadInput, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+def sft(logits: torch.Tensor, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean next-token cross-entropy on response tokens over the global batch."""
     ids, mask = mb.tensors["input_ids"], mb.tensors["loss_mask"]
     summed = token_loss_sum(logits, ids, mask)
@@ -36,9 +34,7 @@ def sft(logits: torch.Tensor | HeadInput, mb: Batch) -> tuple[torch.Tensor, dict
 
 
 OBJECTIVES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {"sft": sft}
-"""Objective name -> function(logits, mb, **params); `logits`: the micro-batch's
-:class:`~roll_core.backends.train.lm_head.HeadInput` (or plain logits [B, T, V]), read a chunk
-of positions at a time. Pipelines add theirs here."""
+"""Objective name -> function(logits, mb, **params). Pipelines add theirs here."""
 
 from roll_core.workers.preference_objectives import PREFERENCE_OBJECTIVES  # noqa: E402
 
@@ -58,7 +54,7 @@ def get_objective(name: str, **params: Any) -> Objective:
 
 
 def rl(
-    logits: torch.Tensor | HeadInput,
+    logits: torch.Tensor,
     mb: Batch,
     *,
     algorithm: AlgorithmConfig,
@@ -79,8 +75,7 @@ def rl(
     algo = algorithm
     t = mb.tensors
     mask = t["response_mask"]
-    terms = _response_terms(HeadInput.of(logits), mb, algo, temperature, vocab_size)
-    picked, offset, log_probs = terms.picked, terms.offset, terms.log_probs
+    scaled, picked, offset, log_probs = _response_log_probs(logits, mb, temperature)
     loss_kwargs = algo.policy_loss_kwargs(max_len=int(mb.meta["max_response_length"]))
     globals_ = {
         "global_num_tokens": mb.meta["response_tokens"],
@@ -113,11 +108,15 @@ def rl(
         )
         loss = loss + term
         metrics |= kl_metrics
-    if terms.divergence is not None:  # on-policy distillation, mode full
-        term, distill_metrics = _full_distill_term(terms.divergence, picked, offset, mb, algo, agg)
+    if "teacher_dist_logprobs" in t:  # on-policy distillation, mode full
+        if vocab_size is None:
+            raise RuntimeError("the rl objective got teacher distributions but no vocab_size")
+        term, distill_metrics = _full_distill_term(
+            scaled, picked, offset, mb, algo, agg, vocab_size=vocab_size
+        )
         loss = loss + term
         metrics |= distill_metrics
-    bonus, ent_metrics = _entropy_term(terms.entropy, picked, offset, mask, algo.entropy_coef, agg)
+    bonus, ent_metrics = _entropy_term(scaled, picked, offset, mask, algo.entropy_coef, agg)
     if bonus is not None:
         loss = loss + bonus
     metrics |= ent_metrics
@@ -136,55 +135,57 @@ def rl(
 
 
 def _entropy_term(
-    entropy: torch.Tensor,
+    scaled: torch.Tensor,
     picked: torch.Tensor,
     offset: int,
     mask: torch.Tensor,
     coef: float,
     agg: dict[str, Any],
 ) -> tuple[torch.Tensor | None, dict[str, Any]]:
-    """The entropy bonus (``coef > 0``) and its metrics from the response positions' entropies
-    ``[N]`` (with a graph when ``coef > 0``); else no term, and the entropy metric."""
-    from roll_core.algorithms import entropy_bonus
+    """The entropy bonus (``coef > 0``) and its metrics; else no term, and the entropy metric
+    computed without a graph, a chunk of rows at a time (softmax copies stay small)."""
+    from roll_core.algorithms import entropy_bonus, entropy_from_logits
 
     if coef > 0:
-        ent = torch.zeros(mask.shape, dtype=entropy.dtype, device=mask.device)
-        ent[:, offset:] = ent[:, offset:].masked_scatter(picked, entropy)
+        ent = torch.zeros(mask.shape, dtype=scaled.dtype, device=mask.device)
+        ent[:, offset:] = ent[:, offset:].masked_scatter(picked, entropy_from_logits(scaled))
         return entropy_bonus(entropy=ent, response_mask=mask, coef=coef, **agg)
-    ent_sum = (entropy.detach() * mask[:, offset:][picked]).sum()
-    return None, {"actor/entropy": float(ent_sum / mask.sum().clamp(min=1))}
-
-
-def _full_distill_spec(
-    mb: Batch, algo: AlgorithmConfig, vocab_size: int | None
-) -> dict[str, Any] | None:
-    """What `mode: full` needs per response position (None without teacher distributions)."""
-    if "teacher_dist_logprobs" not in mb.tensors:
-        return None
-    if vocab_size is None:
-        raise RuntimeError("the rl objective got teacher distributions but no vocab_size")
-    opd = algo.on_policy_distill
-    assert opd is not None
-    return {"vocab_size": vocab_size, "divergence": opd.divergence}
+    with torch.no_grad():
+        step = max(1, LOG_PROB_CHUNK // max(1, scaled.shape[-1]))
+        ent = torch.cat([entropy_from_logits(c) for c in scaled.split(step)])
+        ent_sum = (ent * mask[:, offset:][picked]).sum()
+        return None, {"actor/entropy": float(ent_sum / mask.sum().clamp(min=1))}
 
 
 def _full_distill_term(
-    per_position: torch.Tensor,
+    scaled: torch.Tensor,
     picked: torch.Tensor,
     offset: int,
     mb: Batch,
     algo: AlgorithmConfig,
     agg: dict[str, Any],
+    *,
+    vocab_size: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`algorithm.on_policy_distill.mode: full`: coef x the exact divergence (reverse KL by
-    default) of the student's next-token distributions to the teacher's at the response
-    positions (``per_position`` ``[N]``, from :func:`_policy_chunk`), aggregated as the policy
-    loss is."""
+    default) of the student's next-token distributions (``scaled``: the response positions'
+    logits / temperature, cut to the tokenizer's ``vocab_size`` as the teacher's were) to the
+    teacher's (``teacher_dist_*`` of the batch), aggregated as the policy loss is."""
     from roll_core.algorithms import agg_loss
+    from roll_core.algorithms.on_policy_distill import full_divergence
 
-    mask = mb.tensors["response_mask"]
+    t = mb.tensors
+    mask = t["response_mask"]
+    ids = t.get("teacher_dist_ids")
     opd = algo.on_policy_distill
     assert opd is not None
+    per_position = full_divergence(
+        scaled,
+        t["teacher_dist_logprobs"][:, offset:][picked],
+        ids[:, offset:][picked] if ids is not None else None,
+        vocab_size=vocab_size,
+        divergence=opd.divergence,
+    )
     loss_mat = torch.zeros(mask.shape, dtype=per_position.dtype, device=mask.device)
     loss_mat[:, offset:] = loss_mat[:, offset:].masked_scatter(picked, per_position)
     term = opd.coef * agg_loss(
@@ -199,80 +200,26 @@ def _full_distill_term(
     return term, {"distill/full_divergence": mean, "actor/distill_loss": float(term.detach())}
 
 
-@dataclass
-class ResponseTerms:
-    """The per-position quantities of the RL objective at its N response positions."""
+def _response_log_probs(
+    logits: torch.Tensor, mb: Batch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """(scaled logits of the N response positions [N, V], which positions those are, the
+    column offset of `logits`, log-probs [B, T-1] with 0 off the responses).
 
-    picked: torch.Tensor
-    """Which target positions (columns ``offset..`` of ``[B, T-1]``) are the N (bool)."""
-    offset: int
-    """The first column the backend computed (`response_logits_from`)."""
-    log_probs: torch.Tensor
-    """``[B, T-1]``: the sampled tokens' log-probs at the N positions, 0 elsewhere."""
-    entropy: torch.Tensor
-    """``[N]`` entropies (with a graph only when the entropy bonus needs one)."""
-    divergence: torch.Tensor | None
-    """``[N]`` `mode: full` divergences to the teacher (None without teacher distributions)."""
-
-
-def _policy_chunk(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    *dist: torch.Tensor,
-    temperature: float,
-    entropy_grad: bool,
-    distill: dict[str, Any] | None,
-) -> list[torch.Tensor]:
-    """One chunk of response positions: logits ``[n, V]`` -> the sampled tokens' log-probs,
-    entropies and (``distill``) the divergences to the teacher's distributions ``dist``
-    (``[n, K]`` log-probs, then ``[n, k]`` ids with top-k), all ``[n]``, at ``temperature``."""
-    from roll_core.algorithms import entropy_from_logits
-    from roll_core.algorithms.on_policy_distill import full_divergence
-
-    scaled = logits.float() / temperature
-    log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = entropy_from_logits(scaled)
-    out = [log_probs, entropy]
-    if distill is not None:
-        ids = dist[1] if len(dist) > 1 else None
-        out.append(full_divergence(scaled, dist[0], ids, **distill))
-    return out
-
-
-def _response_terms(
-    inp: HeadInput,
-    mb: Batch,
-    algo: AlgorithmConfig,
-    temperature: float,
-    vocab_size: int | None,
-) -> ResponseTerms:
-    """The RL objective's per-position quantities, computed on the response positions only:
-    the softmax over the vocabulary (and the entropy, and the divergence of `mode: full`) is
-    taken on those N rows, not on every prompt and padding position, a chunk of them at a
-    time (lm_head.py). A backend may compute the last columns only (`response_logits_from`):
-    column j of `inp` is then position `offset + j`; earlier positions carry no response."""
+    Only response positions carry a loss: the softmax over the vocabulary (and the entropy)
+    is computed on those N rows, not on every prompt and padding position ([N, V], N << B*T).
+    A backend may compute the logits of the last columns only (`response_logits_from`):
+    column j of `logits` is then position `offset + j`; earlier positions carry no response."""
     t = mb.tensors
     mask = t["response_mask"]
-    offset = t["input_ids"].shape[1] - inp.width
+    offset = t["input_ids"].shape[1] - logits.shape[1]
     picked = mask[:, offset:].bool()
+    scaled = logits[:, :-1][picked].float() / temperature  # [N, V]
     targets = t["input_ids"][:, 1 + offset :][picked]
-    distill = _full_distill_spec(mb, algo, vocab_size)
-    entropy_grad = algo.entropy_coef > 0
-    dist = []
-    if distill is not None:
-        dist.append(t["teacher_dist_logprobs"][:, offset:][picked])
-        if "teacher_dist_ids" in t:
-            dist.append(t["teacher_dist_ids"][:, offset:][picked])
-    fn = functools.partial(
-        _policy_chunk, temperature=temperature, entropy_grad=entropy_grad, distill=distill
-    )
-    outs = inp.map(fn, next_token_select(picked), targets, *dist)
-    picked_log_probs = outs[0]
+    picked_log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     log_probs = torch.zeros(mask.shape, dtype=picked_log_probs.dtype, device=mask.device)
     log_probs[:, offset:] = log_probs[:, offset:].masked_scatter(picked, picked_log_probs)
-    divergence = outs[2] if distill is not None else None
-    return ResponseTerms(picked, offset, log_probs, outs[1], divergence)
+    return scaled, picked, offset, log_probs
 
 
 LOSS_SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/distill_loss"})

@@ -17,36 +17,24 @@ global batch.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
 
 from roll_core.algorithms.distill import distill_loss
 from roll_core.algorithms.preference import chosen_nll, preference_loss
-from roll_core.backends.train.lm_head import HeadInput
-from roll_core.backends.train.torch_backend import next_token_select
+from roll_core.backends.train.torch_backend import token_log_probs
 from roll_core.data import Batch
 
 
-def _target_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return (logp.gather(-1, targets[:, None]).squeeze(-1),)
-
-
-def sequence_log_probs(logits: torch.Tensor | HeadInput, mb: Batch) -> torch.Tensor:
-    """Summed log-probs of the response tokens (``loss_mask``) of every row: ``[B]``; only
-    those positions' logits are computed, a chunk at a time (lm_head.py)."""
-    mask = mb.tensors["loss_mask"][:, 1:].bool()
-    targets = mb.tensors["input_ids"][:, 1:][mask]
-    (picked,) = HeadInput.of(logits).map(_target_log_probs, next_token_select(mask), targets)
-    per_token = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
-    per_token = per_token.masked_scatter(mask, picked)
-    return (per_token * mask.to(per_token.dtype)).sum(-1)
+def sequence_log_probs(logits: torch.Tensor, mb: Batch) -> torch.Tensor:
+    """Summed log-probs of the response tokens (``loss_mask``) of every row: ``[B]``."""
+    per_token = token_log_probs(logits, mb.tensors["input_ids"])
+    return (per_token * mb.tensors["loss_mask"][:, 1:].to(per_token.dtype)).sum(-1)
 
 
 def dpo(
-    logits: torch.Tensor | HeadInput,
+    logits: torch.Tensor,
     mb: Batch,
     *,
     loss_type: str = "sigmoid",
@@ -93,23 +81,8 @@ def dpo(
     }
 
 
-def _distill_chunk(
-    logits: torch.Tensor,
-    teacher_logp: torch.Tensor,
-    top1: torch.Tensor,
-    *ids: torch.Tensor,
-    vocab_size: int,
-    **loss: object,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One chunk of trained positions: (losses, forward KL, agreement with the teacher's top
-    token), each ``[n]``, from the student's logits ``[n, W]`` cut to ``vocab_size``."""
-    student = logits[:, :vocab_size]
-    losses, kl = distill_loss(student, teacher_logp, ids[0] if ids else None, **loss)  # type: ignore[arg-type]
-    return losses, kl, student.detach().argmax(-1) == top1
-
-
 def distill(
-    logits: torch.Tensor | HeadInput,
+    logits: torch.Tensor,
     mb: Batch,
     *,
     loss_type: str = "forward_kl",
@@ -121,24 +94,23 @@ def distill(
     """Token-mean distillation loss over the trained tokens of the global batch.
 
     ``vocab_size`` is the shared tokenizer's size: logits beyond it (padding rows of the
-    embedding, which differ between model sizes) are dropped. Only the trained positions'
-    logits are computed, a chunk at a time (lm_head.py).
+    embedding, which differ between model sizes) are dropped.
     """
-    t = mb.tensors
-    mask = t["loss_mask"][:, 1:].bool()
-    extras = [t["teacher_logprobs"][mask], t["teacher_top1"][mask]]
-    if "teacher_ids" in t:
-        extras.append(t["teacher_ids"][mask])
-    fn = functools.partial(
-        _distill_chunk,
-        vocab_size=vocab_size,
+    mask = mb.tensors["loss_mask"][:, 1:].bool()
+    student = logits[:, :-1, :vocab_size][mask]
+    teacher_logp = mb.tensors["teacher_logprobs"][mask]
+    ids = mb.tensors["teacher_ids"][mask] if "teacher_ids" in mb.tensors else None
+    losses, kl = distill_loss(
+        student,
+        teacher_logp,
+        ids,
         loss_type=loss_type,
         temperature=temperature,
         skew_alpha=skew_alpha,
         jsd_beta=jsd_beta,
     )
-    losses, kl, agree = HeadInput.of(logits).map(fn, next_token_select(mask), *extras)
     loss = losses.sum() / float(mb.meta["loss_tokens"])
+    agree = student.detach().argmax(-1) == mb.tensors["teacher_top1"][mask]
     return loss, {
         "distill/tokens": float(mask.sum()),
         "distill/loss_sum": float(losses.detach().sum()),

@@ -11,14 +11,9 @@ from typing import Any
 
 import torch
 
+from roll_core.algorithms.distill import teacher_targets
 from roll_core.backends.train import get_train_backend
 from roll_core.backends.train.base import TrainBackendSpec
-from roll_core.backends.train.lm_head import (
-    DEFAULT_CHUNK_TOKENS,
-    HeadInput,
-    grouped_targets,
-    head_input_of,
-)
 from roll_core.backends.train.packing import (
     check_packing_support,
     micro_batches,
@@ -27,11 +22,7 @@ from roll_core.backends.train.packing import (
     rope_module,
     scatter_rows,
 )
-from roll_core.backends.train.torch_backend import (
-    next_token_select,
-    resolve_device,
-    token_log_probs,
-)
+from roll_core.backends.train.torch_backend import resolve_device, token_log_probs
 from roll_core.data import Batch
 from roll_core.data.vision import vision_model_inputs
 from roll_core.engine import Worker
@@ -53,13 +44,11 @@ class Reference(Worker):
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
         dtype: str = "float32",
-        logit_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         spec: TrainBackendSpec | None = None,
         **rank_info: Any,
     ) -> None:
         """`dtype`: the weights' dtype (float32, bfloat16 or float16; e.g. a large teacher of
-        on-policy distillation in bfloat16). `logit_chunk_tokens`: positions whose logits
-        exist at once (backends/train/lm_head.py; 0: all). ``spec``: a frozen sharded train backend
+        on-policy distillation in bfloat16). ``spec``: a frozen sharded train backend
         (megatron) instead of the plain model; the other arguments are then unused (the spec
         carries them)."""
         super().__init__(**rank_info)
@@ -72,7 +61,6 @@ class Reference(Worker):
         self.num_threads = num_threads
         self.packing = packing  # as actor_train's (backends/train/packing.py)
         self.max_tokens = max_tokens_per_micro_batch
-        self.logit_chunk_tokens = logit_chunk_tokens
         self.model: Any = None
 
     @classmethod
@@ -113,18 +101,7 @@ class Reference(Worker):
             packed=self.packing,
         ):
             mb = mb.to(self.device)
-            ids = mb.tensors["input_ids"]
-            out.append(
-                (rows, token_log_probs(self._head_input(mb), ids, temperature=temperature).cpu())
-            )
-        return pad_log_probs(out, batch)
-
-    def _head_input(self, mb: Batch) -> HeadInput:
-        """The plain model's forward on one micro-batch (on the device), its LM head deferred
-        (backends/train/lm_head.py)."""
-
-        def forward() -> Any:
-            return model_forward(
+            logits = model_forward(
                 self.model,
                 mb,
                 self.device,
@@ -133,9 +110,10 @@ class Reference(Worker):
                 # VLM rows: their images and token types (the model's 3-D rope positions)
                 vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
                 varlen=self._varlen,
-            )
-
-        return head_input_of(self.model, forward, chunk_tokens=self.logit_chunk_tokens)
+            ).logits
+            ids = mb.tensors["input_ids"]
+            out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
+        return pad_log_probs(out, batch)
 
     @dispatch("dp", collect="concat")
     @torch.no_grad()
@@ -156,8 +134,13 @@ class Reference(Worker):
         ):  # fmt: skip
             mb = mb.to(self.device)
             mask = mb.tensors["response_mask"].bool()
-            logp, ids = grouped_targets(self._head_input(mb), next_token_select(mask),
-                vocab_size=vocab_size, temperature=temperature, top_k=top_k)  # fmt: skip
+            logits = model_forward(
+                self.model, mb, self.device, packing=self.packing, rope=self._rope,
+                vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
+                varlen=self._varlen,
+            ).logits  # fmt: skip
+            picked = logits[:, :-1, :vocab_size][mask]
+            logp, ids = teacher_targets(picked, temperature=temperature, top_k=top_k)
             for key, value in {"logprobs": logp, "ids": ids}.items():
                 if value is None:
                     continue

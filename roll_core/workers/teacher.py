@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from roll_core.algorithms.distill import teacher_targets
 from roll_core.backends.train.base import TrainBackendSpec
-from roll_core.backends.train.lm_head import HeadInput, grouped_targets, head_input_of
 from roll_core.backends.train.packing import (
     check_packing_support,
     micro_batches,
@@ -24,7 +24,7 @@ from roll_core.backends.train.packing import (
     rope_module,
     scatter_rows,
 )
-from roll_core.backends.train.torch_backend import next_token_select, resolve_device
+from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data import Batch
 from roll_core.data.vision import VisionInputs, concat_vision, vision_model_inputs
 from roll_core.engine import Worker
@@ -74,32 +74,22 @@ class Teacher(Worker):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _head_input(self, mb: Batch) -> HeadInput:
-        """The teacher's forward on one micro-batch, its LM head deferred: logits exist a
-        chunk of positions at a time (backends/train/lm_head.py)."""
+    def _logits(self, mb: Batch) -> torch.Tensor:
         if self.model is None:
             raise RuntimeError("Teacher.setup() was not called")
         # image rows: the images the student sees, their token types (3-D rope positions)
         vision = vision_model_inputs(mb, self.device, image_token_id=self._image_token)
-
-        def forward() -> Any:
-            with self._autocast():
-                return model_forward(
-                    self.model,
-                    mb,
-                    self.device,
-                    packing=self.spec.packing,
-                    rope=self._rope,
-                    vision=vision,
-                    varlen=self._varlen,
-                )
-
-        return head_input_of(
-            self.model,
-            forward,
-            chunk_tokens=self.spec.logit_chunk_tokens,
-            autocast=self._autocast,
-        )
+        with self._autocast():
+            out = model_forward(
+                self.model,
+                mb,
+                self.device,
+                packing=self.spec.packing,
+                rope=self._rope,
+                vision=vision,
+                varlen=self._varlen,
+            )
+            return out.logits.float()
 
     @dispatch("dp", collect="concat")
     @torch.no_grad()
@@ -121,13 +111,8 @@ class Teacher(Worker):
             packed=spec.packing,
         ):
             mask = mb.tensors["loss_mask"][:, 1:].bool()
-            logp, ids = grouped_targets(
-                self._head_input(mb),
-                next_token_select(mask).to(self.device),
-                vocab_size=vocab_size,
-                temperature=temperature,
-                top_k=top_k,
-            )
+            logits = self._logits(mb)[:, :-1, :vocab_size][mask.to(self.device)]
+            logp, ids = teacher_targets(logits, temperature=temperature, top_k=top_k)
             fields = {"teacher_logprobs": logp, "teacher_top1": logp.argmax(-1)}
             if ids is not None:
                 fields["teacher_ids"] = ids

@@ -148,14 +148,14 @@ def test_actor_train_lr_override_is_outside_the_schedule(model_dir: str) -> None
 def test_token_log_probs_in_chunks_equal_one_pass(monkeypatch) -> None:
     """The log-prob pass turns a chunk of positions at a time into float32 (issue 32 item 7):
     each value is bit for bit the one-pass log softmax(logits / T) of the next token."""
-    import roll_core.backends.train.lm_head as lm_head
+    import roll_core.backends.train.torch_backend as tb
 
     torch.manual_seed(0)
     logits = torch.randn(3, 7, 11).to(torch.bfloat16)
     ids = torch.randint(0, 11, (3, 7))
     one_pass = torch.log_softmax(logits[:, :-1].float() / 0.7, dim=-1)
     expected = one_pass.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    monkeypatch.setattr(lm_head, "LOG_PROB_CHUNK", 2 * 11)  # 2 positions a chunk
+    monkeypatch.setattr(tb, "LOG_PROB_CHUNK", 3 * 2 * 11)  # 2 positions of 3 rows a chunk
     chunked = token_log_probs(logits, ids, temperature=0.7)
     assert chunked.dtype == torch.float32 and chunked.shape == (3, 6)
     assert torch.equal(chunked, expected)

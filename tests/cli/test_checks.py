@@ -71,17 +71,12 @@ def test_resume_warns_only_for_overrides_that_change_batches(tmp_path: Path) -> 
 
 def test_a_gpu_its_role_overflows_alone_is_a_warning(tmp_path: Path) -> None:
     """Disaggregated qwen2.5-7b-rlvr, FSDP2 over GPUs 4-7: 16 rows x (1024 + 3072) positions
-    of Qwen2.5's 152,064 logits are 88.2 GiB on their own (issue 32 item 7) when unchunked
-    (`actor_train.logit_chunk_tokens: 0`); with the 4 rows the recipe sets they fit."""
+    of Qwen2.5's 152,064 logits are 88.2 GiB on their own (issue 32 item 7); with the 4 rows
+    the recipe sets they fit."""
     from roll_cli.checks import memory_warnings
 
     (warning,) = memory_warnings(
-        recipe(
-            tmp_path,
-            "qwen2.5-7b-rlvr.yaml",
-            "trainer.micro_batch_size=16",
-            "actor_train.logit_chunk_tokens=0",
-        )
+        recipe(tmp_path, "qwen2.5-7b-rlvr.yaml", "trainer.micro_batch_size=16")
     )
     assert warning.startswith(
         "GPUs 4-7: actor_train alone needs about 128.8 GiB at its peak (the memory rows of the "

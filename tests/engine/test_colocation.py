@@ -20,7 +20,6 @@ TWO_GPUS = [
     "actor_train.world_size=2",
     "actor_infer.world_size=2",
     "trainer.micro_batch_size=1",
-    "actor_train.logit_chunk_tokens=0",  # the numbers below are the unchunked logits'
 ]
 V = 151_936  # Qwen3's vocabulary
 # One Qwen3-8B micro-batch row of 1024 + 8192 positions, 8192 of them response, bf16
@@ -69,11 +68,9 @@ def test_real_scale_recipes_fit_with_vllm_asleep_while_training() -> None:
     # Both would fit with everything resident if the logits were not counted (Qwen3-8B: 55.3
     # GiB); with them the train phase is over 80 GiB unless vLLM sleeps while training:
     # 8B: 15.3 + 2 rows' logits 28.4 + layer inputs 5.1 + vLLM 40 = 88.7;
-    # 30B-A3B: 28.4 + 14.2 + 1.7 + 36.0 = 80.3 (unchunked logits: the default chunked
-    # head, backends/train/lm_head.py, needs far less, test_placement.py)
+    # 30B-A3B: 28.4 + 14.2 + 1.7 + 36.0 = 80.3
     for recipe in ("qwen3-8b.yaml", "qwen3-30b-a3b-rlvr.yaml"):
-        unchunked = ["actor_train.logit_chunk_tokens=0"]
-        choice = resolve_offload(load_recipe(ROOT / "recipes" / recipe, unchunked))
+        choice = resolve_offload(load_recipe(ROOT / "recipes" / recipe, []))
         assert choice.colocated and choice.train == (), recipe
         assert choice.infer_weights and choice.infer_kv_cache, recipe
     disaggregated = resolve_offload(load_recipe(ROOT / "recipes" / "qwen2.5-7b-rlvr.yaml", []))
@@ -84,10 +81,10 @@ def test_a_plan_that_cannot_fit_is_refused(roll) -> None:
     recipe = ROOT / "tests" / "engine" / "recipes" / "qwen3-8b-one-gpu.yaml"
     with pytest.raises(ConfigError) as err:
         plan(load_recipe(recipe, []))
-    # torch backend on 1 GPU: 16P bytes = 122.05 GiB, + one chunk of 512 of the logits of one
-    # row's 1024 response positions (512 x V x (2 + 12) = 1.01 GiB, backends/train/lm_head.py;
-    # no gradient checkpointing, so no layer inputs counted) in the train phase: 123.1 GiB
-    assert "GPU 0 needs 123.1 GiB in the train phase, 43.1 GiB over" in str(err.value)
+    # torch backend on 1 GPU: 16P bytes = 122.05 GiB, + the logits of one row of 512 + 1024
+    # positions (the entropy step: 2 x 1536 x V + 8 x 1024 x V + 8 x 2**26 = 2.09 GiB; no
+    # gradient checkpointing, so no layer inputs counted) in the train phase: 124.1 GiB
+    assert "GPU 0 needs 124.1 GiB in the train phase, 44.1 GiB over" in str(err.value)
     res = roll("train", "rlvr", str(recipe), "--dry-run")
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "the colocated plan does not fit" in res.stderr and "world_size" in res.stderr

@@ -189,49 +189,17 @@ def test_logit_chunk_is_the_trainers() -> None:
     assert LOGIT_CHUNK == LOG_PROB_CHUNK
 
 
-def test_chunked_logits_memory_by_hand() -> None:
-    """The chunked head (issue 44, backends/train/lm_head.py): one chunk of C positions, b + 8
-    bytes per logit in the log-prob pass, b + 12 in the update (b + 22 with an entropy bonus);
-    a backend that keeps the full logits (megatron, ZeRO-3) holds P V b beside chunks of
-    LOGIT_CHUNK elements (8 | 10 | 20 bytes each: no new logits)."""
-    from roll_core.engine.placement import LogitsSpec, logits_memory
-
-    v10 = ModelShape(1, 1, 1, 1, 1, 1, vocab_size=10, tie_embeddings=True)
-    # B 2 x L 5 = 10 positions, 6 response; chunks of 4: log-prob 4 x 10 x (2 + 8) = 400,
-    # update 4 x 10 x (2 + 12) = 560; with an entropy bonus 4 x 10 x 24 = 960
-    assert logits_memory(v10, LogitsSpec(2, 5, 3, chunk_tokens=4)) == 560.0
-    assert logits_memory(v10, LogitsSpec(2, 5, 3, chunk_tokens=4, entropy_bonus=True)) == 960.0
-    # a chunk larger than the response positions: the log-prob pass's 10 x 10 x 10 = 1000
-    # beats the update's 6 x 10 x 14 = 840
-    assert logits_memory(v10, LogitsSpec(2, 5, 3, chunk_tokens=64)) == 1000.0
-    # full logits kept: 100 x 2 = 200, + 60 x 10 = 600 (update) > 100 x 8 = 800 (log-prob)
-    assert logits_memory(v10, LogitsSpec(2, 5, 3, chunk_tokens=4, head_deferred=False)) == 1000.0
-    # Qwen3's vocabulary, 9216 positions, 8192 response, chunks of 1024: 1024 x 151,936 x 14
-    # = 2,178,154,496 bytes (2.0 GiB) against 15.2 GB unchunked
-    qwen3 = model_shape("Qwen/Qwen3-30B-A3B")
-    spec = LogitsSpec(1, 9216, 8192, chunk_tokens=1024)
-    assert logits_memory(qwen3, spec) == 2_178_154_496.0
-
-
 def test_dry_run_counts_the_logits_and_says_what_moves() -> None:
-    """recipes/qwen3-30b-a3b-rlvr.yaml on 16 GPUs, logits unchunked: ZeRO-3 28.4 GiB +
-    logits 14.2 + the layer inputs gradient checkpointing keeps 1.7 next to vLLM's 36.0 GiB
-    is 80.3 GiB: over 80 unless vLLM leaves the GPU while training. Chunked (the default;
-    ZeRO-3 keeps the bf16 logits, 2.6 GiB, beside chunks of 2**26 x 10 bytes: 3.2 GiB) both
-    fit at once."""
+    """recipes/qwen3-30b-a3b-rlvr.yaml on 16 GPUs: ZeRO-3 28.4 GiB + logits 14.2 + the layer
+    inputs gradient checkpointing keeps 1.7 next to vLLM's 36.0 GiB is 80.3 GiB: over 80
+    unless vLLM leaves the GPU while training."""
     from pathlib import Path
 
     from roll_core.config import load_recipe
     from roll_core.pipelines import plan
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-rlvr.yaml"
-    chunked = {r.role + "/" + r.worker: r.detail for r in plan(load_recipe(recipe, []))}
-    assert chunked["memory/GPU/estimate"].startswith(
-        "actor_train 33.4 GiB (params 3.6, grads 3.6, optim 21.3, logits while training 3.2, "
-    )
-    assert chunked["memory/GPU/estimate"].endswith("nothing has to move")
-    cfg = load_recipe(recipe, ["actor_train.logit_chunk_tokens=0"])
-    rows = {r.role + "/" + r.worker: r.detail for r in plan(cfg)}
+    rows = {r.role + "/" + r.worker: r.detail for r in plan(load_recipe(recipe, []))}
     assert rows["memory/GPU/estimate"] == (
         "actor_train 44.3 GiB (params 3.6, grads 3.6, optim 21.3, logits while training 14.2, "
         "checkpointed layer inputs 1.7) + actor_infer 36.0 GiB (params 28.4, kv 7.6); 80.3 GiB "
@@ -262,15 +230,6 @@ def test_the_logits_term_follows_the_token_budget() -> None:
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-rlvr.yaml"
     cfg = load_recipe(recipe, ["actor_train.max_tokens_per_micro_batch=16384"])
-    rows = {r.role + "/" + r.worker: r.detail for r in plan(cfg)}
-    # chunked (ZeRO-3 keeps the logits): 2 x 2,489,319,424 + 2**26 x 10 = 5,649,727,488 bytes
-    assert (
-        "logits while training 5.3, checkpointed layer inputs 3.0)" in (rows["memory/GPU/estimate"])
-    )
-    cfg = load_recipe(
-        recipe,
-        ["actor_train.max_tokens_per_micro_batch=16384", "actor_train.logit_chunk_tokens=0"],
-    )
     rows = {r.role + "/" + r.worker: r.detail for r in plan(cfg)}
     assert (
         "logits while training 27.8, checkpointed layer inputs 3.0)"

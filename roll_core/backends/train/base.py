@@ -9,7 +9,6 @@ from typing import Any, Protocol
 
 import torch
 
-from roll_core.backends.train.lm_head import DEFAULT_CHUNK_TOKENS
 from roll_core.config.schema import (
     DeepSpeedConfig,
     FSDP2Config,
@@ -63,9 +62,6 @@ class TrainBackendSpec:
     max_tokens_per_micro_batch: int | None = None
     """Token budget of a micro-batch (real tokens when packed, rows x longest row when
     padded); rows are grouped by length to fill it. None: `micro_batch_size` rows."""
-    logit_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-    """Positions whose logits exist at once in every pass that reads per-token log-probs
-    (backends/train/lm_head.py); 0: the whole micro-batch's logits at once."""
     frozen: bool = False
     """Log-prob passes only (the reference role on a sharded backend): no optimizer, no
     gradient buffers, no LR schedule. Backend megatron only (the other backends' frozen roles
@@ -76,11 +72,6 @@ class TrainBackendSpec:
             raise ConfigError(
                 f"micro_batch_size must be at least 1, got {self.micro_batch_size}.",
                 hint="Set trainer.micro_batch_size to a positive number of rows.",
-            )
-        if self.logit_chunk_tokens < 0:
-            raise ConfigError(
-                f"actor_train.logit_chunk_tokens must be 0 or more, got {self.logit_chunk_tokens}.",
-                hint="Set a positive number of positions per chunk, or 0 for unchunked logits.",
             )
         budget = self.max_tokens_per_micro_batch
         if budget is not None and budget <= 0:
@@ -135,7 +126,6 @@ def spec_from_config(
         megatron=role.megatron if role.backend == "megatron" else None,
         packing=role.packing,
         max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
-        logit_chunk_tokens=role.logit_chunk_tokens,
     )
 
 

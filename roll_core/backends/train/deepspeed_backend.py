@@ -93,11 +93,6 @@ class DeepSpeedTrainBackend(ShardedTrainBackend):
         optim, total_steps, micro_batch_size = spec.optim, spec.total_steps, spec.micro_batch_size
         model = load_causal_lm(spec.model_path, dtype=_DTYPES[spec.dtype], device="cpu")
         self._init_packing(model)
-        if opts.zero_stage == 3:  # see lm_head.py: the float32 work is still chunked
-            self.head_blocker = (
-                "ZeRO-3 all-gathers the head's weight at every call of it, so ranks that "
-                "call it a different number of times (their own chunk counts) would hang"
-            )
         if spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}

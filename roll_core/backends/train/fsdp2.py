@@ -83,20 +83,6 @@ class FSDP2TrainBackend(ShardedTrainBackend):
         self.optimizer, self.scheduler = make_optimizer(self.params, spec.optim, spec.total_steps)
 
     # ---- step -------------------------------------------------------------------------------
-    def head_input(self, mb: Any, *, logits_from: int = 0) -> tuple[Any, Any]:
-        """The torch backend's (lm_head.py), with the root unit unsharded again after the
-        forward: the LM head's weight belongs to the root, which FSDP2 reshards at the end of
-        its forward, and the head runs after it (a chunk at a time, again in the backward).
-        Every rank runs it for every micro-batch (dummies too): the all-gather is
-        collective. The backward's post-hook reshards it (no-grad passes: `_head_done`)."""
-        inp, out = super().head_input(mb, logits_from=logits_from)
-        if inp.head is not None:
-            self.model.unshard()  # type: ignore[operator]
-        return inp, out
-
-    def _head_done(self) -> None:
-        self.model.reshard()  # type: ignore[operator]
-
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 

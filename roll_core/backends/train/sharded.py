@@ -160,10 +160,6 @@ class ShardedTrainBackend(TorchTrainBackend):
     def _lr(self) -> float:
         raise NotImplementedError
 
-    def _head_done(self) -> None:
-        """After a no-grad pass used a micro-batch's LM head (see `head_input`): release
-        what it held (FSDP2: the root unit's unsharded parameters)."""
-
     def _zero_grad(self) -> None:
         raise NotImplementedError
 
@@ -177,8 +173,8 @@ class ShardedTrainBackend(TorchTrainBackend):
         seen_tokens = 0
         for _, mb, dummy in self.aligned_chunks(batch, objective):
             mb = mb.to(self.device)
-            inp, out = self.head_input(mb)
-            loss, metrics = objective(inp, mb)
+            out = self.model_output(mb)
+            loss, metrics = objective(out.logits, mb)
             weight = len(mb) / len(batch) / self.world_size  # of the step, over all ranks
             loss, metrics = add_router_aux_loss(loss, metrics, out, self.model, weight)
             self._backward(loss * (0.0 if dummy else float(self.world_size)))
@@ -202,8 +198,7 @@ class ShardedTrainBackend(TorchTrainBackend):
         sums: dict[str, float] = {}
         for _, mb, dummy in self.aligned_chunks(batch, objective):
             mb = mb.to(self.device)
-            _, metrics = objective(self.head_input(mb)[0], mb)
-            self._head_done()
+            _, metrics = objective(self.forward(mb), mb)
             if not dummy:
                 add_metrics(sums, metrics)
         return sums
@@ -216,11 +211,10 @@ class ShardedTrainBackend(TorchTrainBackend):
         out = []
         for rows, mb, dummy in self.aligned_chunks(batch):
             mb = mb.to(self.device)
-            inp = self.head_input(mb)[0]
+            logits = self.forward(mb)
             if not dummy:
                 ids = mb.tensors["input_ids"]
-                out.append((rows, token_log_probs(inp, ids, temperature=temperature).cpu()))
-            self._head_done()
+                out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
         return pad_log_probs(out, batch)
 
     def adapters_disabled(self) -> Any:

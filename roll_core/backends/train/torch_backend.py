@@ -8,7 +8,6 @@ weights (Hugging Face format), optimizer and scheduler state, and every RNG it t
 from __future__ import annotations
 
 import contextlib
-import functools
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -21,15 +20,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from roll_core.backends.train.base import TrainBackendSpec, add_metrics
-from roll_core.backends.train.lm_head import (
-    LOG_PROB_CHUNK as LOG_PROB_CHUNK,
-)
-from roll_core.backends.train.lm_head import (
-    HeadInput,
-    deferral_blocker,
-    deferred_head,
-    output_head,
-)
 from roll_core.backends.train.packing import (
     check_packing_support,
     micro_batches,
@@ -68,62 +58,51 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-Objective = Callable[[HeadInput, Batch], tuple[torch.Tensor, dict[str, float]]]
-"""A training loss on one micro-batch: (its LM head's input, micro-batch) -> (loss share,
-metric sums). The head's input stands for the logits [B, T, V]: objectives read positions
-through `HeadInput.map` (roll_core/backends/train/lm_head.py), a chunk of positions at a time.
-Objectives live in roll_core/workers/objectives.py and call pure losses; they also take plain
-logits (tests, the megatron backend)."""
+Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
+"""A training loss on one micro-batch: (logits [B, T, V], micro-batch) -> (loss share, metric
+sums). Objectives live in roll_core/workers/objectives.py and call pure losses."""
 
 
-def _target_log_probs(
-    logits: torch.Tensor, targets: torch.Tensor, *, temperature: float
-) -> tuple[torch.Tensor]:
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return (logp.gather(-1, targets[:, None]).squeeze(-1),)
-
-
-def _target_nll(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
-    return (F.cross_entropy(logits.float(), targets, reduction="none"),)
-
-
-def next_token_select(mask: torch.Tensor) -> torch.Tensor:
-    """Positions ``[B, T]`` (bool) of the next-token targets ``mask`` ``[B, T-1]`` marks:
-    position t predicts token t + 1, the last position predicts nothing."""
-    mask = mask.bool()
-    return torch.cat([mask, mask.new_zeros((mask.shape[0], 1))], dim=1)
+LOG_PROB_CHUNK = 2**26
+"""Logit elements (rows x positions x vocabulary) turned into float32 log-probs at a time: the
+log-prob pass never holds more than this many float32 copies (2 x 256 MiB), whatever the
+vocabulary and sequence length (engine/placement.py:logits_memory counts it)."""
 
 
 def token_log_probs(
-    logits: torch.Tensor | HeadInput, input_ids: torch.Tensor, *, temperature: float = 1.0
+    logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0
 ) -> torch.Tensor:
     """log p(input_ids[:, t+1] | prefix) for every t: [B, T-1] float32 from logits [B, T, V]
-    (any dtype; or the head's input standing for them) divided by `temperature`. Computed a
-    chunk of positions at a time (see lm_head.py), so the float32 copies of a large
-    vocabulary stay small; each position's value is the same as in one pass."""
-    inp = HeadInput.of(logits)
-    rows, width = input_ids.shape
-    select = next_token_select(torch.ones((rows, width - 1), dtype=torch.bool))
-    targets = input_ids[:, 1:].reshape(-1)
-    fn = functools.partial(_target_log_probs, temperature=temperature)
-    (picked,) = inp.map(fn, select.to(inp.values.device), targets.to(inp.values.device))
-    return picked.view(rows, width - 1)
+    (any dtype) divided by `temperature`. Computed a chunk of positions at a time
+    (`LOG_PROB_CHUNK` elements), so the float32 copies of a large vocabulary stay small; each
+    position's value is the same as in one pass."""
+    rows, width, vocab = logits.shape
+    step = max(1, LOG_PROB_CHUNK // max(1, rows * vocab))
+    parts = []
+    for start in range(0, width - 1, step):
+        end = min(start + step, width - 1)
+        logp = torch.log_softmax(logits[:, start:end].float() / temperature, dim=-1)
+        parts.append(logp.gather(-1, input_ids[:, start + 1 : end + 1].unsqueeze(-1)).squeeze(-1))
+        del logp  # before the next chunk's copies, not after them
+    if not parts:
+        return torch.zeros((rows, 0), dtype=torch.float32, device=logits.device)
+    return torch.cat(parts, dim=1)
 
 
 def token_loss_sum(
-    logits: torch.Tensor | HeadInput, input_ids: torch.Tensor, loss_mask: torch.Tensor
+    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor
 ) -> torch.Tensor:
     """Summed next-token cross-entropy over masked positions.
 
-    logits [B, T, V] (or the head's input standing for them) predict input_ids[:, 1:];
-    loss_mask [B, T] marks trained *tokens*, so the target mask is loss_mask[:, 1:]. Only the
-    trained positions' logits are computed, a chunk at a time.
+    logits [B, T, V] predict input_ids[:, 1:]; loss_mask [B, T] marks trained *tokens*, so the
+    target mask is loss_mask[:, 1:].
     """
-    inp = HeadInput.of(logits)
-    mask = loss_mask[:, 1:].bool()
-    targets = input_ids[:, 1:][mask]
-    (per_token,) = inp.map(_target_nll, next_token_select(mask), targets)
-    return per_token.sum()
+    targets = input_ids[:, 1:]
+    mask = loss_mask[:, 1:].to(torch.float32)
+    per_token = F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
+    )
+    return (per_token.view_as(mask) * mask).sum()
 
 
 ROUTER_AUX_METRIC = "actor/router_aux_loss"
@@ -200,9 +179,6 @@ class TorchTrainBackend:
         self._varlen = check_packing_support(model) if self.packing else False
         self._rope = rope_module(model) if self.packing else None
         self._image_token = image_token_id(model.config)  # VLMs: their mm_token_type_ids
-        self.logit_chunk_tokens = self.spec.logit_chunk_tokens
-        self.head_blocker = deferral_blocker(model)
-        """Why the LM head cannot run in chunks outside the forward (None: it can)."""
 
     def micro_batches(self, batch: Batch, objective: Any = None) -> list[tuple[list[int], Batch]]:
         """(row indices, micro-batch) of `batch`: `micro_batch_size` rows, or the token budget
@@ -239,15 +215,12 @@ class TorchTrainBackend:
         the LM head runs on those positions only)."""
         return self.model_output(mb, logits_from=logits_from).logits
 
-    def model_output(self, mb: Batch, *, logits_from: int = 0, defer_head: bool = False) -> Any:
+    def model_output(self, mb: Batch, *, logits_from: int = 0) -> Any:
         """The model's whole output on one micro-batch (see :meth:`forward`): its `logits`,
-        and the router's `aux_loss` of a mixture-of-experts model that returns one. With
-        `defer_head` its `logits` are the last hidden states [B, T - logits_from, H] (the LM
-        head is left out: see lm_head.py)."""
+        and the router's `aux_loss` of a mixture-of-experts model that returns one."""
         # VLM rows: their pixel_values, grids and token types (3-D rope positions)
         vision = vision_model_inputs(mb, self.device, image_token_id=self._image_token)
-        deferred = deferred_head(self.model) if defer_head else contextlib.nullcontext()
-        with self._autocast(), deferred:
+        with self._autocast():
             return model_forward(
                 self._call_model,
                 mb,
@@ -258,32 +231,6 @@ class TorchTrainBackend:
                 vision=vision,
                 varlen=self._varlen,
             )
-
-    def head_input(self, mb: Batch, *, logits_from: int = 0) -> tuple[HeadInput, Any]:
-        """(What objectives and log-prob passes read in place of the logits, the model's
-        output) of one micro-batch: the last hidden states and the LM head, whose logits
-        are computed `logit_chunk_tokens` positions at a time (lm_head.py); the full logits
-        when chunking is off (0) or the model's head cannot be deferred (then chunked only in
-        their float32 work)."""
-        chunk = self.logit_chunk_tokens
-        if chunk > 0 and self.head_blocker is None:
-            out = self.model_output(mb, logits_from=logits_from, defer_head=True)
-            head = output_head(self.model)
-            assert head is not None
-            return HeadInput(out.logits, self._head_call(head), chunk), out
-        out = self.model_output(mb, logits_from=logits_from)
-        if chunk > 0 or not torch.is_grad_enabled():
-            return HeadInput.of(out.logits), out
-        return HeadInput(out.logits, None, 0), out  # off: one pass, as before lm_head.py
-
-    def _head_call(self, head: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The head as the model's forward calls it (under this backend's autocast)."""
-
-        def call(hidden: torch.Tensor) -> torch.Tensor:
-            with self._autocast():
-                return head(hidden)
-
-        return call
 
     def _call_model(self, **kwargs: Any) -> Any:
         """The model's forward (the DeepSpeed backend calls its engine instead)."""
@@ -305,8 +252,8 @@ class TorchTrainBackend:
             mb = mb.to(self.device)
             logits_from = getattr(objective, "logits_from", None)
             first = logits_from(mb) if logits_from is not None else 0
-            inp, out = self.head_input(mb, logits_from=first)
-            loss, metrics = objective(inp, mb)
+            out = self.model_output(mb, logits_from=first)
+            loss, metrics = objective(out.logits, mb)
             loss, metrics = add_router_aux_loss(
                 loss, metrics, out, self.model, len(mb) / len(batch)
             )
@@ -335,7 +282,7 @@ class TorchTrainBackend:
         sums: dict[str, float] = {}
         for _, mb in self.micro_batches(batch, objective):
             mb = mb.to(self.device)
-            _, metrics = objective(self.head_input(mb)[0], mb)
+            _, metrics = objective(self.forward(mb), mb)
             add_metrics(sums, metrics)
         return sums
 
@@ -346,9 +293,9 @@ class TorchTrainBackend:
         out = []
         for rows, mb in self.micro_batches(batch):
             mb = mb.to(self.device)
-            inp = self.head_input(mb)[0]
+            logits = self.forward(mb)
             ids = mb.tensors["input_ids"]
-            out.append((rows, token_log_probs(inp, ids, temperature=temperature).cpu()))
+            out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
         return pad_log_probs(out, batch)
 
     def adapters_disabled(self) -> contextlib.AbstractContextManager[Any]:
