@@ -426,3 +426,17 @@ def test_generation_failure_is_fatal(tokenizer: Any) -> None:
             mgr.next_batch(1)
     finally:
         mgr.close()
+
+
+def test_an_envs_own_episode_metrics_are_averaged_over_the_episodes_that_have_them() -> None:
+    from roll_core.rollout.agentic.episode import Trajectory, env_numbers
+
+    assert env_numbers({"episode_metrics": {"steps": 3, "solved": True, "note": "x"}}) == {
+        "steps": 3.0,
+        "solved": 1.0,
+    }
+    assert env_numbers({"success": True}) == {} and env_numbers(None) == {}
+    a, b, c = (Trajectory("swe", 0, s, 0) for s in range(3))
+    a.env_metrics, b.env_metrics = {"steps": 3.0, "solved": 1.0}, {"steps": 6.0, "solved": 0.0}
+    m = episode_metrics([a, b, c], prefix="rollout")  # c (an env without them) is left out
+    assert m["rollout/env/steps"] == 4.5 and m["rollout/env/solved"] == 0.5

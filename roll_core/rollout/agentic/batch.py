@@ -231,4 +231,7 @@ def episode_metrics(trajs: list[Trajectory], *, prefix: str) -> dict[str, float]
         out[f"{p}env_time_share"] = env / max(1e-9, gen + env)
         out[f"{p}context_truncated_rate"] = sum(t.status == "context" for t in ts) / n
         out[f"{p}failed_rate"] = sum(not t.ok for t in ts) / n
+        for name in sorted({k for t in ts for k in t.env_metrics}):  # the env's own numbers
+            values = [t.env_metrics[name] for t in ts if name in t.env_metrics]
+            out[f"{p}env/{name}"] = sum(values) / len(values)
     return out

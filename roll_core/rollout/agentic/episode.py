@@ -66,6 +66,9 @@ class Trajectory:
     episode_return: float = 0.0
     error: str = ""
     wall_s: float = 0.0
+    env_metrics: dict[str, float] = field(default_factory=dict)
+    """The env's own numbers for the episode (its last ``info["episode_metrics"]``: e.g. the
+    swe env's steps, diff size, tool errors), averaged into ``rollout/env/<name>``."""
 
     @property
     def ok(self) -> bool:
@@ -202,6 +205,7 @@ def play_episode(
         )
         traj.episode_return += float(result.reward)
         traj.success = bool(result.info.get("success", False))
+        traj.env_metrics = env_numbers(result.info) or traj.env_metrics
         if result.terminated or result.truncated:
             traj.status = "done" if result.terminated else "truncated"
             return traj
@@ -217,3 +221,12 @@ def play_episode(
             traj.status = "context"  # the next turn would not fit: end on the last response
             return traj
         traj.trace.add_context(reply, reply_vision)
+
+
+def env_numbers(info: Any) -> dict[str, float]:
+    """The numbers (and booleans, as 0 / 1) of an env's ``info["episode_metrics"]``;
+    anything else is left out."""
+    raw = info.get("episode_metrics") if isinstance(info, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float))}
