@@ -6,7 +6,9 @@ How an episode ends:
 
 * ``run`` returns a number: that is the episode's return (on its last turn); ``success`` is
   ``reward > 0``; status ``done``. Or ``{"reward": r, "success": bool}``: partial credit that
-  is not counted a success.
+  is not counted a success (with ``"metrics": {name: number}``: the episode's own numbers,
+  averaged into ``rollout/env/<name>``; the endpoint adds ``first_call_s``, the agent's
+  start-up).
 * the conversation outgrew ``rollout.max_context``: status ``context`` (kept, like an env
   episode cut by the context), with the reward ``run`` returned, or 0 if it raised; the
   refused call is not in the trajectory (:mod:`.endpoint`). A first call that does not fit
@@ -36,7 +38,7 @@ from roll_core.envs.faults import EnvTimeout, describe_fault
 from roll_core.errors import ConfigError
 from roll_core.rollout.agentic.chat import ChatFormat
 from roll_core.rollout.agentic.endpoint import AgentEndpoint, AgentSession
-from roll_core.rollout.agentic.episode import EpisodeCancelled, Trajectory
+from roll_core.rollout.agentic.episode import EpisodeCancelled, Trajectory, env_numbers
 
 
 class AgentFault(Exception):
@@ -136,6 +138,10 @@ def _finish(
             "chat.completions call on the client it was given), so there is nothing to train"
         )
     reward, success = _outcome(value, program)
+    if isinstance(value, dict) and isinstance(value.get("metrics"), dict):
+        traj.env_metrics = env_numbers({"episode_metrics": value["metrics"]})
+    if session.first_call:  # the agent's start-up: from the episode's start to its first call
+        traj.env_metrics["first_call_s"] = session.first_call - session.opened
     traj.turns[-1].reward = reward
     traj.episode_return = reward
     traj.success = success

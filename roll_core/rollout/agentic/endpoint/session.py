@@ -149,6 +149,8 @@ class AgentSession:
     request: list[Any] = field(default_factory=list)  # the messages of the call being served
     undelivered: int = 0  # replies the client hung up before receiving (not recorded)
     calls: int = 0  # calls answered (delivered), for the API objects' ids
+    opened: float = field(default_factory=time.perf_counter)  # when the episode's agent started
+    first_call: float = 0.0  # when its first call arrived (perf_counter; 0: none yet)
 
     # ---- one call ------------------------------------------------------------------------------
     def serve(self, call: ChatCall, deliver: Deliver | None = None) -> Reply:
@@ -164,6 +166,7 @@ class AgentSession:
             pending = self._prompt(messages, call.tools, call.options)
             self._check_context(len(pending.prompt), params.max_new_tokens)
             t0 = time.perf_counter()
+            self.first_call = self.first_call or t0
             env_s = t0 - self.last_call if self.last_call else 0.0
             try:
                 completion = self.generate(pending.prompt, len(self.traj.turns), None, params)
