@@ -23,6 +23,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a response like eos does (kept in it). Honoured by the request-level
+    engines (``generate_request``: hf_engine.py); the fixed-batch ``generate`` refuses them."""
     top_logprobs: int = 0
     """Also return this many most likely tokens (and their log-probs) at every generated
     position (``Completion.top_logprobs``); the same log softmax as the behaviour log-probs."""

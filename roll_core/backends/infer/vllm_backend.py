@@ -318,6 +318,7 @@ class VLLMInferBackend:
             top_p=params.top_p,
             top_k=params.top_k,
             stop=list(params.stop) or None,
+            stop_token_ids=list(params.stop_token_ids) or None,
             seed=request.seed,
             logprobs=params.top_logprobs,  # the sampled token's (and the top k alternatives)
             detokenize=bool(params.stop),  # stop strings are matched on text

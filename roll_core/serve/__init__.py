@@ -1,0 +1,56 @@
+"""`roll serve`: the Tinker training API (PyPI ``tinker``, tinker-cookbook) on this machine.
+
+``service.py`` holds the state and one method per route, ``server.py`` the HTTP side,
+``trainer.py`` a training client's LoRA model, ``sampler.py`` a sampling session's engine,
+``futures.py`` the futures protocol, ``wire.py`` the protobuf messages. See docs/serve.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from roll_core.config.serve import ServeConfig
+
+
+def serve_plan(cfg: ServeConfig) -> list[tuple[str, str]]:
+    """What `roll serve --dry-run` prints: one (what, how) row per part."""
+    rows = [(f"model {m.name}", f"{m.path} (max context {m.max_context_length})") for m in cfg.models]
+    rows += [
+        ("training", f"{cfg.train.backend} backend, LoRA rank <= {cfg.lora.max_rank}, "
+         f"alpha {cfg.lora.alpha}, device {cfg.train.device}, {cfg.train.precision}"),
+        ("sampling", f"{cfg.sample.engine} engine, {cfg.sample.max_num_seqs} sequences at a time"),
+        ("executor", cfg.executor),
+        ("listen", f"http://{cfg.host}:{cfg.port} (TINKER_BASE_URL)"),
+        ("checkpoints", cfg.checkpoints_dir),
+    ]
+    return rows
+
+
+def serve(
+    cfg: ServeConfig,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Serve until `stop` is set (or KeyboardInterrupt); `on_ready` gets the base URL."""
+    from roll_core.errors import ConfigError
+    from roll_core.serve.server import TinkerServer
+    from roll_core.serve.service import TinkerService
+
+    service = TinkerService(cfg)
+    try:
+        server = TinkerServer(service, cfg.host, cfg.port)
+    except OSError as err:
+        service.close()
+        raise ConfigError(
+            f"cannot listen on {cfg.host}:{cfg.port}: {err.strerror or err}.",
+            hint="Pick another `port` in the recipe (or port=0 for any free one).",
+        ) from None
+    server.start()
+    if on_ready is not None:
+        on_ready(f"http://{cfg.host}:{server.port}")
+    try:
+        (stop or threading.Event()).wait()
+    finally:
+        server.close()
