@@ -1,7 +1,7 @@
 """What `roll serve` holds and does for the Tinker API: sessions, training models, samplers,
 checkpoints; one method per route (server.py maps routes and bodies to them).
 
-Naming: a training model is ``m-<hex>``; its checkpoints are ``tinker://<model_id>/weights/
+Naming: a training model is ``<session_id>:train:<model_seq_id>`` (as the client derives it); its checkpoints are ``tinker://<model_id>/weights/
 <name>`` (adapter + optimizer state) and ``tinker://<model_id>/sampler_weights/<name>`` (the
 adapter alone; a sampler merges it into the base weights), folders under the recipe's
 ``checkpoints_dir`` (``<model_id>/weights/<name>/``), so a restarted server loads them again.
@@ -71,6 +71,15 @@ class TinkerService:
             raise NotFound(f"unknown session_id {session_id!r}")
         session.last_seen = time.monotonic()
         return session
+
+    def _new_model_id(self, session: Session, seq: Any) -> str:
+        """``<session_id>:train:<model_seq_id>``, the id the client derives itself."""
+        if not isinstance(seq, int):
+            raise UserError("model_seq_id (an integer) is required")
+        model_id = f"{session.id}:train:{seq}"
+        if model_id in self.models:
+            raise UserError(f"model {model_id} exists already (model_seq_id reused)")
+        return model_id
 
     def _owner(self, model_id: str) -> str:
         for s in self.sessions.values():
@@ -148,7 +157,7 @@ class TinkerService:
             train_mlp=bool(lora.get("train_mlp", True)),
             train_unembed=bool(lora.get("train_unembed", True)),
         )
-        model_id = f"m-{uuid.uuid4().hex[:12]}"
+        model_id = self._new_model_id(session, body.get("model_seq_id"))
         seed = lora.get("seed")
 
         def work() -> Result:
@@ -279,7 +288,7 @@ class TinkerService:
         if model_id is None:  # create-via-load: the checkpoint says which model to build
             session = self._session(str(body.get("session_id")))
             served = self.served(body.get("base_model") or meta["base_model"])
-            model_id = f"m-{uuid.uuid4().hex[:12]}"
+            model_id = self._new_model_id(session, body.get("model_seq_id"))
             fresh = True
         else:
             session = self._session(self._owner(str(model_id))) if self._owner(
