@@ -28,7 +28,10 @@ def serve_command(
 
     def ready(url: str) -> None:
         out.print(f"serving the Tinker API at {url}", markup=False, highlight=False)
-        out.print(f"  export TINKER_BASE_URL={url} TINKER_API_KEY=tml-local", markup=False,
-                  highlight=False)
+        out.print(
+            f"  export TINKER_BASE_URL={url} TINKER_API_KEY=tml-local",
+            markup=False,
+            highlight=False,
+        )
 
     serve(cfg, on_ready=ready)

@@ -101,9 +101,7 @@ class ServeConfig(Strict):
         min_length=1, description="The models served, each under its own name."
     )
     lora: ServeLoraConfig = Field(default_factory=ServeLoraConfig, description="LoRA limits.")
-    train: ServeTrainConfig = Field(
-        default_factory=ServeTrainConfig, description="Training side."
-    )
+    train: ServeTrainConfig = Field(default_factory=ServeTrainConfig, description="Training side.")
     sample: ServeSampleConfig = Field(
         default_factory=ServeSampleConfig, description="Sampling side."
     )

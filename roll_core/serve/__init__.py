@@ -15,10 +15,15 @@ from roll_core.config.serve import ServeConfig
 
 def serve_plan(cfg: ServeConfig) -> list[tuple[str, str]]:
     """What `roll serve --dry-run` prints: one (what, how) row per part."""
-    rows = [(f"model {m.name}", f"{m.path} (max context {m.max_context_length})") for m in cfg.models]
+    rows = [
+        (f"model {m.name}", f"{m.path} (max context {m.max_context_length})") for m in cfg.models
+    ]
     rows += [
-        ("training", f"{cfg.train.backend} backend, LoRA rank <= {cfg.lora.max_rank}, "
-         f"alpha {cfg.lora.alpha}, device {cfg.train.device}, {cfg.train.precision}"),
+        (
+            "training",
+            f"{cfg.train.backend} backend, LoRA rank <= {cfg.lora.max_rank}, "
+            f"alpha {cfg.lora.alpha}, device {cfg.train.device}, {cfg.train.precision}",
+        ),
         ("sampling", f"{cfg.sample.engine} engine, {cfg.sample.max_num_seqs} sequences at a time"),
         ("executor", cfg.executor),
         ("listen", f"http://{cfg.host}:{cfg.port} (TINKER_BASE_URL)"),

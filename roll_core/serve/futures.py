@@ -42,9 +42,7 @@ class Futures:
         self._futures: dict[str, Future[Result]] = {}
         self._owner: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[Future[Result], Callable[[], Result]] | None] = (
-            queue.Queue()
-        )
+        self._queue: queue.Queue[tuple[Future[Result], Callable[[], Result]] | None] = queue.Queue()
         self._counter = itertools.count(1)
         self._worker = threading.Thread(target=self._run, name="serve-train", daemon=True)
         self._worker.start()

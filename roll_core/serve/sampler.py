@@ -48,7 +48,7 @@ class Sampler:
         )
         if weights is not None:
             self.engine.update_weights(weights, version=1)
-        self.vocab = int(self.engine.model.get_input_embeddings().weight.shape[0])
+        self.vocab = int(self.engine.model.config.vocab_size)
         self._ids = itertools.count()
         self._pool = ThreadPoolExecutor(max_workers=cfg.sample.max_num_seqs)
         self._lock = threading.Lock()

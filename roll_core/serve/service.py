@@ -49,6 +49,7 @@ class TinkerService:
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TrainedModel] = {}
         self.samplers: dict[str, Sampler] = {}
+        self._oneoff: dict[tuple[str | None, str | None], str] = {}
         self.lock = threading.Lock()
 
     # ---- names -------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ class TinkerService:
             "type": "get_info",
             "model_id": body["model_id"],
             "model_data": {
-                "arch": type(model.model.get_base_model()).__name__,
+                "arch": type(model.model.get_base_model()).__name__,  # type: ignore[operator]
                 "model_name": model.served.name,
                 "tokenizer_id": model.served.tokenizer or model.served.path,
             },
@@ -188,7 +189,9 @@ class TinkerService:
         try:
             req = wire.read_forward_backward(body)
         except wire.WireError as err:
-            raise UserError(f"forward_backward body is not a ForwardBackwardRequest: {err}")
+            raise UserError(
+                f"forward_backward body is not a ForwardBackwardRequest: {err}"
+            ) from None
         model = self._model(req.model_id)
 
         def work() -> Result:
@@ -255,7 +258,6 @@ class TinkerService:
         model = self._model(model_id)
         kind = "sampler_weights" if sampler else "weights"
         name = body.get("path")
-        seq = body.get("sampling_session_seq_id")
         if name is None and not sampler:
             name = f"step-{model.steps:06d}"
         session_id = self._owner(model_id)
@@ -271,10 +273,10 @@ class TinkerService:
                 shutil.rmtree(folder)
             model.save(folder, optimizer=not sampler)
             path = f"tinker://{model_id}/{kind}/{name}"
-            return Result({"type": "save_weights_for_sampler" if sampler else "save_weights",
-                           "path": path})
+            return Result(
+                {"type": "save_weights_for_sampler" if sampler else "save_weights", "path": path}
+            )
 
-        del seq
         return {"request_id": self.futures.submit_train(session_id, work), "model_id": model_id}
 
     def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -285,15 +287,16 @@ class TinkerService:
         if optimizer and kind != "weights":
             raise UserError(f"{path} holds no optimizer state (a sampler checkpoint)")
         model_id = body.get("model_id")
+        session: Session | None
         if model_id is None:  # create-via-load: the checkpoint says which model to build
             session = self._session(str(body.get("session_id")))
             served = self.served(body.get("base_model") or meta["base_model"])
             model_id = self._new_model_id(session, body.get("model_seq_id"))
             fresh = True
         else:
-            session = self._session(self._owner(str(model_id))) if self._owner(
-                str(model_id)
-            ) else None
+            session = (
+                self._session(self._owner(str(model_id))) if self._owner(str(model_id)) else None
+            )
             current = self._model(str(model_id))
             if (current.rank, current.targets) != (meta["rank"], meta["targets"]):
                 raise UserError(
@@ -329,7 +332,7 @@ class TinkerService:
                         "checkpoint_id": f"{kind}/{d.name}",
                         "checkpoint_type": ctype,
                         "time": datetime.datetime.fromtimestamp(
-                            folder.stat().st_mtime, tz=datetime.timezone.utc
+                            folder.stat().st_mtime, tz=datetime.UTC
                         ).isoformat(),
                         "tinker_path": f"tinker://{model_id}/{kind}/{d.name}",
                         "size_bytes": sum(f.stat().st_size for f in d.rglob("*") if f.is_file()),
@@ -353,18 +356,20 @@ class TinkerService:
 
     def create_sampling_session(self, body: dict[str, Any]) -> dict[str, Any]:
         session = self._session(str(body.get("session_id")))
-        path = body.get("model_path")
+        sid = self._open_sampler(session.id, body.get("model_path"), body.get("base_model"))
+        return {"type": "create_sampling_session", "sampling_session_id": sid}
+
+    def _open_sampler(self, session_id: str, path: str | None, base_model: str | None) -> str:
+        """A new sampler on a saved checkpoint's weights (`path`) or a served base model."""
         if path:
-            model_id, _, folder = self.parse_path(str(path))
+            _, _, folder = self.parse_path(str(path))
             served = self.served(read_meta(folder)["base_model"])
-            base = body.get("base_model")
-            if base is not None and base != served.name:
-                raise UserError(f"{path} was trained on {served.name}, not {base}")
+            if base_model is not None and base_model != served.name:
+                raise UserError(f"{path} was trained on {served.name}, not {base_model}")
             weights = _merged_from(self.cfg, served, folder)
         else:
-            served, weights = self.served(body.get("base_model")), None
-        sid = self._new_sampler(session.id, served, weights, path)
-        return {"type": "create_sampling_session", "sampling_session_id": sid}
+            served, weights = self.served(base_model), None
+        return self._new_sampler(session_id, served, weights, path)
 
     def get_sampler(self, sampler_id: str) -> dict[str, Any]:
         sampler = self.samplers.get(sampler_id)
@@ -378,14 +383,12 @@ class TinkerService:
 
     def asample(self, body: dict[str, Any]) -> dict[str, Any]:
         sid = body.get("sampling_session_id")
-        if sid is None:  # one-off sampling by model_path / base_model
-            sid = self.create_sampling_session(
-                {
-                    "session_id": next(iter(self.sessions), ""),
-                    "model_path": body.get("model_path"),
-                    "base_model": body.get("base_model"),
-                }
-            )["sampling_session_id"]
+        if sid is None:  # one-off sampling by model_path / base_model (no session: kept
+            # until the server stops)
+            key = (body.get("model_path"), body.get("base_model"))
+            sid = self._oneoff.get(key)
+            if sid is None:
+                sid = self._oneoff[key] = self._open_sampler("", *key)
         sampler = self.samplers.get(str(sid))
         if sampler is None:
             raise NotFound(f"unknown sampling_session_id {sid!r}")
@@ -432,7 +435,3 @@ def _merged_from(cfg: ServeConfig, served: ServedModel, folder: Path) -> Any:
     model = TrainedModel(cfg, served, rank=meta["rank"], targets=meta["targets"], seed=None)
     model.load(folder, optimizer=False)
     return model.merged()
-
-
-def _unused(_: wire.Sequence) -> None:  # keep the import for type readers
-    return None

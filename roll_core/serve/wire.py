@@ -47,6 +47,7 @@ def fields(buf: bytes) -> list[tuple[int, Any]]:
     while pos < len(buf):
         key, pos = _varint(buf, pos)
         number, kind = key >> 3, key & 7
+        value: Any
         if kind == 0:
             value, pos = _varint(buf, pos)
         elif kind == 2:
@@ -179,8 +180,8 @@ def read_forward_backward(body: bytes) -> ForwardBackward:
             req.loss_fn_config[_str(entry.get(1, b""))] = (
                 _str(text) if text is not None else float(inner.get(1, 0.0))
             )
-    for key, number in legacy.items():  # v2 wins where both are set
-        req.loss_fn_config.setdefault(key, number)
+    for key, legacy_value in legacy.items():  # v2 wins where both are set
+        req.loss_fn_config.setdefault(key, legacy_value)
     return req
 
 
@@ -215,7 +216,9 @@ def _double(number: int, value: float) -> bytes:
     return _key(number, 1) + struct.pack("<d", value)
 
 
-def forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]) -> bytes:
+def forward_backward_output(
+    outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]
+) -> bytes:
     """A ``ForwardBackwardOutput``: one ``ArrayRecord`` holding every datum's 1-D outputs
     (float32), and the metrics."""
     record = b""

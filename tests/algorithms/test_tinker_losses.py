@@ -92,9 +92,12 @@ def test_importance_sampling_equals_roll_policy_loss_on_the_same_batch() -> None
     for row in range(3):
         n = int(mask[row].sum())
         inputs = {"logprobs": q[row, :n], "advantages": adv[row, :n]}
-        total = total + datum_loss(
-            "importance_sampling", logprobs=ours_lp[row, :n], inputs=inputs, config={}
-        ).sum()
+        total = (
+            total
+            + datum_loss(
+                "importance_sampling", logprobs=ours_lp[row, :n], inputs=inputs, config={}
+            ).sum()
+        )
     total.backward()
     roll_lp = logp0.clone().requires_grad_(True)
     loss, _ = policy_loss(
