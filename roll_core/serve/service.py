@@ -385,10 +385,10 @@ class TinkerService:
         sid = body.get("sampling_session_id")
         if sid is None:  # one-off sampling by model_path / base_model (no session: kept
             # until the server stops)
-            key = (body.get("model_path"), body.get("base_model"))
-            sid = self._oneoff.get(key)
+            which = (body.get("model_path"), body.get("base_model"))
+            sid = self._oneoff.get(which)
             if sid is None:
-                sid = self._oneoff[key] = self._open_sampler("", *key)
+                sid = self._oneoff[which] = self._open_sampler("", *which)
         sampler = self.samplers.get(str(sid))
         if sampler is None:
             raise NotFound(f"unknown sampling_session_id {sid!r}")
