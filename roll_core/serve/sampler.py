@@ -47,6 +47,7 @@ class Sampler:
             max_num_seqs=cfg.sample.max_num_seqs,
         )
         if weights is not None:
+            _untie_if_needed(self.engine.model, weights)
             self.engine.update_weights(weights, version=1)
         self.vocab = int(self.engine.model.config.vocab_size)
         self._ids = itertools.count()
@@ -126,3 +127,20 @@ class Sampler:
         logp = torch.log_softmax(logits[:-1], dim=-1)
         picked = logp.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()
         return [float("nan"), *picked]
+
+
+def _untie_if_needed(model: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Give a model with tied input and output embeddings its own output head when `weights`
+    hold two different tensors for them (a LoRA adapter on ``lm_head`` merged into the head
+    only): loading both into one shared tensor would move the input embedding too."""
+    head, embed = weights.get("lm_head.weight"), None
+    for name, value in weights.items():
+        if name.endswith("embed_tokens.weight"):
+            embed = value
+    if head is None or embed is None or torch.equal(head, embed):
+        return
+    out = model.get_output_embeddings()
+    if out.weight is not model.get_input_embeddings().weight:
+        return
+    out.weight = torch.nn.Parameter(out.weight.detach().clone(), requires_grad=False)
+    model.config.tie_word_embeddings = False

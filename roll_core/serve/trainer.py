@@ -66,10 +66,6 @@ class TrainedModel:
     ) -> None:
         self.served = served
         self.rank = rank
-        if "lm_head" in targets and _ties_embeddings(served.path):
-            # an adapter on a tied head would move the input embedding too once merged
-            # (one tensor under both names): the head is trained only where it is its own
-            targets = [t for t in targets if t != "lm_head"]
         self.targets = targets
         lora = LoraConfig(rank=rank, alpha=cfg.lora.alpha, dropout=0.0, target_modules=targets)
         spec = TrainBackendSpec(
@@ -214,12 +210,6 @@ class TrainedModel:
     def merged(self) -> dict[str, torch.Tensor]:
         """The base weights with the adapter folded in, on CPU (what a sampler loads)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in iter_merged(self.model)}
-
-
-def _ties_embeddings(path: str) -> bool:
-    from roll_core.models.loading import model_config
-
-    return bool(model_config(path).get("tie_word_embeddings", False))
 
 
 def read_meta(path: Path) -> dict[str, Any]:
