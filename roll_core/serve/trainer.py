@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,9 @@ class TrainedModel:
             lora=lora,
             packing=False,
         )
-        self.backend = TorchTrainBackend(spec)
+        with warnings.catch_warnings():  # a tied head's adapter: the sampler unties the head
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+            self.backend = TorchTrainBackend(spec)
         self.model = self.backend.model
         self.params = self.backend.params
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
@@ -193,7 +196,9 @@ class TrainedModel:
     # ---- weights -----------------------------------------------------------------------------
     def save(self, path: Path, *, optimizer: bool = True) -> None:
         """The adapter (and the optimizer state) into `path`."""
-        save_adapter(self.model, path / "adapter")
+        with warnings.catch_warnings():  # a tied head's adapter saves the embedding with it
+            warnings.filterwarnings("ignore", message=".*save_embedding_layers.*")
+            save_adapter(self.model, path / "adapter")
         if optimizer:
             torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         meta = {"base_model": self.served.name, "rank": self.rank, "targets": self.targets}
