@@ -9,7 +9,6 @@ the quantity roll's trainers recompute; prompt log-probs are one forward of the 
 from __future__ import annotations
 
 import itertools
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,7 +51,6 @@ class Sampler:
         self.vocab = int(self.engine.model.config.vocab_size)
         self._ids = itertools.count()
         self._pool = ThreadPoolExecutor(max_workers=cfg.sample.max_num_seqs)
-        self._lock = threading.Lock()
 
     def close(self) -> None:
         self.engine.close()

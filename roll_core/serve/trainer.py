@@ -7,7 +7,6 @@ gradients are cleared).
 from __future__ import annotations
 
 import json
-import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +87,6 @@ class TrainedModel:
         self.params = self.backend.params
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
         self.steps = 0
-        self.lock = threading.Lock()
 
     # ---- forward / backward ------------------------------------------------------------------
     def forward_backward(
