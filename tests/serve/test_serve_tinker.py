@@ -219,3 +219,18 @@ def test_dry_run_prints_the_plan(roll) -> None:
     res = roll("serve", str(RECIPE), "lora.max_rnk=3")
     assert res.returncode == 2
     assert "lora.max_rnk: unknown key; did you mean lora.max_rank?" in res.stderr
+
+
+def test_a_closed_session_frees_its_models(server: Server) -> None:
+    import httpx
+
+    own = tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+    tc = own.create_lora_training_client(base_model="roll/tiny-qwen3", rank=2).result()
+    r = httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": tc.model_id})
+    assert r.status_code == 200 and r.json()["lora_rank"] == 2
+    own.close("success").result()
+    r = httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": tc.model_id})
+    assert r.status_code == 404 and "unknown model_id" in r.json()["error"]
+    assert httpx.get(f"{server.url}/api/v1/healthz").json() == {"status": "ok"}
+    r = httpx.post(f"{server.url}/api/v1/cancel_future", json={"request_id": "req-0"})
+    assert r.json() == {"cancelled": False}
