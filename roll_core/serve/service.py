@@ -14,6 +14,7 @@ import shutil
 import threading
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -402,7 +403,9 @@ class TinkerService:
         if n < 1:
             raise UserError(f"num_samples must be at least 1, got {n}")
         want_prompt = bool(body.get("prompt_logprobs"))
-        seed = int(body.get("seq_id") or 0) * 1_000_003 + hash(sid) % 1_000_003
+        # a request's seeds: its seq_id in its sampling session (stable across server runs;
+        # SamplingParams.seed overrides)
+        seed = int(body.get("seq_id") or 0) * 1_000_003 + zlib.crc32(str(sid).encode()) % 1_000_003
         sp = dict(body.get("sampling_params") or {})
 
         def work() -> Result:

@@ -22,6 +22,9 @@ from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.config.serve import ServeConfig, ServedModel
 from roll_core.models.lora import iter_merged, load_adapter, save_adapter
 
+MICRO_BATCH_TOKENS = 4096
+"""Padded tokens (rows x longest row) of one forward; a longer datum runs alone."""
+
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -85,6 +88,7 @@ class TrainedModel:
             self.backend = TorchTrainBackend(spec)
         self.model = self.backend.model
         self.params = self.backend.params
+        self.vocab = int(self.model.config.vocab_size)
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
         self.steps = 0
 
@@ -105,43 +109,67 @@ class TrainedModel:
                 f"loss_fn {loss_fn!r} is not served by roll serve; served built-in losses: "
                 f"{', '.join(TINKER_LOSSES)}"
             )
-        numbers = {k: v for k, v in config.items()}
-        if any(isinstance(v, str) for v in numbers.values()):
+        if any(isinstance(v, str) for v in config.values()):
             raise UserError(f"loss_fn_config of {loss_fn} takes numbers only, got {config}")
+        numbers = {k: float(v) for k, v in config.items()}
+        checked = [self._check(i, d, loss_fn) for i, d in enumerate(data)]  # before any grad
         self.model.train(backward)
-        outputs, total = [], 0.0
-        for i, datum in enumerate(data):
-            logp, per_token = self._datum(i, datum, loss_fn, numbers)  # type: ignore[arg-type]
-            loss = per_token.sum()
+        outputs: list[dict[str, np.ndarray]] = []
+        total = 0.0
+        for group in _micro_batches([len(c[0]) for c in checked], MICRO_BATCH_TOKENS):
+            with torch.set_grad_enabled(backward):  # forward only: no graph kept
+                rows = self._logprobs(
+                    [checked[j][0] for j in group], [checked[j][1] for j in group]
+                )
+                losses = []
+                for j, logp in zip(group, rows, strict=True):
+                    try:
+                        per_token = datum_loss(
+                            loss_fn, logprobs=logp, inputs=checked[j][2], config=numbers
+                        )
+                    except ValueError as err:
+                        raise UserError(str(err)) from None
+                    losses.append(per_token.sum())
+                    outputs.append(
+                        {
+                            "logprobs": logp.detach().float().cpu().numpy(),
+                            "elementwise_loss": per_token.detach().float().cpu().numpy(),
+                        }
+                    )
+                loss = torch.stack(losses).sum()
             if backward:
                 loss.backward()
             total += float(loss.detach())
-            outputs.append(
-                {
-                    "logprobs": logp.detach().float().cpu().numpy(),
-                    "elementwise_loss": per_token.detach().float().cpu().numpy(),
-                }
-            )
         return outputs, {"loss:sum": total}
 
-    def _datum(
-        self, i: int, datum: Any, loss_fn: str, config: dict[str, float]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _check(
+        self, i: int, datum: Any, loss_fn: str
+    ) -> tuple[list[int], torch.Tensor, dict[str, torch.Tensor]]:
+        """Datum `i`'s tokens, targets and loss inputs, or a UserError naming what is wrong."""
         tokens = datum.tokens
+        n = len(tokens)
         if not tokens:
             raise UserError(f"datum {i} has no input tokens")
-        if len(tokens) > self.served.max_context_length:
+        if n > self.served.max_context_length:
             raise UserError(
-                f"datum {i} has {len(tokens)} tokens, more than max_context_length "
+                f"datum {i} has {n} tokens, more than max_context_length "
                 f"{self.served.max_context_length} of {self.served.name}"
             )
         if "target_tokens" not in datum.inputs:
             raise UserError(f"datum {i}: loss_fn_inputs has no target_tokens")
         targets = torch.as_tensor(datum.inputs["target_tokens"], dtype=torch.long).reshape(-1)
-        if targets.numel() != len(tokens):
+        if targets.numel() != n:
             raise UserError(
-                f"datum {i}: target_tokens has {targets.numel()} entries for {len(tokens)} "
+                f"datum {i}: target_tokens has {targets.numel()} entries for {n} "
                 "input tokens (one target per input position)"
+            )
+        ids = torch.as_tensor(tokens)
+        if (
+            min(int(ids.min()), int(targets.min())) < 0
+            or max(int(ids.max()), int(targets.max())) >= self.vocab
+        ):
+            raise UserError(
+                f"datum {i} holds token ids outside the vocabulary (0..{self.vocab - 1})"
             )
         inputs = {}
         for key in INPUTS[loss_fn]:
@@ -149,29 +177,28 @@ class TrainedModel:
             if value is None:
                 raise UserError(f"datum {i}: {loss_fn} needs loss_fn_inputs[{key!r}]")
             t = torch.as_tensor(np.asarray(value, dtype=np.float32)).reshape(-1)
-            if t.numel() != len(tokens):
-                raise UserError(
-                    f"datum {i}: {key} has {t.numel()} entries for {len(tokens)} input tokens"
-                )
+            if t.numel() != n:
+                raise UserError(f"datum {i}: {key} has {t.numel()} entries for {n} input tokens")
             inputs[key] = t.to(self.backend.device)
-        logp = self.target_logprobs(tokens, targets)
-        try:
-            per_token = datum_loss(loss_fn, logprobs=logp, inputs=inputs, config=config)
-        except ValueError as err:
-            raise UserError(str(err)) from None
-        return logp, per_token
+        return list(tokens), targets, inputs
 
-    def target_logprobs(self, tokens: list[int], targets: torch.Tensor) -> torch.Tensor:
-        """log p(targets[t] | tokens[: t + 1]) for every position t: [N] float32."""
+    def _logprobs(self, rows: list[list[int]], targets: list[torch.Tensor]) -> list[torch.Tensor]:
+        """log p(targets[r][t] | rows[r][: t + 1]) for every row r and position t ([N_r] float32
+        each), from one right-padded forward of the rows."""
         device = self.backend.device
-        ids = torch.tensor([tokens], dtype=torch.long, device=device)
+        width = max(len(r) for r in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, tokens in enumerate(rows):
+            ids[r, : len(tokens)] = torch.as_tensor(tokens)
+            mask[r, : len(tokens)] = 1
         with self.backend._autocast():
-            logits = self.model(input_ids=ids).logits[0]
-        vocab = logits.shape[-1]
-        if int(targets.max()) >= vocab or int(targets.min()) < 0:
-            raise UserError(f"target_tokens holds ids outside the vocabulary (0..{vocab - 1})")
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        return logp.gather(-1, targets.to(device).unsqueeze(-1)).squeeze(-1)
+            logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        out = []
+        for r, tgt in enumerate(targets):
+            logp = torch.log_softmax(logits[r, : len(rows[r])].float(), dim=-1)
+            out.append(logp.gather(-1, tgt.to(device).unsqueeze(-1)).squeeze(-1))
+        return out
 
     # ---- optimizer ---------------------------------------------------------------------------
     def optim_step(self, adam: AdamStep) -> dict[str, float]:
@@ -213,6 +240,20 @@ class TrainedModel:
     def merged(self) -> dict[str, torch.Tensor]:
         """The base weights with the adapter folded in, on CPU (what a sampler loads)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in iter_merged(self.model)}
+
+
+def _micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive indices grouped so that rows x longest row stays within `budget`."""
+    groups: list[list[int]] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if groups and max(longest, n) * (len(groups[-1]) + 1) <= budget:
+            groups[-1].append(i)
+            longest = max(longest, n)
+        else:
+            groups.append([i])
+            longest = n
+    return groups
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -73,3 +73,12 @@ def test_bad_names_ranks_and_paths(service: TinkerService) -> None:
         service.load_weights({"path": "tinker://x/nope/y", "optimizer": False})
     with pytest.raises(UserError, match="no checkpoint at tinker://x/weights/y"):
         service.load_weights({"path": "tinker://x/weights/y", "optimizer": False})
+
+
+def test_micro_batches_keep_rows_times_longest_within_the_budget() -> None:
+    from roll_core.serve.trainer import _micro_batches
+
+    # [3, 3] -> 2 x 3 = 6; + 5 -> 3 x 5 = 15 > 10; [5] + 10 -> 20 > 10; 12 alone (over budget)
+    assert _micro_batches([3, 3, 5, 10, 12], 10) == [[0, 1], [2], [3], [4]]
+    assert _micro_batches([2, 2, 2, 2, 2], 10) == [[0, 1, 2, 3, 4]]
+    assert _micro_batches([], 10) == []
