@@ -40,9 +40,14 @@ def serve(
 ) -> None:
     """Serve until `stop` is set (or KeyboardInterrupt); `on_ready` gets the base URL."""
     from roll_core.errors import ConfigError
+    from roll_core.models import load_tokenizer
+    from roll_core.models.loading import resolve_model_path
     from roll_core.serve.server import TinkerServer
     from roll_core.serve.service import TinkerService
 
+    for m in cfg.models:  # a missing model or tokenizer fails now, not at a client's request
+        resolve_model_path(m.path)
+        load_tokenizer(m.tokenizer or m.path)
     service = TinkerService(cfg)
     try:
         server = TinkerServer(service, cfg.host, cfg.port)

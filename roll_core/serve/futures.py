@@ -22,6 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+from roll_core.errors import RollError
 from roll_core.serve.trainer import UserError
 
 POLL_S = 20.0
@@ -88,6 +89,9 @@ class Futures:
             return {"error": f"request {rid} was cancelled", "category": "user"}
         except UserError as err:
             return {"error": str(err), "category": "user"}
+        except RollError as err:  # a model, checkpoint or setting roll refuses: said in full
+            text = f"{err.message} {err.hint}" if err.hint else err.message
+            return {"error": text, "category": "user"}
         except Exception as err:  # a bug in roll: say so, and where
             tb = traceback.format_exception_only(type(err), err)[-1].strip()
             return {"error": f"internal error in roll serve: {tb}", "category": "server"}

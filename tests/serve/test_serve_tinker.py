@@ -219,6 +219,8 @@ def test_dry_run_prints_the_plan(roll) -> None:
     res = roll("serve", str(RECIPE), "lora.max_rnk=3")
     assert res.returncode == 2
     assert "lora.max_rnk: unknown key; did you mean lora.max_rank?" in res.stderr
+    res = roll("serve", str(RECIPE), "models.0.path=builtin:nope", "port=0")
+    assert res.returncode == 2 and "unknown built-in model 'builtin:nope'" in res.stderr
     res = roll("validate", str(RECIPE))
     assert res.returncode == 2 and "roll serve RECIPE --dry-run" in res.stderr
     res = roll("serve", str(ROOT / "recipes" / "tiny-arith-sft.yaml"), "--dry-run")
