@@ -1,9 +1,9 @@
 """The futures protocol of the Tinker API: a mutating call answers at once with a
 ``request_id``; the client polls ``retrieve_future`` until the result is ready.
 
-Training requests run one at a time, in arrival order, on one worker thread (a model's
-requests must keep their order; one queue for all models is also fair between clients: first
-come, first served). Sampling requests run on their own threads (the engine batches them).
+Training requests run one at a time on one worker thread: each model's in arrival order (the
+client numbers them), the models in turn (round robin: a client with many requests queued does
+not hold back another's). Sampling requests run on their own threads (the engine batches them).
 ``retrieve_future`` waits up to :data:`POLL_S` for a result, then answers ``try_again``; a
 failed request answers Tinker's ``RequestFailedResponse`` (``error``, ``category``), so the
 client raises at once rather than retrying.
@@ -12,10 +12,10 @@ client raises at once rather than retrying.
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 import traceback
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -43,7 +43,12 @@ class Futures:
         self._futures: dict[str, Future[Result]] = {}
         self._owner: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[Future[Result], Callable[[], Result]] | None] = queue.Queue()
+        # training requests per model, in arrival order; the worker takes one from each model
+        # that has some, in turn (round robin), so no client waits behind another's backlog
+        self._queues: dict[str, deque[tuple[Future[Result], Callable[[], Result]]]] = {}
+        self._turn: deque[str] = deque()
+        self._ready = threading.Condition(self._lock)
+        self._closed = False
         self._counter = itertools.count(1)
         self._worker = threading.Thread(target=self._run, name="serve-train", daemon=True)
         self._worker.start()
@@ -57,11 +62,32 @@ class Futures:
             self._owner[rid] = session
         return rid, fut
 
-    def submit_train(self, session: str, work: Callable[[], Result]) -> str:
-        """Queue `work` behind every training request already queued."""
+    def submit_train(self, session: str, model: str, work: Callable[[], Result]) -> str:
+        """Queue `work` behind the requests already queued for `model` (a model id)."""
         rid, fut = self._new(session)
-        self._queue.put((fut, work))
+        with self._ready:
+            if model not in self._queues:
+                self._queues[model] = deque()
+                self._turn.append(model)
+            self._queues[model].append((fut, work))
+            self._ready.notify()
         return rid
+
+    def _next(self) -> tuple[Future[Result], Callable[[], Result]] | None:
+        """The next training request: the first of the model whose turn it is."""
+        with self._ready:
+            while not self._turn and not self._closed:
+                self._ready.wait()
+            if self._closed:
+                return None
+            model = self._turn.popleft()
+            pending = self._queues[model]
+            item = pending.popleft()
+            if pending:
+                self._turn.append(model)  # its next request waits for the others' turns
+            else:
+                del self._queues[model]
+            return item
 
     def submit_sample(self, session: str, work: Callable[[], Result]) -> str:
         rid, fut = self._new(session)
@@ -69,12 +95,8 @@ class Futures:
         return rid
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fut, work = item
-            _settle(fut, work)
+        while (item := self._next()) is not None:
+            _settle(*item)
 
     def retrieve(self, rid: str, wait_s: float = POLL_S) -> dict[str, Any] | bytes | None:
         """The result of `rid` (body), a failure body, or None while it runs (try again).
@@ -110,7 +132,9 @@ class Futures:
             self.cancel(rid)
 
     def close(self) -> None:
-        self._queue.put(None)
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -169,7 +169,10 @@ class TinkerService:
                 session.models.append(model_id)
             return Result({"type": "create_model", "model_id": model_id})
 
-        return {"request_id": self.futures.submit_train(session.id, work), "model_id": model_id}
+        return {
+            "request_id": self.futures.submit_train(session.id, model_id, work),
+            "model_id": model_id,
+        }
 
     def get_info(self, body: dict[str, Any]) -> dict[str, Any]:
         model = self._model(str(body.get("model_id")))
@@ -201,7 +204,7 @@ class TinkerService:
             )
             return Result(wire.forward_backward_output(outputs, metrics))
 
-        rid = self.futures.submit_train(self._owner(req.model_id), work)
+        rid = self.futures.submit_train(self._owner(req.model_id), req.model_id, work)
         return {"request_id": rid, "model_id": req.model_id}
 
     def optim_step(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -218,7 +221,7 @@ class TinkerService:
         def work() -> Result:
             return Result({"metrics": model.optim_step(adam)})
 
-        rid = self.futures.submit_train(self._owner(body["model_id"]), work)
+        rid = self.futures.submit_train(self._owner(body["model_id"]), body["model_id"], work)
         return {"request_id": rid, "model_id": body["model_id"]}
 
     def unload_model(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -233,7 +236,7 @@ class TinkerService:
                         s.models.remove(model_id)
             return Result({"type": "unload_model", "model_id": model_id})
 
-        return {"request_id": self.futures.submit_train(self._owner(model_id), work)}
+        return {"request_id": self.futures.submit_train(self._owner(model_id), model_id, work)}
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _folder(self, model_id: str, kind: str, name: str) -> Path:
@@ -278,7 +281,10 @@ class TinkerService:
                 {"type": "save_weights_for_sampler" if sampler else "save_weights", "path": path}
             )
 
-        return {"request_id": self.futures.submit_train(session_id, work), "model_id": model_id}
+        return {
+            "request_id": self.futures.submit_train(session_id, model_id, work),
+            "model_id": model_id,
+        }
 
     def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         path = str(body.get("path"))
@@ -320,7 +326,7 @@ class TinkerService:
             return Result({"type": "load_weights", "path": path, "model_id": mid})
 
         owner = session.id if session is not None else ""
-        return {"request_id": self.futures.submit_train(owner, work), "model_id": mid}
+        return {"request_id": self.futures.submit_train(owner, mid, work), "model_id": mid}
 
     def list_checkpoints(self, model_id: str) -> dict[str, Any]:
         found = []
