@@ -91,6 +91,13 @@ class ServeSampleConfig(Strict):
     max_num_seqs: int = Field(
         default=64, ge=1, description="Sequences one engine decodes at a time (the rest queue)."
     )
+    max_samplers: int = Field(
+        default=8,
+        ge=1,
+        description="Sampling sessions open at once (each holds an engine and its weights); "
+        "opening one more closes the least recently used, whose later requests fail with a "
+        "user error (an RL loop opens one per step and drops the old).",
+    )
 
 
 class ServeConfig(Strict):

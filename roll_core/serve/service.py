@@ -51,6 +51,7 @@ class TinkerService:
         self.models: dict[str, TrainedModel] = {}
         self.samplers: dict[str, Sampler] = {}
         self._oneoff: dict[tuple[str | None, str | None], str] = {}
+        self.evicted: set[str] = set()
         self.lock = threading.Lock()
 
     # ---- names -------------------------------------------------------------------------------
@@ -359,6 +360,13 @@ class TinkerService:
             self.samplers[sid] = sampler
             if session_id in self.sessions:
                 self.sessions[session_id].samplers.append(sid)
+            evicted = []
+            while len(self.samplers) > self.cfg.sample.max_samplers:
+                old = next(iter(self.samplers))  # least recently used (asample moves to end)
+                evicted.append(self.samplers.pop(old))
+                self.evicted.add(old)
+        for old_sampler in evicted:
+            old_sampler.close()
         return sid
 
     def create_sampling_session(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -394,9 +402,18 @@ class TinkerService:
             # until the server stops)
             which = (body.get("model_path"), body.get("base_model"))
             sid = self._oneoff.get(which)
-            if sid is None:
+            if sid is None or sid not in self.samplers:  # new, or closed to free memory
                 sid = self._oneoff[which] = self._open_sampler("", *which)
-        sampler = self.samplers.get(str(sid))
+        with self.lock:
+            sampler = self.samplers.pop(str(sid), None)
+            if sampler is not None:
+                self.samplers[str(sid)] = sampler  # most recently used: evicted last
+        if sampler is None and str(sid) in self.evicted:
+            raise UserError(
+                f"sampling session {sid} was closed to free memory: more than "
+                f"sample.max_samplers ({self.cfg.sample.max_samplers}) samplers were open; "
+                "create a new sampling client"
+            )
         if sampler is None:
             raise NotFound(f"unknown sampling_session_id {sid!r}")
         for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):

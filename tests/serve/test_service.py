@@ -82,3 +82,34 @@ def test_micro_batches_keep_rows_times_longest_within_the_budget() -> None:
     assert _micro_batches([3, 3, 5, 10, 12], 10) == [[0, 1], [2], [3], [4]]
     assert _micro_batches([2, 2, 2, 2, 2], 10) == [[0, 1, 2, 3, 4]]
     assert _micro_batches([], 10) == []
+
+
+def test_samplers_beyond_the_limit_close_the_least_recently_used(tmp_path) -> None:
+    cfg = ServeConfig.model_validate(
+        {
+            "pipeline": "serve",
+            "models": [{"name": "tiny", "path": "builtin:tiny-qwen3"}],
+            "train": {"device": "cpu", "num_threads": 1},
+            "sample": {"max_samplers": 2},
+            "checkpoints_dir": str(tmp_path / "ckpt"),
+        }
+    )
+    svc = TinkerService(cfg)
+    try:
+        sid = svc.create_session({})["session_id"]
+        opened = [
+            svc.create_sampling_session({"session_id": sid, "base_model": "tiny"})[
+                "sampling_session_id"
+            ]
+            for _ in range(2)
+        ]
+        prompt = {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]}
+        ask = {"prompt": prompt, "sampling_params": {"max_tokens": 2}, "num_samples": 1}
+        rid = svc.asample({**ask, "sampling_session_id": opened[0]})["request_id"]  # now newest
+        assert isinstance(svc.futures.retrieve(rid, wait_s=30), bytes)
+        third = svc.create_sampling_session({"session_id": sid, "base_model": "tiny"})
+        assert list(svc.samplers) == [opened[0], third["sampling_session_id"]]
+        with pytest.raises(UserError, match="was closed to free memory"):
+            svc.asample({**ask, "sampling_session_id": opened[1]})
+    finally:
+        svc.close()
