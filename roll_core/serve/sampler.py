@@ -8,6 +8,7 @@ the quantity roll's trainers recompute; prompt log-probs are one forward of the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -120,7 +121,13 @@ class Sampler:
         """log p(prompt[t] | prompt[:t]) for t >= 1; NaN at t = 0 (no context)."""
         model = self.engine.model
         ids = torch.tensor([prompt], dtype=torch.long, device=self.engine.device)
-        with self.engine._model_lock:
+        dtype = self.engine.autocast_dtype  # the engine's own precision (bf16 autocast or none)
+        autocast = (
+            torch.autocast(self.engine.device.type, dtype=dtype)
+            if dtype is not None
+            else contextlib.nullcontext()
+        )
+        with self.engine._model_lock, autocast:
             logits = model(input_ids=ids).logits[0].float()
         logp = torch.log_softmax(logits[:-1], dim=-1)
         picked = logp.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()
