@@ -1,10 +1,11 @@
 """What `roll serve` holds and does for the Tinker API: sessions, training models, samplers,
 checkpoints; one method per route (server.py maps routes and bodies to them).
 
-Naming: a training model is ``<session_id>:train:<model_seq_id>`` (as the client derives it); its checkpoints are ``tinker://<model_id>/weights/
-<name>`` (adapter + optimizer state) and ``tinker://<model_id>/sampler_weights/<name>`` (the
-adapter alone; a sampler merges it into the base weights), folders under the recipe's
-``checkpoints_dir`` (``<model_id>/weights/<name>/``), so a restarted server loads them again.
+Naming: a training model is ``<session_id>:train:<model_seq_id>`` (the id the client derives
+itself); its checkpoints are ``tinker://<model_id>/weights/<name>`` (adapter + optimizer state)
+and ``tinker://<model_id>/sampler_weights/<name>`` (the adapter alone; a sampler merges it into
+the base weights), folders under the recipe's ``checkpoints_dir``
+(``<model_id>/weights/<name>/``), so a restarted server loads them again.
 """
 
 from __future__ import annotations
