@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable
 
@@ -38,8 +39,9 @@ def serve(
     on_ready: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
 ) -> None:
-    """Serve until `stop` is set (or KeyboardInterrupt); `on_ready` gets the base URL."""
-    from roll_core.errors import ConfigError
+    """Serve until `stop` is set, or SIGINT / SIGTERM (then Interrupted); `on_ready` gets the
+    base URL."""
+    from roll_core.errors import ConfigError, Interrupted
     from roll_core.models import load_tokenizer
     from roll_core.models.loading import resolve_model_path
     from roll_core.serve.server import TinkerServer
@@ -57,10 +59,26 @@ def serve(
             f"cannot listen on {cfg.host}:{cfg.port}: {err.strerror or err}.",
             hint="Pick another `port` in the recipe (or port=0 for any free one).",
         ) from None
+    stopping = stop or threading.Event()
+    got: list[str] = []
+
+    def on_signal(num: int, _frame: object) -> None:
+        got.append(signal.Signals(num).name)
+        stopping.set()
+
+    if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop it
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)
     server.start()
     if on_ready is not None:
         on_ready(f"http://{cfg.host}:{server.port}")
     try:
-        (stop or threading.Event()).wait()
+        while not stopping.wait(1.0):
+            pass
     finally:
         server.close()
+    if got:
+        raise Interrupted(
+            f"roll serve stopped ({got[0]}); checkpoints saved under {cfg.checkpoints_dir} "
+            "are loaded again by the next `roll serve` on the same directory."
+        )

@@ -79,8 +79,6 @@ class Sampler:
                 stop_strs = tuple(stop)
             else:
                 raise UserError("stop must be strings or token ids, not a mix")
-        elif stop is not None:  # []: Tinker's "no stop at all, not even eos"
-            raise UserError("stop=[] (no eos stop) is not served; pass None or stop tokens")
         top_k = int(sp.get("top_k", -1))
         return SamplingParams(
             max_new_tokens=max_tokens,
@@ -89,6 +87,7 @@ class Sampler:
             top_k=0 if top_k < 0 else top_k,
             stop=stop_strs,
             stop_token_ids=stop_ids,
+            ignore_eos=stop is not None and not stop_strs and not stop_ids,  # []: no stop at all
         )
 
     def sample(

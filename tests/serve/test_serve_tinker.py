@@ -49,13 +49,15 @@ class Server:
             raise AssertionError(f"roll serve did not start: {line}{self.proc.stderr.read()}")
         self.url = line.split(" at ", 1)[1].strip()
 
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        """Stop it with `sig`; its exit code (130: stopped as asked)."""
+        self.proc.send_signal(sig)
         try:
-            self.proc.wait(timeout=30)
+            return self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            raise AssertionError("roll serve did not stop on a signal") from None
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +179,8 @@ def test_save_load_listing_and_restart(service, server: Server, ckpt_dir: Path) 
         restored = fresh.create_training_client_from_state(saved).result()
         np.testing.assert_allclose(_logprobs(restored, SFT[0]), before, atol=1e-6)
     finally:
-        other.stop()
+        assert other.stop(signal.SIGTERM) == 130
+        assert "stopped: roll serve stopped (SIGTERM)" in other.proc.stderr.read()
 
 
 def test_bad_requests_get_the_client_error_shapes(service) -> None:
