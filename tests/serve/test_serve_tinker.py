@@ -152,6 +152,11 @@ def test_stop_tokens_and_greedy(service) -> None:
     cut = sampler.sample(types.ModelInput.from_ints([5, 6, 7]), 1, stop).result().sequences[0]
     assert list(cut.tokens) == tokens[: tokens.index(stop_at) + 1]
     assert cut.stop_reason == "stop"
+    # stop=[]: nothing but max_tokens ends a response (eos included)
+    endless = types.SamplingParams(max_tokens=12, temperature=1.0, stop=[], seed=1)
+    long = sampler.sample(types.ModelInput.from_ints([5, 6, 7]), 4, endless).result()
+    assert [len(s.tokens) for s in long.sequences] == [12] * 4
+    assert {s.stop_reason for s in long.sequences} == {"length"}
 
 
 def test_save_load_listing_and_restart(service, server: Server, ckpt_dir: Path) -> None:
