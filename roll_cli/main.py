@@ -28,6 +28,7 @@ from roll_cli.debug_env import debug_env
 from roll_cli.evaluate import eval_command, generate_command
 from roll_cli.report import report_command
 from roll_cli.view import view_command
+from roll_cli.serve import serve_command
 from roll_core import __version__
 from roll_core.errors import RollError
 from roll_core.tracking.terminal import print_table
@@ -312,6 +313,7 @@ app.command("eval")(eval_command)
 app.command("generate")(generate_command)
 app.command("report")(report_command)
 app.command("view")(view_command)
+app.command("serve")(serve_command)
 
 
 @data_app.command("arith")

@@ -38,6 +38,11 @@ HIGHER["sandbox"] = tuple(
 ) + ("roll_cli", "ray", "torch")
 HIGHER["rollout"] = ("roll_cli", "roll_core.pipelines", "roll_core.evaluation")
 HIGHER["workers"] = (*HIGHER["rollout"], "roll_core.rollout", "ray")
+# serve/ (`roll serve`, the Tinker API) sits at the level of the pipelines: it uses engines,
+# backends, workers and models; nothing below imports it, and it calls no driver loop.
+for below in list(HIGHER):
+    HIGHER[below] = (*HIGHER[below], "roll_core.serve")
+HIGHER["serve"] = ("roll_cli", "roll_core.pipelines", "roll_core.evaluation")
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:

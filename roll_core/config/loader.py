@@ -227,6 +227,11 @@ def schema_for(data: dict[str, Any], *, source: str, expected: str | None = None
             f"{source}: the recipe has no `pipeline:` key.",
             hint=f"Add `pipeline: NAME` with one of: {', '.join(PIPELINES)}.",
         )
+    if name == "serve":  # not a training pipeline: its own command and schema (config/serve.py)
+        raise ConfigError(
+            f"{source}: a `pipeline: serve` recipe is run and checked by `roll serve`.",
+            hint="Check it with `roll serve RECIPE --dry-run` (see docs/serve.md).",
+        )
     if name not in PIPELINES:
         close = difflib.get_close_matches(str(name), list(PIPELINES), n=1)
         extra = f" Did you mean {close[0]}?" if close else ""

@@ -23,6 +23,12 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a response like eos does (kept in it). Honoured by the request-level
+    engines (``generate_request``: hf_engine.py); the fixed-batch ``generate`` refuses them."""
+    ignore_eos: bool = False
+    """Keep generating after eos (until a stop or ``max_new_tokens``). Request-level engines
+    only, as ``stop_token_ids``."""
     top_logprobs: int = 0
     """Also return this many most likely tokens (and their log-probs) at every generated
     position (``Completion.top_logprobs``); the same log softmax as the behaviour log-probs."""

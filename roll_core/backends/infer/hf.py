@@ -102,6 +102,11 @@ class HFInferBackend:
     @torch.no_grad()
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
         self.restore(["weights"])  # a call outside the turn order still sees its weights
+        if params.stop_token_ids or params.ignore_eos:
+            raise ModelError(
+                "stop_token_ids and ignore_eos are honoured by the request-level engine only.",
+                hint="A bug in the caller: use generate_request for requests with stop tokens.",
+            )
         start = time.time()
         pad = self.tokenizer.pad_token_id
         inputs = [r.prompt_ids + r.prefix_ids for r in requests]  # prefix: partial rollout

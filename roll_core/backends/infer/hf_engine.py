@@ -395,7 +395,8 @@ class HFEngine:
                 seq.log_probs.append(lp)
                 if top is not None:
                     seq.top_logprobs.append(top)
-                if tok == eos or self._hit_stop(seq):
+                ended = tok == eos and not seq.params.ignore_eos
+                if ended or tok in seq.params.stop_token_ids or self._hit_stop(seq):
                     self._finish(seq, "stop")
                 elif len(seq.tokens) >= seq.params.max_new_tokens:
                     self._finish(seq, "length")

@@ -318,6 +318,8 @@ class VLLMInferBackend:
             top_p=params.top_p,
             top_k=params.top_k,
             stop=list(params.stop) or None,
+            stop_token_ids=list(params.stop_token_ids) or None,
+            ignore_eos=params.ignore_eos,
             seed=request.seed,
             logprobs=params.top_logprobs,  # the sampled token's (and the top k alternatives)
             detokenize=bool(params.stop),  # stop strings are matched on text
