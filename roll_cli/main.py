@@ -27,8 +27,8 @@ from roll_cli.convert import convert_app
 from roll_cli.debug_env import debug_env
 from roll_cli.evaluate import eval_command, generate_command
 from roll_cli.report import report_command
-from roll_cli.view import view_command
 from roll_cli.serve import serve_command
+from roll_cli.view import view_command
 from roll_core import __version__
 from roll_core.errors import RollError
 from roll_core.tracking.terminal import print_table
