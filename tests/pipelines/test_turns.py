@@ -97,7 +97,7 @@ def test_rlvr_phase_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
         "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}},
         "trainer": {"max_steps": 2, "micro_batch_size": 8},
         "checkpoint": {"every_steps": 1},
-        "tracking": {"backends": ["jsonl"]},
+        "tracking": {"backends": ["jsonl"], "rollout_records": {"enabled": False}},
         **ALL_ON,
     }
     path = tmp_path / "rl.yaml"
@@ -159,5 +159,8 @@ def test_agentic_phase_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
         "ActorTrain.offload(params)",
         "ActorInfer.reload(kv_cache)",
     ]
-    assert first == ONE_STEP
-    assert second == ONE_STEP + save
+    # the rollout records (on by default) take the trainer's log-probs of their rows in the
+    # training turn, before the update (which computes the old log-probs itself)
+    recorded = [*ONE_STEP[:3], "ActorTrain.log_probs", *ONE_STEP[3:]]
+    assert first == recorded
+    assert second == recorded + save
