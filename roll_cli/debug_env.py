@@ -730,9 +730,8 @@ def _debug_agent(
     *,
     expert: bool = False,
 ) -> None:
-    """Play an agent program's episodes through the endpoint, each call answered by the model
-    (or, with --policy expert, by the module's expert, its text in --model's tokenizer and
-    context when given); print each call and how the episode ended."""
+    """Play an agent program's episodes through the endpoint, answered by the model (or by the
+    module's expert, in --model's tokenizer and context when given); print each call."""
     from roll_core.envs.agents import check_task, load_agent
     from roll_core.models.loading import use_chat_template
     from roll_core.rollout.agentic import ChatFormat, Trajectory
@@ -745,11 +744,7 @@ def _debug_agent(
 
     program = load_agent(path, options)
     if model is not None and expert:  # the expert's text in the model's tokens and context
-        from roll_core.models import load_tokenizer
-        from roll_core.models.loading import model_config
-
-        tokenizer = load_tokenizer(model)
-        context = int(model_config(model).get("max_position_embeddings") or 4096)
+        tokenizer, context = _tokens_of(model)
         model = None
     elif model is not None:
         from roll_core.envs.model_policy import ModelPolicy
@@ -803,6 +798,14 @@ def _debug_agent(
             _print_agent_episode(traj, tokenizer, i, episodes, task)
     finally:
         endpoint.close()
+
+
+def _tokens_of(model: str) -> tuple[Any, int]:
+    """A model's tokenizer and context length, without loading its weights."""
+    from roll_core.models import load_tokenizer
+    from roll_core.models.loading import model_config
+
+    return load_tokenizer(model), int(model_config(model).get("max_position_embeddings") or 4096)
 
 
 def _print_agent_episode(traj: Any, tokenizer: Any, i: int, total: int, task: Any) -> None:
