@@ -307,6 +307,20 @@ class ActorTrainConfig(Strict):
         "be at least the longest row (prompt + response). null: count rows.",
     )
 
+    logit_chunk_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Positions whose logits exist at a time in every pass that needs "
+        "per-token log-probs (the update, old / reference log-probs, the teacher, SFT, DPO): "
+        "the model's forward stops at its last hidden states and the output layer runs on "
+        "this many positions at a time, recomputed in the backward, so no [tokens x "
+        "vocabulary] tensor is held for it (roll_core/backends/train/lm_head.py). null: about "
+        "16M logits per chunk (110 positions of a 151,936-token vocabulary; one chunk for a "
+        "small one). 0: the whole micro-batch's logits at once (no chunking). Same log-probs, "
+        "entropies and gradients either way (float summation order aside). The megatron "
+        "backend computes its vocabulary-parallel logits whole.",
+    )
+
     @model_validator(mode="after")
     def _backend_options(self) -> ActorTrainConfig:
         if self.world_size > 1 and self.backend == "torch":

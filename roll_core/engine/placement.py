@@ -243,6 +243,9 @@ class LogitsSpec:
     # actor_train.max_tokens_per_micro_batch: a micro-batch holds at most this many positions
     # (as many rows as fit, micro_batch_size unused), all of which may be response tokens
     max_tokens: int | None = None
+    # actor_train.logit_chunk_tokens: positions whose logits exist at a time (None: about
+    # AUTO_CHUNK_ELEMENTS logits; 0: the micro-batch's at once)
+    chunk_tokens: int | None = None
 
     def positions(self) -> int:
         """B x L: the positions of one micro-batch (the budget when there is one)."""
@@ -254,25 +257,49 @@ class LogitsSpec:
 
 
 LOGIT_CHUNK = 2**26
-"""Logit elements the trainer turns into float32 at a time (backends/train/torch_backend.py:
-LOG_PROB_CHUNK; the engine layer cannot import the backends, tests check they agree)."""
+"""Logit elements the trainer turns into float32 at a time when the logits exist whole
+(backends/train/lm_head.py: LOG_PROB_CHUNK; the engine layer cannot import the backends,
+tests check they agree)."""
+
+AUTO_CHUNK_ELEMENTS = 2**24
+"""lm_head.py's AUTO_CHUNK_ELEMENTS: `logit_chunk_tokens: null` puts about this many logits in
+a chunk."""
+
+
+def chunk_positions(vocab_size: int, chunk_tokens: int | None) -> int:
+    """Positions of one chunk of the output layer: `logit_chunk_tokens`, or for null
+    AUTO_CHUNK_ELEMENTS // vocabulary; 0 for none (the whole micro-batch at once)."""
+    if chunk_tokens is None:
+        return max(1, AUTO_CHUNK_ELEMENTS // max(1, vocab_size))
+    return chunk_tokens
 
 
 def logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
     """Peak bytes of one micro-batch's logits in actor_train (train phase only), as the code
     computes them, with B rows of L positions, R of them response tokens, vocabulary V,
-    b bytes per logit and C = LOGIT_CHUNK; the larger of its two passes:
+    b bytes per logit (w = 4 more when b = 2: the float32 copy) and C = LOGIT_CHUNK.
 
-    * log-prob pass (old / reference log-probs, `token_log_probs`): the logits [B, L, V] plus
-      one chunk of at most C of them in float32, divided by the temperature, and its
-      log-softmax: B L V b + 8 min(C, B L V);
+    Chunked (`logit_chunk_tokens` c > 0 or null, c below the micro-batch's positions;
+    backends/train/lm_head.py): the forward stops at the hidden states and the output layer runs on c positions at a time, E = c V
+    logits, recomputed in the backward; the larger of
+    * log-prob pass: the chunk's logits, their float32 copy divided by the temperature and
+      its log-softmax: E (b + w + 8);
+    * loss pass: the chunk's logits, scaled copy, log-softmax and the entropy metric's
+      softmax and product in the forward, E (b + w + 16); in the backward the recomputed
+      log-softmax, its gradient and the logits' (E (b + w + 12)).
+    Measured (benchmarks/lm_head_memory.py, V = 151,936, bf16 on CPU): see docs/performance.md.
+
+    Whole (`logit_chunk_tokens: 0`, megatron, or a micro-batch within one chunk), the larger
+    of its two passes:
+    * log-prob pass (old / reference log-probs): the logits [B, L, V] plus one chunk of at
+      most C of them in float32, divided by the temperature, and its log-softmax:
+      B L V b + 8 min(C, B L V);
     * loss pass (`workers/objectives.py:rl`), with N = B R response rows: the largest of
       taking the rows out beside the logits (a b-byte copy, its float32 copy when b = 2, and
-      that divided by the temperature: B L V b + N V (b + 4 + 4 [b = 2])), the entropy metric
-      on one chunk of C beside the float32 rows and their log-softmax (B L V b + 8 N V +
-      8 min(C, N V)), and backward (the saved log-softmax, its gradient and the input's:
-      12 N V; the logits are gone by then).
-
+      that divided by the temperature: B L V b + N V (b + 4 + w)), the entropy metric
+      beside the float32 rows and their log-softmax (B L V b + 8 N V + 8 min(C, N V)), and
+      backward (the saved log-softmax, its gradient and the input's: 12 N V; the logits are
+      gone by then).
     Measured on CPU (peak RSS, V = 151,936, B 1, L 1024, R 768, bf16): log-prob pass 817 MiB
     (formula 809), loss pass 1711 MiB (formula 1699). The torch backend computes the logits
     of the response columns only (so L is ~R there); the estimate keeps L, the sharded
@@ -280,10 +307,16 @@ def logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
     [N, V] tensors for backward, not counted; nor are the other activations.
     """
     v, b = shape.vocab_size, spec.logits_bytes
+    w = 4 if b < 4 else 0
+    chunk = chunk_positions(v, spec.chunk_tokens)
+    if 0 < chunk < spec.positions():
+        log_prob_elems = min(chunk, spec.positions()) * v
+        loss_elems = min(chunk, spec.response_positions()) * v
+        return float(max(log_prob_elems * (b + w + 8), loss_elems * (b + w + 16)))
     full = spec.positions() * v
     picked = spec.response_positions() * v
     log_prob_pass = full * b + 8 * min(LOGIT_CHUNK, full)
-    take_rows = full * b + picked * (b + 4 + (4 if b < 4 else 0))
+    take_rows = full * b + picked * (b + 4 + w)
     entropy = full * b + 8 * picked + 8 * min(LOGIT_CHUNK, picked)
     backward = 12 * picked
     return float(max(log_prob_pass, take_rows, entropy, backward))

@@ -239,6 +239,7 @@ def build_reference(
             num_threads=role.num_threads,
             packing=role.packing,
             max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+            logit_chunk_tokens=role.logit_chunk_tokens,
             dtype=dtype,
         ),
     )
@@ -264,6 +265,7 @@ def build_teacher(cfg: Any, executor: Any, *, model_path: str, tokenizer_path: s
                 num_threads=role.num_threads,
                 packing=role.packing,
                 max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+                logit_chunk_tokens=role.logit_chunk_tokens,
             )
         },
     )

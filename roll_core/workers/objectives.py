@@ -14,23 +14,34 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from roll_core.backends.train.base import is_max_metric
-from roll_core.backends.train.torch_backend import LOG_PROB_CHUNK, Objective, token_loss_sum
+from roll_core.backends.train.lm_head import LMHead, as_head
+from roll_core.backends.train.torch_backend import Objective, token_loss_sum
 from roll_core.config.algorithm import AlgorithmConfig
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
 
 
-def sft(logits: torch.Tensor, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+def sft(head: LMHead | torch.Tensor, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean next-token cross-entropy on response tokens over the global batch."""
     ids, mask = mb.tensors["input_ids"], mb.tensors["loss_mask"]
-    summed = token_loss_sum(logits, ids, mask)
+    head = as_head(head)
+    if head.project is None:  # the logits exist: the loss as it always was computed
+        summed = token_loss_sum(head.hidden, ids, mask)
+    else:
+        picked = mask[:, 1:].bool()
+        summed = head.map(picked, _cross_entropy, ids[:, 1:][picked])[0].sum()
     loss = summed / float(mb.meta["loss_tokens"])
     return loss, {
         "train/loss_sum": float(summed.detach()),
         "train/loss_tokens": float(mask[:, 1:].sum()),
     }
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
+    return (F.cross_entropy(logits.float(), targets, reduction="none"),)
 
 
 OBJECTIVES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {"sft": sft}
@@ -54,7 +65,7 @@ def get_objective(name: str, **params: Any) -> Objective:
 
 
 def rl(
-    logits: torch.Tensor,
+    logits: LMHead | torch.Tensor,
     mb: Batch,
     *,
     algorithm: AlgorithmConfig,
@@ -70,12 +81,16 @@ def rl(
     of the mini-batch's tokens, so their sums over micro-batches are mini-batch means (`*_max`
     metrics are maxima: left unweighted, combined by max).
     """
-    from roll_core.algorithms import kl_loss, policy_loss
+    from roll_core.algorithms import entropy_bonus, kl_loss, policy_loss
 
     algo = algorithm
     t = mb.tensors
     mask = t["response_mask"]
-    scaled, picked, offset, log_probs = _response_log_probs(logits, mb, temperature)
+    head = as_head(logits)
+    offset = t["input_ids"].shape[1] - head.width
+    picked = mask[:, offset:].bool()
+    per_position = _response_terms(head, mb, picked, offset, algo, temperature, vocab_size)
+    log_probs = _scatter(per_position["log_probs"], picked, offset, mask)
     loss_kwargs = algo.policy_loss_kwargs(max_len=int(mb.meta["max_response_length"]))
     globals_ = {
         "global_num_tokens": mb.meta["response_tokens"],
@@ -108,17 +123,24 @@ def rl(
         )
         loss = loss + term
         metrics |= kl_metrics
-    if "teacher_dist_logprobs" in t:  # on-policy distillation, mode full
-        if vocab_size is None:
-            raise RuntimeError("the rl objective got teacher distributions but no vocab_size")
+    if "divergence" in per_position:  # on-policy distillation, mode full
         term, distill_metrics = _full_distill_term(
-            scaled, picked, offset, mb, algo, agg, vocab_size=vocab_size
+            per_position["divergence"], picked, offset, mask, algo, agg
         )
         loss = loss + term
         metrics |= distill_metrics
-    bonus, ent_metrics = _entropy_term(scaled, picked, offset, mask, algo.entropy_coef, agg)
-    if bonus is not None:
+    entropy = per_position["entropy"]
+    if algo.entropy_coef > 0:
+        bonus, ent_metrics = entropy_bonus(
+            entropy=_scatter(entropy, picked, offset, mask),
+            response_mask=mask,
+            coef=algo.entropy_coef,
+            **agg,
+        )
         loss = loss + bonus
+    else:  # the metric only (computed without a graph)
+        ent_sum = (entropy * mask[:, offset:][picked]).sum()
+        ent_metrics = {"actor/entropy": float(ent_sum / mask.sum().clamp(min=1))}
     metrics |= ent_metrics
     if "old_log_probs" not in t:  # the train/infer gap, measured on this forward instead
         gap = (old_log_probs - t["behaviour_log_probs"]).abs()
@@ -134,62 +156,93 @@ def rl(
     }
 
 
-def _entropy_term(
-    scaled: torch.Tensor,
-    picked: torch.Tensor,
-    offset: int,
-    mask: torch.Tensor,
-    coef: float,
-    agg: dict[str, Any],
-) -> tuple[torch.Tensor | None, dict[str, Any]]:
-    """The entropy bonus (``coef > 0``) and its metrics; else no term, and the entropy metric
-    computed without a graph, a chunk of rows at a time (softmax copies stay small)."""
-    from roll_core.algorithms import entropy_bonus, entropy_from_logits
-
-    if coef > 0:
-        ent = torch.zeros(mask.shape, dtype=scaled.dtype, device=mask.device)
-        ent[:, offset:] = ent[:, offset:].masked_scatter(picked, entropy_from_logits(scaled))
-        return entropy_bonus(entropy=ent, response_mask=mask, coef=coef, **agg)
-    with torch.no_grad():
-        step = max(1, LOG_PROB_CHUNK // max(1, scaled.shape[-1]))
-        ent = torch.cat([entropy_from_logits(c) for c in scaled.split(step)])
-        ent_sum = (ent * mask[:, offset:][picked]).sum()
-        return None, {"actor/entropy": float(ent_sum / mask.sum().clamp(min=1))}
-
-
-def _full_distill_term(
-    scaled: torch.Tensor,
-    picked: torch.Tensor,
-    offset: int,
+def _response_terms(
+    head: LMHead,
     mb: Batch,
+    picked: torch.Tensor,
+    offset: int,
     algo: AlgorithmConfig,
-    agg: dict[str, Any],
-    *,
-    vocab_size: int,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """`algorithm.on_policy_distill.mode: full`: coef x the exact divergence (reverse KL by
-    default) of the student's next-token distributions (``scaled``: the response positions'
-    logits / temperature, cut to the tokenizer's ``vocab_size`` as the teacher's were) to the
-    teacher's (``teacher_dist_*`` of the batch), aggregated as the policy loss is."""
-    from roll_core.algorithms import agg_loss
+    temperature: float,
+    vocab_size: int | None,
+) -> dict[str, torch.Tensor]:
+    """Per response position (``picked``: the mask from column ``offset`` on), in one pass
+    over the logits, a chunk of positions at a time: ``log_probs`` (of the sampled tokens,
+    at ``temperature``), ``entropy`` (with a graph only for an entropy bonus) and, for
+    on-policy distillation's `mode: full`, the ``divergence`` of the student's distribution
+    (cut to the tokenizer's ``vocab_size``) from the teacher's (``teacher_dist_*``).
+
+    Only response positions carry a loss, so the output layer runs on those N positions,
+    not on every prompt and padding position (N << B*T). A backend may compute the hidden
+    states of the last columns only (`response_logits_from`): column j of `head` is then
+    position `offset + j`; earlier positions carry no response."""
+    from roll_core.algorithms import entropy_from_logits
     from roll_core.algorithms.on_policy_distill import full_divergence
 
     t = mb.tensors
-    mask = t["response_mask"]
-    ids = t.get("teacher_dist_ids")
+    inputs = [t["input_ids"][:, 1 + offset :][picked]]
+    distill = "teacher_dist_logprobs" in t
+    teacher_ids = t.get("teacher_dist_ids")
+    if distill:
+        if vocab_size is None:
+            raise RuntimeError("the rl objective got teacher distributions but no vocab_size")
+        inputs.append(t["teacher_dist_logprobs"][:, offset:][picked])
+        if teacher_ids is not None:
+            inputs.append(teacher_ids[:, offset:][picked])
+    opd = algo.on_policy_distill
+    entropy_grad = algo.entropy_coef > 0
+
+    def fn(logits: torch.Tensor, targets: torch.Tensor, *teacher: torch.Tensor) -> list[Any]:
+        scaled = logits.float() / temperature
+        logp = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(scaled)
+        out = [logp, entropy]
+        if distill:
+            assert opd is not None and vocab_size is not None
+            out.append(
+                full_divergence(
+                    scaled,
+                    teacher[0],
+                    teacher[1] if len(teacher) > 1 else None,
+                    vocab_size=vocab_size,
+                    divergence=opd.divergence,
+                )
+            )
+        return out
+
+    values = head.map(picked, fn, *inputs)
+    names = ["log_probs", "entropy", "divergence"][: len(values)]
+    return dict(zip(names, values, strict=True))
+
+
+def _scatter(
+    values: torch.Tensor, picked: torch.Tensor, offset: int, mask: torch.Tensor
+) -> torch.Tensor:
+    """Per-position values ``[N]`` of the positions ``picked`` (columns ``offset``..) laid out
+    as ``mask`` ``[B, T-1]``, 0 elsewhere (autograd flows through)."""
+    out = torch.zeros(mask.shape, dtype=values.dtype, device=mask.device)
+    out[:, offset:] = out[:, offset:].masked_scatter(picked, values)
+    return out
+
+
+def _full_distill_term(
+    per_position: torch.Tensor,
+    picked: torch.Tensor,
+    offset: int,
+    mask: torch.Tensor,
+    algo: AlgorithmConfig,
+    agg: dict[str, Any],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`algorithm.on_policy_distill.mode: full`: coef x the exact divergence (reverse KL by
+    default) of the student's next-token distributions to the teacher's, per response
+    position (``per_position``, from :func:`_response_terms`), aggregated as the policy loss
+    is."""
+    from roll_core.algorithms import agg_loss
+
     opd = algo.on_policy_distill
     assert opd is not None
-    per_position = full_divergence(
-        scaled,
-        t["teacher_dist_logprobs"][:, offset:][picked],
-        ids[:, offset:][picked] if ids is not None else None,
-        vocab_size=vocab_size,
-        divergence=opd.divergence,
-    )
-    loss_mat = torch.zeros(mask.shape, dtype=per_position.dtype, device=mask.device)
-    loss_mat[:, offset:] = loss_mat[:, offset:].masked_scatter(picked, per_position)
     term = opd.coef * agg_loss(
-        loss_mat,
+        _scatter(per_position, picked, offset, mask),
         mask,
         agg["agg_mode"],
         max_len=agg["max_len"],
@@ -198,28 +251,6 @@ def _full_distill_term(
     )
     mean = float(per_position.detach().sum() / mask.sum().clamp(min=1))
     return term, {"distill/full_divergence": mean, "actor/distill_loss": float(term.detach())}
-
-
-def _response_log_probs(
-    logits: torch.Tensor, mb: Batch, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
-    """(scaled logits of the N response positions [N, V], which positions those are, the
-    column offset of `logits`, log-probs [B, T-1] with 0 off the responses).
-
-    Only response positions carry a loss: the softmax over the vocabulary (and the entropy)
-    is computed on those N rows, not on every prompt and padding position ([N, V], N << B*T).
-    A backend may compute the logits of the last columns only (`response_logits_from`):
-    column j of `logits` is then position `offset + j`; earlier positions carry no response."""
-    t = mb.tensors
-    mask = t["response_mask"]
-    offset = t["input_ids"].shape[1] - logits.shape[1]
-    picked = mask[:, offset:].bool()
-    scaled = logits[:, :-1][picked].float() / temperature  # [N, V]
-    targets = t["input_ids"][:, 1 + offset :][picked]
-    picked_log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-    log_probs = torch.zeros(mask.shape, dtype=picked_log_probs.dtype, device=mask.device)
-    log_probs[:, offset:] = log_probs[:, offset:].masked_scatter(picked, picked_log_probs)
-    return scaled, picked, offset, log_probs
 
 
 LOSS_SHARE_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/distill_loss"})

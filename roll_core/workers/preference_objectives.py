@@ -18,23 +18,25 @@ global batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from roll_core.algorithms.distill import distill_loss
 from roll_core.algorithms.preference import chosen_nll, preference_loss
-from roll_core.backends.train.torch_backend import token_log_probs
+from roll_core.backends.train.lm_head import LMHead, as_head, target_log_probs
 from roll_core.data import Batch
 
 
-def sequence_log_probs(logits: torch.Tensor, mb: Batch) -> torch.Tensor:
+def sequence_log_probs(logits: LMHead | torch.Tensor, mb: Batch) -> torch.Tensor:
     """Summed log-probs of the response tokens (``loss_mask``) of every row: ``[B]``."""
-    per_token = token_log_probs(logits, mb.tensors["input_ids"])
-    return (per_token * mb.tensors["loss_mask"][:, 1:].to(per_token.dtype)).sum(-1)
+    mask = mb.tensors["loss_mask"][:, 1:]
+    per_token = target_log_probs(logits, mb.tensors["input_ids"], mask)
+    return (per_token * mask.to(per_token.dtype)).sum(-1)
 
 
 def dpo(
-    logits: torch.Tensor,
+    logits: LMHead | torch.Tensor,
     mb: Batch,
     *,
     loss_type: str = "sigmoid",
@@ -82,7 +84,7 @@ def dpo(
 
 
 def distill(
-    logits: torch.Tensor,
+    logits: LMHead | torch.Tensor,
     mb: Batch,
     *,
     loss_type: str = "forward_kl",
@@ -97,20 +99,26 @@ def distill(
     embedding, which differ between model sizes) are dropped.
     """
     mask = mb.tensors["loss_mask"][:, 1:].bool()
-    student = logits[:, :-1, :vocab_size][mask]
-    teacher_logp = mb.tensors["teacher_logprobs"][mask]
-    ids = mb.tensors["teacher_ids"][mask] if "teacher_ids" in mb.tensors else None
-    losses, kl = distill_loss(
-        student,
-        teacher_logp,
-        ids,
-        loss_type=loss_type,
-        temperature=temperature,
-        skew_alpha=skew_alpha,
-        jsd_beta=jsd_beta,
-    )
+    inputs = [mb.tensors["teacher_logprobs"][mask]]
+    if "teacher_ids" in mb.tensors:
+        inputs.append(mb.tensors["teacher_ids"][mask])
+
+    def fn(logits: torch.Tensor, teacher_logp: torch.Tensor, *ids: torch.Tensor) -> Any:
+        student = logits[:, :vocab_size]
+        losses, kl = distill_loss(
+            student,
+            teacher_logp,
+            ids[0] if ids else None,
+            loss_type=loss_type,
+            temperature=temperature,
+            skew_alpha=skew_alpha,
+            jsd_beta=jsd_beta,
+        )
+        return losses, kl, student.detach().argmax(-1)
+
+    losses, kl, top1 = as_head(logits).map(mask, fn, *inputs)
     loss = losses.sum() / float(mb.meta["loss_tokens"])
-    agree = student.detach().argmax(-1) == mb.tensors["teacher_top1"][mask]
+    agree = top1 == mb.tensors["teacher_top1"][mask]
     return loss, {
         "distill/tokens": float(mask.sum()),
         "distill/loss_sum": float(losses.detach().sum()),

@@ -11,18 +11,22 @@ from typing import Any
 
 import torch
 
-from roll_core.algorithms.distill import teacher_targets
 from roll_core.backends.train import get_train_backend
 from roll_core.backends.train.base import TrainBackendSpec
+from roll_core.backends.train.lm_head import (
+    LMHead,
+    distribution_targets,
+    head_forward,
+    target_log_probs,
+)
 from roll_core.backends.train.packing import (
     check_packing_support,
     micro_batches,
-    model_forward,
     pad_log_probs,
     rope_module,
     scatter_rows,
 )
-from roll_core.backends.train.torch_backend import resolve_device, token_log_probs
+from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data import Batch
 from roll_core.data.vision import vision_model_inputs
 from roll_core.engine import Worker
@@ -44,6 +48,7 @@ class Reference(Worker):
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
         dtype: str = "float32",
+        logit_chunk_tokens: int | None = None,
         spec: TrainBackendSpec | None = None,
         **rank_info: Any,
     ) -> None:
@@ -61,6 +66,7 @@ class Reference(Worker):
         self.num_threads = num_threads
         self.packing = packing  # as actor_train's (backends/train/packing.py)
         self.max_tokens = max_tokens_per_micro_batch
+        self.logit_chunk_tokens = logit_chunk_tokens  # backends/train/lm_head.py
         self.model: Any = None
 
     @classmethod
@@ -101,19 +107,26 @@ class Reference(Worker):
             packed=self.packing,
         ):
             mb = mb.to(self.device)
-            logits = model_forward(
-                self.model,
-                mb,
-                self.device,
-                packing=self.packing,
-                rope=self._rope,
-                # VLM rows: their images and token types (the model's 3-D rope positions)
-                vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
-                varlen=self._varlen,
-            ).logits
-            ids = mb.tensors["input_ids"]
-            out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
+            head = self._head(mb)
+            ids, valid = mb.tensors["input_ids"], mb.tensors["attention_mask"][:, 1:]
+            logp = target_log_probs(head, ids, valid, temperature=temperature)
+            out.append((rows, logp.cpu()))
         return pad_log_probs(out, batch)
+
+    def _head(self, mb: Batch) -> LMHead:
+        """The micro-batch's logits on demand (backends/train/lm_head.py)."""
+        head, _ = head_forward(
+            self.model,
+            mb,
+            self.device,
+            chunk_tokens=self.logit_chunk_tokens,
+            packing=self.packing,
+            rope=self._rope,
+            # VLM rows: their images and token types (the model's 3-D rope positions)
+            vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
+            varlen=self._varlen,
+        )
+        return head
 
     @dispatch("dp", collect="concat")
     @torch.no_grad()
@@ -134,13 +147,9 @@ class Reference(Worker):
         ):  # fmt: skip
             mb = mb.to(self.device)
             mask = mb.tensors["response_mask"].bool()
-            logits = model_forward(
-                self.model, mb, self.device, packing=self.packing, rope=self._rope,
-                vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
-                varlen=self._varlen,
-            ).logits  # fmt: skip
-            picked = logits[:, :-1, :vocab_size][mask]
-            logp, ids = teacher_targets(picked, temperature=temperature, top_k=top_k)
+            logp, ids = distribution_targets(
+                self._head(mb), mask, temperature=temperature, top_k=top_k, vocab_size=vocab_size
+            )
             for key, value in {"logprobs": logp, "ids": ids}.items():
                 if value is None:
                     continue

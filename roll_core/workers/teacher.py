@@ -15,12 +15,11 @@ from typing import Any
 
 import torch
 
-from roll_core.algorithms.distill import teacher_targets
 from roll_core.backends.train.base import TrainBackendSpec
+from roll_core.backends.train.lm_head import LMHead, distribution_targets, head_forward
 from roll_core.backends.train.packing import (
     check_packing_support,
     micro_batches,
-    model_forward,
     rope_module,
     scatter_rows,
 )
@@ -74,22 +73,23 @@ class Teacher(Worker):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _logits(self, mb: Batch) -> torch.Tensor:
+    def _head(self, mb: Batch) -> LMHead:
+        """The micro-batch's logits on demand (backends/train/lm_head.py)."""
         if self.model is None:
             raise RuntimeError("Teacher.setup() was not called")
-        # image rows: the images the student sees, their token types (3-D rope positions)
-        vision = vision_model_inputs(mb, self.device, image_token_id=self._image_token)
-        with self._autocast():
-            out = model_forward(
-                self.model,
-                mb,
-                self.device,
-                packing=self.spec.packing,
-                rope=self._rope,
-                vision=vision,
-                varlen=self._varlen,
-            )
-            return out.logits.float()
+        head, _ = head_forward(
+            self.model,
+            mb,
+            self.device,
+            chunk_tokens=self.spec.logit_chunk_tokens,
+            autocast=self._autocast,
+            packing=self.spec.packing,
+            rope=self._rope,
+            # image rows: the images the student sees, their token types (3-D rope positions)
+            vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
+            varlen=self._varlen,
+        )
+        return head
 
     @dispatch("dp", collect="concat")
     @torch.no_grad()
@@ -111,8 +111,13 @@ class Teacher(Worker):
             packed=spec.packing,
         ):
             mask = mb.tensors["loss_mask"][:, 1:].bool()
-            logits = self._logits(mb)[:, :-1, :vocab_size][mask.to(self.device)]
-            logp, ids = teacher_targets(logits, temperature=temperature, top_k=top_k)
+            logp, ids = distribution_targets(
+                self._head(mb.to(self.device)),
+                mask.to(self.device),
+                temperature=temperature,
+                top_k=top_k,
+                vocab_size=vocab_size,
+            )
             fields = {"teacher_logprobs": logp, "teacher_top1": logp.argmax(-1)}
             if ids is not None:
                 fields["teacher_ids"] = ids

@@ -141,25 +141,27 @@ def test_kv_cache_and_per_gpu_sum() -> None:
 
 def test_logits_memory_by_hand() -> None:
     """One micro-batch's logits (issue 32 item 7), b bytes per logit, C = 2**26 elements per
-    float32 chunk, BLV logits of which NV response: the largest of the log-prob pass
-    (BLV b + 8 min(C, BLV)), taking the response rows out (BLV b + NV (b + 4 + 4 [b = 2])),
-    the entropy metric (BLV b + 8 NV + 8 min(C, NV)) and backward (12 NV)."""
+    float32 chunk, BLV logits of which NV response; whole (`logit_chunk_tokens: 0`): the
+    largest of the log-prob pass (BLV b + 8 min(C, BLV)), taking the response rows out (BLV b
+    + NV (b + 4 + 4 [b = 2])), the entropy metric (BLV b + 8 NV + 8 min(C, NV)) and backward
+    (12 NV)."""
     from roll_core.engine.placement import LOGIT_CHUNK, LogitsSpec, logits_memory
 
     v10 = ModelShape(1, 1, 1, 1, 1, 1, vocab_size=10, tie_embeddings=True)
     # B 2 x L 5 x V 10 = 100 logits, 60 of them response (R 3); all under one chunk.
     # bf16: log-prob 200 + 800 = 1000, rows 200 + 600 = 800, entropy 200 + 480 + 480 = 1160,
     # backward 720: 1160
-    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=2)) == 1160.0
+    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=2, chunk_tokens=0)) == 1160.0
     # fp32: 400 + 800 = 1200, 400 + 480 = 880, 400 + 480 + 480 = 1360, 720: 1360
-    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=4)) == 1360.0
+    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=4, chunk_tokens=0)) == 1360.0
     # a long prompt and a 1-token response: the log-prob pass is the largest:
     # 2*1000 + 8*1000 = 10000 (rows 2000 + 100, entropy 2000 + 80 + 80, backward 120)
-    assert logits_memory(v10, LogitsSpec(1, 100, 1, logits_bytes=2)) == 10000.0
+    assert logits_memory(v10, LogitsSpec(1, 100, 1, logits_bytes=2, chunk_tokens=0)) == 10000.0
     # a token budget of 20 positions: BL = NV/V = 20 whatever the rows (all may be response):
     # 200 logits; bf16: log-prob 400 + 1600, rows 400 + 200 x 10 = 2400, entropy 400 + 1600 +
     # 1600 = 3600, backward 2400: 3600
-    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=2, max_tokens=20)) == 3600.0
+    spec = LogitsSpec(2, 5, 3, logits_bytes=2, max_tokens=20, chunk_tokens=0)
+    assert logits_memory(v10, spec) == 3600.0
     # Qwen3's vocabulary, one row of 1024 + 8192 positions (recipes/qwen3-30b-a3b-rlvr.yaml):
     # BLV = 9216 x 151936 = 1,400,242,176 and NV = 8192 x 151936 = 1,244,659,712 are both over
     # one chunk; taking the rows out is the largest: 2 BLV + 10 NV = 2,800,484,352 +
@@ -167,26 +169,37 @@ def test_logits_memory_by_hand() -> None:
     # 13,294,632,960, backward 14,935,916,544, log-prob pass 2 BLV + 8 C = 3,337,355,264
     qwen3 = model_shape("Qwen/Qwen3-30B-A3B")
     assert LOGIT_CHUNK == 2**26
-    assert logits_memory(qwen3, LogitsSpec(1, 9216, 8192)) == 15_247_081_472.0
+    assert logits_memory(qwen3, LogitsSpec(1, 9216, 8192, chunk_tokens=0)) == 15_247_081_472.0
 
 
-def test_checkpointed_activations_by_hand() -> None:
-    from roll_core.engine.placement import LogitsSpec, checkpointed_activations
+def test_chunked_logits_memory_by_hand() -> None:
+    """Chunked (backends/train/lm_head.py): E = c V logits at a time, c = logit_chunk_tokens
+    (null: 2**24 // V); the log-prob pass E (b + w + 8), the loss pass E (b + w + 16), w = 4
+    when b = 2 (the float32 copy); c is at most the pass's positions. A micro-batch of at
+    most c positions computes its logits whole."""
+    from roll_core.engine.placement import LogitsSpec, logits_memory
 
-    # Qwen3-30B-A3B: 48 layers x 1 row x 9216 positions x hidden 2048 x 2 bytes
+    v10 = ModelShape(1, 1, 1, 1, 1, 1, vocab_size=10, tie_embeddings=True)
+    # null: c = 1,677,721 >= the 10 positions: whole, as in test_logits_memory_by_hand
+    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=2)) == 1160.0
+    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=4)) == 1360.0
+    # c = 2: log-prob 2 x 10 x 14 = 280, loss 20 x 22 = 440
+    assert logits_memory(v10, LogitsSpec(2, 5, 3, logits_bytes=2, chunk_tokens=2)) == 440.0
+    # Qwen3, one row of 9216 positions: c = 2**24 // 151936 = 110, E = 16,712,960, bf16:
+    # loss 22 E = 367,685,120 bytes (0.34 GiB) against 15,247,081,472 whole; and a token
+    # budget changes nothing
     qwen3 = model_shape("Qwen/Qwen3-30B-A3B")
-    assert checkpointed_activations(qwen3, LogitsSpec(1, 9216, 8192)) == 1_811_939_328.0
-    # a budget of 4096 positions: 48 x 4096 x 2048 x 2
-    spec = LogitsSpec(8, 9216, 8192, max_tokens=4096)
-    assert checkpointed_activations(qwen3, spec) == 805_306_368.0
+    assert logits_memory(qwen3, LogitsSpec(1, 9216, 8192)) == 367_685_120.0
+    assert logits_memory(qwen3, LogitsSpec(1, 9216, 8192, max_tokens=16384)) == 367_685_120.0
 
 
 def test_logit_chunk_is_the_trainers() -> None:
     """engine/ cannot import backends/: the constant is written twice and must agree."""
-    from roll_core.backends.train.torch_backend import LOG_PROB_CHUNK
-    from roll_core.engine.placement import LOGIT_CHUNK
+    from roll_core.backends.train import lm_head
+    from roll_core.engine import placement
 
-    assert LOGIT_CHUNK == LOG_PROB_CHUNK
+    assert placement.LOGIT_CHUNK == lm_head.LOG_PROB_CHUNK
+    assert placement.AUTO_CHUNK_ELEMENTS == lm_head.AUTO_CHUNK_ELEMENTS
 
 
 def test_dry_run_counts_the_logits_and_says_what_moves() -> None:
@@ -200,6 +213,12 @@ def test_dry_run_counts_the_logits_and_says_what_moves() -> None:
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-rlvr.yaml"
     rows = {r.role + "/" + r.worker: r.detail for r in plan(load_recipe(recipe, []))}
+    # the output layer chunked (the default): 0.3 GiB of logits, and both fit side by side
+    assert "logits while training 0.3," in rows["memory/GPU/estimate"]
+    assert rows["colocation/Turns"].startswith("colocated, nothing offloaded")
+    # the whole micro-batch's logits at once: 14.2 GiB, and vLLM must leave the GPU
+    cfg = load_recipe(recipe, ["actor_train.logit_chunk_tokens=0"])
+    rows = {r.role + "/" + r.worker: r.detail for r in plan(cfg)}
     assert rows["memory/GPU/estimate"] == (
         "actor_train 44.3 GiB (params 3.6, grads 3.6, optim 21.3, logits while training 14.2, "
         "checkpointed layer inputs 1.7) + actor_infer 36.0 GiB (params 28.4, kv 7.6); 80.3 GiB "
@@ -229,9 +248,15 @@ def test_the_logits_term_follows_the_token_budget() -> None:
     from roll_core.pipelines import plan
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-rlvr.yaml"
-    cfg = load_recipe(recipe, ["actor_train.max_tokens_per_micro_batch=16384"])
+    budget = "actor_train.max_tokens_per_micro_batch=16384"
+    cfg = load_recipe(recipe, [budget, "actor_train.logit_chunk_tokens=0"])
     rows = {r.role + "/" + r.worker: r.detail for r in plan(cfg)}
     assert (
         "logits while training 27.8, checkpointed layer inputs 3.0)"
         in (rows["memory/GPU/estimate"])
+    )
+    # chunked, one chunk's logits whatever the budget; the layer inputs still follow it
+    rows = {r.role + "/" + r.worker: r.detail for r in plan(load_recipe(recipe, [budget]))}
+    assert (
+        "logits while training 0.3, checkpointed layer inputs 3.0)" in (rows["memory/GPU/estimate"])
     )

@@ -62,6 +62,9 @@ class TrainBackendSpec:
     max_tokens_per_micro_batch: int | None = None
     """Token budget of a micro-batch (real tokens when packed, rows x longest row when
     padded); rows are grouped by length to fill it. None: `micro_batch_size` rows."""
+    logit_chunk_tokens: int | None = None
+    """Positions whose logits exist at a time (roll_core/backends/train/lm_head.py); None:
+    about 16M logits per chunk; 0: the micro-batch's at once."""
     frozen: bool = False
     """Log-prob passes only (the reference role on a sharded backend): no optimizer, no
     gradient buffers, no LR schedule. Backend megatron only (the other backends' frozen roles
@@ -126,6 +129,7 @@ def spec_from_config(
         megatron=role.megatron if role.backend == "megatron" else None,
         packing=role.packing,
         max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+        logit_chunk_tokens=role.logit_chunk_tokens,
     )
 
 
@@ -153,7 +157,8 @@ class TrainBackend(Protocol):
     def train_step(self, batch: Batch, objective: Any) -> dict[str, float]:
         """One optimizer step over `batch`, accumulated in micro-batches.
 
-        `objective(logits, micro_batch) -> (loss share, metric sums)` normalises with the
+        `objective(head, micro_batch) -> (loss share, metric sums)` (head: the micro-batch's
+        logits on demand, roll_core/backends/train/lm_head.py) normalises with the
         global counts in `batch.meta` (e.g. `loss_tokens` over all ranks), so accumulation and
         data parallelism give the same update as one big batch.
         """

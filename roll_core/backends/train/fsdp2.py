@@ -76,7 +76,11 @@ class FSDP2TrainBackend(ShardedTrainBackend):
             model.to(self.device)  # type: ignore[arg-type]
         for unit in shard_units(model):
             fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)
+        # The root (embeddings, final norm, output layer) stays gathered from its forward to
+        # its backward: the output layer runs after the forward, a chunk of positions at a
+        # time, and again in the backward (backends/train/lm_head.py). FSDP2's own default
+        # for a root; its gradients are still reduce-scattered in its post-backward.
+        fully_shard(model, **{**kwargs, "reshard_after_forward": False})
         self.model = model
         self.optim_cfg = spec.optim
         self.params = [p for p in model.parameters() if p.requires_grad]

@@ -173,8 +173,8 @@ class ShardedTrainBackend(TorchTrainBackend):
         seen_tokens = 0
         for _, mb, dummy in self.aligned_chunks(batch, objective):
             mb = mb.to(self.device)
-            out = self.model_output(mb)
-            loss, metrics = objective(out.logits, mb)
+            head, out = self.head(mb)
+            loss, metrics = objective(head, mb)
             weight = len(mb) / len(batch) / self.world_size  # of the step, over all ranks
             loss, metrics = add_router_aux_loss(loss, metrics, out, self.model, weight)
             self._backward(loss * (0.0 if dummy else float(self.world_size)))
@@ -198,23 +198,34 @@ class ShardedTrainBackend(TorchTrainBackend):
         sums: dict[str, float] = {}
         for _, mb, dummy in self.aligned_chunks(batch, objective):
             mb = mb.to(self.device)
-            _, metrics = objective(self.forward(mb), mb)
+            _, metrics = objective(self.head(mb)[0], mb)
             if not dummy:
                 add_metrics(sums, metrics)
+        self._reshard()
         return sums
+
+    def _reshard(self) -> None:
+        """After passes without a backward: FSDP2's root (kept gathered from its forward to its
+        backward, see fsdp2.py) is sharded again, so it is not held whole until the next
+        update. Nothing to do for DeepSpeed."""
+        reshard = getattr(self.model, "reshard", None)
+        if callable(reshard):
+            reshard()
 
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
-        from roll_core.backends.train.torch_backend import token_log_probs
+        from roll_core.backends.train.lm_head import target_log_probs
 
         self.model.eval()
         out = []
         for rows, mb, dummy in self.aligned_chunks(batch):
             mb = mb.to(self.device)
-            logits = self.forward(mb)
+            head, _ = self.head(mb)  # every rank runs the forward (collectives inside)
             if not dummy:
-                ids = mb.tensors["input_ids"]
-                out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
+                ids, valid = mb.tensors["input_ids"], mb.tensors["attention_mask"][:, 1:]
+                logp = target_log_probs(head, ids, valid, temperature=temperature)
+                out.append((rows, logp.cpu()))
+        self._reshard()
         return pad_log_probs(out, batch)
 
     def adapters_disabled(self) -> Any:

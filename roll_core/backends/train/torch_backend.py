@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from roll_core.backends.train.base import TrainBackendSpec, add_metrics
+from roll_core.backends.train.lm_head import LOG_PROB_CHUNK, LMHead, head_forward, target_log_probs
 from roll_core.backends.train.packing import (
     check_packing_support,
     micro_batches,
@@ -58,15 +59,9 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
-"""A training loss on one micro-batch: (logits [B, T, V], micro-batch) -> (loss share, metric
-sums). Objectives live in roll_core/workers/objectives.py and call pure losses."""
-
-
-LOG_PROB_CHUNK = 2**26
-"""Logit elements (rows x positions x vocabulary) turned into float32 log-probs at a time: the
-log-prob pass never holds more than this many float32 copies (2 x 256 MiB), whatever the
-vocabulary and sequence length (engine/placement.py:logits_memory counts it)."""
+Objective = Callable[[LMHead, Batch], tuple[torch.Tensor, dict[str, float]]]
+"""A training loss on one micro-batch: (its logits [B, T, V] on demand, micro-batch) -> (loss
+share, metric sums). Objectives live in roll_core/workers/objectives.py and call pure losses."""
 
 
 def token_log_probs(
@@ -232,6 +227,25 @@ class TorchTrainBackend:
                 varlen=self._varlen,
             )
 
+    def head(self, mb: Batch, *, logits_from: int = 0) -> tuple[LMHead, Any]:
+        """(The logits of one micro-batch on demand, the model's output without them: its
+        router's `aux_loss`): as :meth:`model_output`, but the output layer runs later, on
+        the positions an objective asks for, `logit_chunk_tokens` at a time
+        (backends/train/lm_head.py)."""
+        return head_forward(
+            self.model,
+            mb,
+            self.device,
+            chunk_tokens=self.spec.logit_chunk_tokens,
+            autocast=self._autocast,
+            call=self._call_model,
+            packing=self.packing,
+            rope=self._rope,
+            logits_from=logits_from,
+            vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
+            varlen=self._varlen,
+        )
+
     def _call_model(self, **kwargs: Any) -> Any:
         """The model's forward (the DeepSpeed backend calls its engine instead)."""
         return self.model(**kwargs)
@@ -252,8 +266,8 @@ class TorchTrainBackend:
             mb = mb.to(self.device)
             logits_from = getattr(objective, "logits_from", None)
             first = logits_from(mb) if logits_from is not None else 0
-            out = self.model_output(mb, logits_from=first)
-            loss, metrics = objective(out.logits, mb)
+            head, out = self.head(mb, logits_from=first)
+            loss, metrics = objective(head, mb)
             loss, metrics = add_router_aux_loss(
                 loss, metrics, out, self.model, len(mb) / len(batch)
             )
@@ -282,7 +296,7 @@ class TorchTrainBackend:
         sums: dict[str, float] = {}
         for _, mb in self.micro_batches(batch, objective):
             mb = mb.to(self.device)
-            _, metrics = objective(self.forward(mb), mb)
+            _, metrics = objective(self.head(mb)[0], mb)
             add_metrics(sums, metrics)
         return sums
 
@@ -293,9 +307,10 @@ class TorchTrainBackend:
         out = []
         for rows, mb in self.micro_batches(batch):
             mb = mb.to(self.device)
-            logits = self.forward(mb)
-            ids = mb.tensors["input_ids"]
-            out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
+            head, _ = self.head(mb)
+            ids, valid = mb.tensors["input_ids"], mb.tensors["attention_mask"][:, 1:]
+            logp = target_log_probs(head, ids, valid, temperature=temperature)
+            out.append((rows, logp.cpu()))
         return pad_log_probs(out, batch)
 
     def adapters_disabled(self) -> contextlib.AbstractContextManager[Any]:

@@ -1,0 +1,282 @@
+"""The chunked output layer (roll_core/backends/train/lm_head.py).
+
+By hand: a one-dimensional hidden state and a two-token vocabulary. Against the unchunked
+computation, fp32, within 1e-6: log-probs, entropies and gradients of every objective (SFT,
+DPO, offline distillation, RL with KL, an entropy bonus and full-distribution on-policy
+distillation), packed and padded, with LoRA, on the tiny Qwen3 (tied embeddings), and the
+teacher's and reference's passes. And what the chunking is for: no tensor of [positions x
+vocabulary] is saved for the backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from roll_core.backends.train.base import TrainBackendSpec
+from roll_core.backends.train.lm_head import (
+    LMHead,
+    deferrable_head,
+    distribution_targets,
+    target_log_probs,
+)
+from roll_core.backends.train.torch_backend import TorchTrainBackend
+from roll_core.config.algorithm import AlgorithmConfig
+from roll_core.config.schema import LoraConfig, OptimConfig
+from roll_core.data import Batch
+from roll_core.models import resolve_model_path
+from roll_core.workers.objectives import get_objective
+
+
+def test_log_prob_by_hand() -> None:
+    # hidden h = 2, weight rows w0 = 1, w1 = -0.5: logits (2, -1); log p(token 1) at T = 1 is
+    # -1 - log(e^2 + e^-1) = -3.048587...; at T = 2 the logits are (1, -0.5): -1.701413
+    layer = torch.nn.Linear(1, 2, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0], [-0.5]]))
+    head = LMHead(torch.tensor([[[2.0], [0.0]]]), layer, vocab_size=2, chunk_tokens=1)
+    ids = torch.tensor([[0, 1]])
+    mask = torch.tensor([[True]])
+    torch.set_grad_enabled(False)
+    assert float(target_log_probs(head, ids, mask)[0, 0]) == pytest.approx(
+        -1 - math.log(math.exp(2) + math.exp(-1)), abs=1e-6
+    )
+    assert float(target_log_probs(head, ids, mask, temperature=2.0)[0, 0]) == pytest.approx(
+        -0.5 - math.log(math.exp(1) + math.exp(-0.5)), abs=1e-6
+    )
+    torch.set_grad_enabled(True)
+
+
+def _terms(logits: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+    z = logits.float() / 0.7
+    logp = torch.log_softmax(z, -1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return [logp.gather(-1, targets[:, None]).squeeze(-1), entropy, z.max(-1).values]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 100])
+def test_map_equals_the_whole_computation_and_its_gradients(chunk: int) -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(5, 11)
+    hidden = torch.randn(3, 6, 5, requires_grad=True)
+    mask = torch.rand(3, 5) > 0.3
+    targets = torch.randint(0, 11, (int(mask.sum()),))
+    weights = torch.randn(3, int(mask.sum()))
+
+    def run(head: LMHead) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        hidden.grad, layer.weight.grad, layer.bias.grad = None, None, None
+        values = head.map(mask, _terms, targets)
+        loss = sum((w * v).sum() for w, v in zip(weights, values, strict=True))
+        loss.backward()
+        grads = [hidden.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()]
+        return [v.detach() for v in values], grads
+
+    whole = run(LMHead.from_logits(layer(hidden)))
+    chunked = run(LMHead(hidden, layer, vocab_size=11, chunk_tokens=chunk))
+    for a, b in zip(whole[0] + whole[1], chunked[0] + chunked[1], strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+
+def test_no_positions_x_vocabulary_tensor_is_saved_for_the_backward() -> None:
+    """The autograd graph of a chunked pass holds nothing of [positions x vocabulary] (the
+    chunk's logits are recomputed in the backward); the unchunked one holds them."""
+    torch.manual_seed(0)
+    vocab, positions = 1000, 64
+    layer = torch.nn.Linear(8, vocab)
+    hidden = torch.randn(1, positions, 8, requires_grad=True)
+    mask = torch.ones(1, positions, dtype=torch.bool)
+    targets = torch.randint(0, vocab, (positions,))
+
+    def largest_saved(head: LMHead) -> int:
+        sizes: list[int] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            values = head.map(mask, _terms, targets)
+        sum(v.sum() for v in values).backward()
+        return max(sizes)
+
+    assert largest_saved(LMHead(hidden, layer, vocab_size=vocab, chunk_tokens=0)) >= (
+        positions * vocab
+    )
+    # the layer's weight (vocab x 8) is the largest thing kept; 8 x vocab < positions x vocab
+    assert largest_saved(LMHead(hidden, layer, vocab_size=vocab, chunk_tokens=8)) <= 8 * vocab
+
+
+def test_auto_chunk_and_models_whose_head_cannot_be_deferred() -> None:
+    layer = torch.nn.Linear(4, 151_936)
+    auto = LMHead(torch.zeros(1, 2, 4), layer, vocab_size=151_936)
+    assert auto.chunk_tokens == 2**24 // 151_936 == 110
+    small = LMHead(torch.zeros(1, 2, 4), layer, vocab_size=320)
+    assert small.chunk_tokens == 2**24 // 320
+
+    class Model(torch.nn.Module):
+        def __init__(self, **config: Any) -> None:
+            super().__init__()
+            self.config = type("C", (), config)()
+            self.lm_head = torch.nn.Linear(2, 3)
+
+        def get_output_embeddings(self) -> torch.nn.Module:
+            return self.lm_head
+
+    assert deferrable_head(Model()) is not None
+    assert deferrable_head(Model(final_logit_softcapping=None)) is not None
+    assert deferrable_head(Model(final_logit_softcapping=30.0)) is None  # Gemma 2
+    assert deferrable_head(Model(logit_scale=0.0625)) is None  # Cohere
+    assert deferrable_head(Model(logits_scaling=1.0)) is not None  # Granite, scale 1
+
+
+# ---- objectives on the tiny Qwen3 (tied embeddings) -------------------------------------------
+
+
+def backend(*, lora: bool = False) -> TorchTrainBackend:
+    spec = TrainBackendSpec(
+        model_path=resolve_model_path("builtin:tiny-qwen3"),
+        device="cpu",
+        precision="fp32",
+        optim=OptimConfig(lr=1e-2, max_grad_norm=None),
+        total_steps=10,
+        micro_batch_size=2,
+        num_threads=1,
+        lora=LoraConfig(rank=4, alpha=8) if lora else None,
+    )
+    return TorchTrainBackend(spec)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> TorchTrainBackend:
+    return backend()
+
+
+LENGTHS = [13, 5, 9, 2, 11, 7]
+
+
+def rl_batch(vocab: int) -> Batch:
+    """6 right-padded rows, prompts of 3 tokens (row 3: no response), the teacher's full
+    distributions for on-policy distillation, the global counts in meta."""
+    g = torch.Generator().manual_seed(1)
+    b, width = len(LENGTHS), max(LENGTHS)
+    ids = torch.randint(3, 250, (b, width), generator=g)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros(b, width - 1)
+    for i, n in enumerate(LENGTHS):
+        attn[i, :n] = 1
+        resp[i, 2 : n - 1] = 1.0
+    teacher = torch.log_softmax(3 * torch.randn(b, width - 1, vocab, generator=g), -1)
+    return Batch(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": attn,
+            "response_mask": resp,
+            "advantages": torch.randn(b, width - 1, generator=g) * resp,
+            "behaviour_log_probs": -torch.rand(b, width - 1, generator=g) * resp,
+            "old_log_probs": -torch.rand(b, width - 1, generator=g) * resp,
+            "ref_log_probs": -torch.rand(b, width - 1, generator=g) * resp,
+            "loss_mask": torch.cat([torch.zeros(b, 1), resp], 1).long(),
+            "teacher_dist_logprobs": teacher,
+            "teacher_logprobs": teacher,
+            "teacher_top1": teacher.argmax(-1),
+            "pair_side": torch.tensor([0, 1, 0, 1, 0, 1]),
+            "ref_logps": torch.tensor([-3.0, -4.0, -1.0, -2.0, -5.0, -2.5]),
+        },
+        meta={
+            "response_tokens": float(resp.sum()),
+            "sequences": float((resp.sum(1) > 0).sum()),
+            "max_response_length": 16,
+            "loss_tokens": float(resp.sum()),
+            "pairs": 3,
+        },
+    )
+
+
+def grads_of(model: TorchTrainBackend, batch: Batch, objective: Any, chunk: int) -> tuple:
+    """(metrics, gradients) of one train_step (optimizer step skipped) at `chunk`."""
+    model.spec = dataclasses.replace(model.spec, logit_chunk_tokens=chunk)
+    step, sched = model.optimizer.step, model.scheduler.step
+    model.optimizer.step = lambda *a, **k: None  # type: ignore[method-assign]
+    model.scheduler.step = lambda *a, **k: None  # type: ignore[method-assign]
+    try:
+        metrics = model.train_step(batch, objective)
+    finally:
+        model.optimizer.step, model.scheduler.step = step, sched  # type: ignore[method-assign]
+    grads = {n: p.grad.clone() for n, p in model.model.named_parameters() if p.grad is not None}
+    return metrics, grads
+
+
+def assert_chunked_equal(model: TorchTrainBackend, batch: Batch, objective: Any) -> None:
+    for packing in (True, False):
+        model.packing = packing
+        whole_metrics, whole = grads_of(model, batch, objective, 0)
+        metrics, grads = grads_of(model, batch, objective, 4)
+        assert grads.keys() == whole.keys() and grads
+        for key, value in whole_metrics.items():
+            if not key.startswith("perf/"):
+                assert metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
+        for name, g in whole.items():
+            torch.testing.assert_close(grads[name], g, rtol=0, atol=1e-6, msg=name)
+    model.packing = True
+
+
+def opd_algorithm() -> AlgorithmConfig:
+    return AlgorithmConfig.model_validate(
+        {
+            "kl": {"coef": 0.1, "use_as": "loss"},
+            "entropy_coef": 0.01,
+            "on_policy_distill": {"teacher": {"path": "t"}, "mode": "full"},
+        }
+    )
+
+
+def test_every_objective_chunked_equals_whole(tiny: TorchTrainBackend) -> None:
+    vocab = len(tiny.tokenizer)
+    width = int(tiny.model.config.vocab_size)
+    batch = rl_batch(vocab)
+    assert_chunked_equal(
+        tiny,
+        batch,
+        get_objective("rl", algorithm=opd_algorithm(), temperature=0.9, vocab_size=vocab),
+    )
+    plain = AlgorithmConfig(kl={"coef": 0.0})  # the entropy metric without a graph
+    no_teacher = Batch(
+        tensors={k: v for k, v in batch.tensors.items() if k != "teacher_dist_logprobs"},
+        meta=batch.meta,
+    )
+    assert_chunked_equal(tiny, no_teacher, get_objective("rl", algorithm=plain))
+    assert_chunked_equal(tiny, batch, get_objective("sft"))
+    assert_chunked_equal(tiny, batch, get_objective("dpo", beta=0.5, sft_weight=0.3))
+    batch.tensors["teacher_logprobs"] = torch.log_softmax(
+        torch.randn(*batch.tensors["input_ids"][:, 1:].shape, vocab), -1
+    )
+    assert width >= vocab
+    assert_chunked_equal(tiny, batch, get_objective("distill", vocab_size=vocab))
+
+
+def test_lora_chunked_equals_whole() -> None:
+    model = backend(lora=True)
+    batch = rl_batch(len(model.tokenizer))
+    del batch.tensors["teacher_dist_logprobs"]
+    assert_chunked_equal(model, batch, get_objective("rl", algorithm=AlgorithmConfig()))
+
+
+def test_log_prob_and_teacher_passes_chunked_equal_whole(tiny: TorchTrainBackend) -> None:
+    batch = rl_batch(len(tiny.tokenizer))
+    tiny.spec = dataclasses.replace(tiny.spec, logit_chunk_tokens=0)
+    whole = tiny.log_probs(batch, temperature=0.8)
+    head, _ = tiny.head(batch)
+    mask = batch.tensors["response_mask"].bool()
+    full = distribution_targets(head, mask, temperature=0.8, top_k=5, vocab_size=300)
+    tiny.spec = dataclasses.replace(tiny.spec, logit_chunk_tokens=3)
+    torch.testing.assert_close(tiny.log_probs(batch, temperature=0.8), whole, rtol=0, atol=1e-6)
+    head, _ = tiny.head(batch)
+    assert head.project is not None and head.chunk_tokens == 3
+    chunked = distribution_targets(head, mask, temperature=0.8, top_k=5, vocab_size=300)
+    torch.testing.assert_close(chunked[0], full[0], rtol=0, atol=1e-6)
+    assert chunked[1] is not None and torch.equal(chunked[1], full[1])
+    assert (whole[batch.tensors["attention_mask"][:, 1:] == 0] == 0).all()
