@@ -28,6 +28,7 @@ from roll_core.data.vision import vision_model_inputs
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm
+from roll_core.models.routing import router_replay_for
 from roll_core.models.vision import image_token_id
 
 
@@ -45,13 +46,17 @@ class Reference(Worker):
         max_tokens_per_micro_batch: int | None = None,
         dtype: str = "float32",
         spec: TrainBackendSpec | None = None,
+        router_replay: str = "off",
         **rank_info: Any,
     ) -> None:
         """`dtype`: the weights' dtype (float32, bfloat16 or float16; e.g. a large teacher of
         on-policy distillation in bfloat16). ``spec``: a frozen sharded train backend
         (megatron) instead of the plain model; the other arguments are then unused (the spec
-        carries them)."""
+        carries them). `router_replay`: ``r3`` routes every token through the experts the
+        sampler recorded (the Batch's ``routed_experts``; roll_core/models/routing.py)."""
         super().__init__(**rank_info)
+        self.router_replay_mode = router_replay
+        self.router_replay: Any = None
         self.dtype = dtype
         self.spec = spec
         self.backend: Any = None
@@ -83,6 +88,7 @@ class Reference(Worker):
         )
         self._rope = rope_module(self.model) if self.packing else None
         self._image_token = image_token_id(self.model.config)  # VLMs: 3-D rope positions
+        self.router_replay = router_replay_for(self.model, self.router_replay_mode)
         self.model.eval()
         return {"device": str(self.device)}
 
@@ -110,6 +116,7 @@ class Reference(Worker):
                 # VLM rows: their images and token types (the model's 3-D rope positions)
                 vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
                 varlen=self._varlen,
+                replay=self.router_replay,
             ).logits
             ids = mb.tensors["input_ids"]
             out.append((rows, token_log_probs(logits, ids, temperature=temperature).cpu()))
@@ -137,7 +144,7 @@ class Reference(Worker):
             logits = model_forward(
                 self.model, mb, self.device, packing=self.packing, rope=self._rope,
                 vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
-                varlen=self._varlen,
+                varlen=self._varlen, replay=self.router_replay,
             ).logits  # fmt: skip
             picked = logits[:, :-1, :vocab_size][mask]
             logp, ids = teacher_targets(picked, temperature=temperature, top_k=top_k)

@@ -62,6 +62,9 @@ class TrainBackendSpec:
     max_tokens_per_micro_batch: int | None = None
     """Token budget of a micro-batch (real tokens when packed, rows x longest row when
     padded); rows are grouped by length to fill it. None: `micro_batch_size` rows."""
+    router_replay: str = "off"
+    """`algorithm.router_replay`: ``r3`` replays the sampler's routed experts (the Batch's
+    ``routed_experts``) in every forward of a mixture-of-experts model; ``off``."""
     frozen: bool = False
     """Log-prob passes only (the reference role on a sharded backend): no optimizer, no
     gradient buffers, no LR schedule. Backend megatron only (the other backends' frozen roles
@@ -126,6 +129,7 @@ def spec_from_config(
         megatron=role.megatron if role.backend == "megatron" else None,
         packing=role.packing,
         max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+        router_replay=getattr(getattr(cfg, "algorithm", None), "router_replay", "off"),
     )
 
 
