@@ -1,0 +1,292 @@
+"""MoE routing replay (R3, roll_core/models/routing.py): the hf engine records the routed
+experts of every token, the Batch carries them (packing too), the trainer's forward routes
+through them with gate weights from its own router logits; `off` leaves everything as it was;
+validation refuses what cannot replay."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from roll_core.backends.infer import Request, SamplingParams
+from roll_core.backends.infer.hf import HFInferBackend
+from roll_core.backends.train.base import TrainBackendSpec
+from roll_core.backends.train.torch_backend import TorchTrainBackend
+from roll_core.config.loader import load_recipe
+from roll_core.data import Batch
+from roll_core.errors import ConfigError
+from roll_core.models import materialize_builtin
+from roll_core.models.routing import (
+    NO_ROUTE,
+    ROUTES_KEY,
+    RouterReplay,
+    extend_routes,
+    routes_tensor,
+)
+from roll_core.pipelines.roles import check_engine_support
+from roll_core.rollout.batch import build_rl_batch
+from roll_core.rollout.scheduler import Prompt, Sample
+from roll_core.workers.objectives import sft
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_moe(directory: Path, *, seed: int = 0, std: float = 0.02) -> Path:
+    """A random-init tiny Qwen3-MoE (4 experts, top-2, 2 layers) with the built-in tiny
+    tokenizer's vocabulary (320 ids). `std`: the init's spread (larger: sharper routers)."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        initializer_range=std,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    tokenizer = Path(materialize_builtin("tiny-qwen3", directory.parent / "cache"))
+    for f in tokenizer.glob("*"):
+        if "token" in f.name or f.name.endswith(".jinja"):
+            shutil.copy(f, directory / f.name)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(make_moe(tmp_path_factory.mktemp("moe") / "model", std=0.3))
+
+
+def trainer(path: str, mode: str, *, packing: bool = True) -> TorchTrainBackend:
+    return TorchTrainBackend(
+        TrainBackendSpec(
+            model_path=path,
+            device="cpu",
+            router_replay=mode,
+            packing=packing,
+            micro_batch_size=2,
+            seed=0,
+            num_threads=1,
+        )
+    )
+
+
+def sampled(path: str, n: int = 3) -> tuple[list[list[int]], list]:
+    """n prompts (two identical: the fixed batch shares their prompt cache) and their
+    completions from the fixed-batch path, with routes recorded."""
+    engine = HFInferBackend(model_path=path, device="cpu", record_routes=True)
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [5, 6, 7, 8, 9]][:n]
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    done = engine.generate([Request(i, p, seed=i) for i, p in enumerate(prompts)], params)
+    return prompts, done
+
+
+def rl_batch(prompts: list[list[int]], done: list) -> Batch:
+    samples = [
+        Sample(i, i, Prompt(i, p, {}), c.response_ids, c.log_probs, c.finish_reason, 0,
+               routed_experts=c.routed_experts)
+        for i, (p, c) in enumerate(zip(prompts, done, strict=True))
+    ]  # fmt: skip
+    return build_rl_batch([samples], pad_id=0)
+
+
+def test_the_engines_record_every_fed_token(moe: str) -> None:
+    """Fixed batch (with a shared prompt cache) and the request engine: one [L, K] route per
+    token fed (prompt + all but the last response token), the same experts the trainer picks
+    on the whole sequence at fp32 (agreement 1)."""
+    prompts, fixed = sampled(moe)
+    engine = HFInferBackend(model_path=moe, device="cpu", record_routes=True)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    streamed = [engine.generate_request(Request(9, prompts[1], seed=1), params)]
+    for p, c in [*zip(prompts, fixed, strict=True), (prompts[1], streamed[0])]:
+        assert c.routed_experts.dtype == torch.int8
+        assert c.routed_experts.shape == (len(p) + len(c.response_ids) - 1, 2, 2)
+        assert int(c.routed_experts.min()) >= 0 and int(c.routed_experts.max()) < 4
+    tr = trainer(moe, "r3")
+    assert tr.router_replay is not None
+    tr.router_replay.reset_metrics()
+    tr.log_probs(rl_batch([*prompts, prompts[1]], [*fixed, streamed[0]]))
+    assert tr.router_replay.metrics()["router/agreement"] == 1.0
+
+
+def test_replay_off_and_replaying_the_own_routes_are_bit_identical(moe: str) -> None:
+    """`off` ignores a batch's routes (the step is today's); `r3` with routes that are the
+    trainer's own choices recomputes the very same gate weights: the same bits."""
+    prompts, done = sampled(moe)
+    with_routes = rl_batch(prompts, done)
+    plain = Batch(
+        tensors={k: v for k, v in with_routes.tensors.items() if k != ROUTES_KEY},
+        non_tensors=with_routes.non_tensors,
+        meta=with_routes.meta,
+    )
+    for b in (with_routes, plain):
+        b.tensors["loss_mask"] = b.tensors["attention_mask"].clone()
+        b.meta["loss_tokens"] = int(b.tensors["loss_mask"][:, 1:].sum())
+    digests = []
+    for mode, batch in [("off", plain), ("off", with_routes), ("r3", with_routes)]:
+        tr = trainer(moe, mode)
+        lp = tr.log_probs(batch)
+        metrics = tr.train_step(batch, sft)
+        digests.append((lp, metrics["train/grad_norm"], tr.state_digest()))
+    for lp, norm, digest in digests[1:]:
+        assert torch.equal(lp, digests[0][0])
+        assert norm == digests[0][1] and digest == digests[0][2]
+
+
+def test_replayed_routes_change_the_forward_where_they_differ(moe: str) -> None:
+    """Other routes than the trainer's own: the logits change (replay is not a no-op), packed
+    and padded give the same log-probs, and the agreement counts the differing choices."""
+    prompts, done = sampled(moe)
+    batch = rl_batch(prompts, done)
+    own = trainer(moe, "r3").log_probs(batch)
+    routes = batch.tensors[ROUTES_KEY]
+    forced = routes.clone()
+    recorded = forced != NO_ROUTE
+    forced[recorded] = (forced[recorded].long() + 1).remainder(4).to(forced.dtype)  # all differ
+    # keep each token's two choices distinct: (a+1, b+1) mod 4 stays distinct
+    batch.tensors[ROUTES_KEY] = forced
+    results = []
+    for packing in (True, False):
+        tr = trainer(moe, "r3", packing=packing)
+        tr.router_replay.reset_metrics()
+        results.append(tr.log_probs(batch))
+        # a choice moved by one can still be the other recorded expert: agreement < 1
+        assert tr.router_replay.metrics()["router/agreement"] < 0.75
+    assert torch.allclose(results[0], results[1], atol=1e-6)
+    mask = batch.tensors["response_mask"].bool()
+    assert float((results[0] - own)[mask].abs().max()) > 1e-3
+
+
+def test_router_gradient_equals_a_hand_written_moe_block() -> None:
+    """One Qwen3-MoE block with forced routes R: y_t = sum_k g_tk E_{R_tk}(x_t), g = softmax(x
+    W^T) at R, renormalised over k; E_e(x) = down_e(silu(gate_e x) * up_e x). The gradient of
+    sum(y * c) reaching the router weight W (and the output) equals this formula's, and the
+    routes differ from the block's own top-k (else the test would show nothing)."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    config = Qwen3MoeConfig(
+        hidden_size=8, moe_intermediate_size=4, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    block = Qwen3MoeSparseMoeBlock(config).double()
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    c = torch.randn(1, 6, 8, dtype=torch.float64)
+    routes = torch.tensor([[0, 1], [2, 3], [3, 0], [1, 2], [0, 3], [2, 1]])
+    _, _, own = block.gate(x.view(-1, 8))
+    assert (own.sort(-1).values != routes.sort(-1).values).any(-1).sum() >= 3
+    replay = RouterReplay(torch.nn.ModuleList([block]))
+    replay.set(routes.view(1, 6, 1, 2).to(torch.int8))
+    y = block(x)
+    (y * c).sum().backward()
+    got_w, got_y = block.gate.weight.grad.clone(), y.detach()
+
+    w = block.gate.weight.detach().clone().requires_grad_(True)
+    gate_up, down = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
+    xs = x.view(-1, 8)
+    g = torch.softmax(xs @ w.T, dim=-1).gather(-1, routes)
+    g = g / g.sum(-1, keepdim=True)
+    rows = []
+    for t in range(6):
+        out = torch.zeros(8, dtype=torch.float64)
+        for k in range(2):
+            e = int(routes[t, k])
+            h = gate_up[e] @ xs[t]
+            out = out + g[t, k] * (down[e] @ (torch.nn.functional.silu(h[:4]) * h[4:]))
+        rows.append(out)
+    ref = torch.stack(rows).view(1, 6, 8)
+    (ref * c).sum().backward()
+    assert torch.allclose(got_y, ref.detach(), atol=1e-12)
+    assert torch.allclose(got_w, w.grad, atol=1e-12)
+    assert float(w.grad.abs().max()) > 1e-3
+
+
+def test_routes_merge_and_fill() -> None:
+    a = torch.tensor([[[1, 2]], [[3, 0]]], dtype=torch.int8)  # 2 tokens, 1 layer, k=2
+    b = torch.tensor([[[0, 1]], [[1, 1]], [[2, 3]]], dtype=torch.int8)
+    assert torch.equal(extend_routes(a, b), torch.cat([a, b[2:]]))  # first record wins
+    assert extend_routes(a, b[:1]) is a and extend_routes(None, b) is b
+    assert extend_routes(a, None) is a
+    out = routes_tensor([a, None], [2, 3], 4)
+    assert out is not None and out.shape == (2, 4, 1, 2)
+    assert torch.equal(out[0, :2], a) and bool((out[0, 2:] == NO_ROUTE).all())
+    assert bool((out[1] == NO_ROUTE).all())
+    assert routes_tensor([None, None], [1, 1], 2) is None
+
+
+def _recipe(tmp_path: Path, model: str, **sections: object):
+    recipe = {
+        "pipeline": "rlvr",
+        "model": {"path": model},
+        "data": {"train": {"path": str(ROOT / "data/tiny-arith/train.jsonl")}},
+        "trainer": {"max_steps": 1},
+        "algorithm": {"preset": "grpo", "router_replay": "r3"},
+        **sections,
+    }
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return load_recipe(path, [])
+
+
+def test_validation_refuses_what_cannot_replay(moe: str, tmp_path: Path) -> None:
+    check_engine_support(_recipe(tmp_path, moe))  # MoE, hf engine, torch backend: fine
+    with pytest.raises(ConfigError, match="dense model"):
+        check_engine_support(_recipe(tmp_path, "builtin:tiny-qwen3"))
+    with pytest.raises(ConfigError, match="Model Runner V2"):
+        check_engine_support(_recipe(tmp_path, moe, actor_infer={"backend": "vllm"}))
+    with pytest.raises(ConfigError, match="megatron backend"):
+        check_engine_support(_recipe(tmp_path, moe, actor_train={"backend": "megatron"}))
+    with pytest.raises(ConfigError, match="valid: off, r3|router_replay"):
+        _recipe(tmp_path, moe, algorithm={"router_replay": "r2"})
+
+
+@pytest.mark.slow
+def test_roll_train_rlvr_with_replay(roll, tmp_path: Path) -> None:
+    """`roll train rlvr` on a tiny Qwen3-MoE with the hf engine and replay on (packing on):
+    the train/infer log-prob gap is fp32 noise, and the routing agreement is reported."""
+    model = make_moe(tmp_path / "moe", std=0.3)
+    recipe = {
+        "pipeline": "rlvr",
+        "name": "moe-r3",
+        "runs_dir": str(tmp_path / "runs"),
+        "model": {"path": str(model)},
+        "data": {
+            "train": {"path": str(ROOT / "data/tiny-arith/train.jsonl"), "max_rows": 32},
+            "max_prompt_length": 64,
+        },
+        "rollout": {"n": 4, "prompts_per_step": 2, "max_new_tokens": 6},
+        "algorithm": {"preset": "grpo", "router_replay": "r3"},
+        "trainer": {"max_steps": 2, "micro_batch_size": 4},
+        "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},
+        "actor_infer": {"num_threads": 1},
+        "checkpoint": {"every_steps": 2, "keep_last": 1},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    res = roll("train", "rlvr", str(path), "--run-id", "moe-r3-00")
+    assert res.returncode == 0, res.stderr
+    lines = (tmp_path / "runs/moe-r3-00/metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(x) for x in lines if x.strip()]
+    trained = [s for s in steps if "router/agreement" in s]
+    assert len(trained) == 2, steps
+    for s in trained:
+        assert s["train_infer/logprob_diff"] < 1e-5, s
+        assert 0.9 <= s["router/agreement"] <= 1.0
+        assert "router/agreement_layer01" in s
