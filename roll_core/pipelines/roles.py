@@ -554,7 +554,7 @@ def check_router_replay(cfg: Any) -> None:
     a mixture-of-experts model (config.json), an inference engine that records routed experts
     (roll's hf engine: vLLM's capture, ``enable_return_routed_experts``, needs its Model Runner
     V2, which needs Triton: the CPU build has neither), a train backend that replays them
-    (torch, fsdp2, deepspeed: one HF forward; not megatron yet), and the rlvr pipeline."""
+    (torch, fsdp2, deepspeed: one HF forward; not megatron yet), in rlvr or agentic."""
     from roll_core.engine.model_sizes import model_config
     from roll_core.errors import ModelError
     from roll_core.models.routing import moe_experts
@@ -562,10 +562,10 @@ def check_router_replay(cfg: Any) -> None:
     if not replays_routes(cfg):
         return
     hint = 'Set algorithm.router_replay: off, or see docs/algorithms.md "Router replay".'
-    if cfg.pipeline != "rlvr":
+    if cfg.pipeline not in ("rlvr", "agentic"):
         raise ConfigError(
-            f"algorithm.router_replay: r3 is not supported by `roll train {cfg.pipeline}` yet "
-            "(its rollout does not carry routed experts into the batch); rlvr only.",
+            f"algorithm.router_replay: r3 is not supported by `roll train {cfg.pipeline}` "
+            "(its rollout does not carry routed experts into the batch); rlvr and agentic.",
             hint=hint,
         )
     if cfg.actor_infer.backend != "hf":
