@@ -290,3 +290,105 @@ def test_roll_train_rlvr_with_replay(roll, tmp_path: Path) -> None:
         assert s["train_infer/logprob_diff"] < 1e-5, s
         assert 0.9 <= s["router/agreement"] <= 1.0
         assert "router/agreement_layer01" in s
+
+
+def test_gradient_checkpointing_recomputes_with_the_same_routes(moe: str) -> None:
+    """With activation checkpointing the backward recomputes each layer's forward: the
+    replayed routes are looked up by router, not by call order, so the recompute routes as the
+    forward did and the update equals the one without checkpointing."""
+    prompts, done = sampled(moe)
+    batch = rl_batch(prompts, done)
+    forced = batch.tensors[ROUTES_KEY].clone()
+    recorded = forced != NO_ROUTE
+    forced[recorded] = (forced[recorded].long() + 1).remainder(4).to(forced.dtype)
+    batch.tensors[ROUTES_KEY] = forced
+    batch.tensors["loss_mask"] = batch.tensors["attention_mask"].clone()
+    batch.meta["loss_tokens"] = int(batch.tensors["loss_mask"][:, 1:].sum())
+    norms = []
+    for checkpointing in (False, True):
+        tr = TorchTrainBackend(
+            TrainBackendSpec(
+                model_path=moe, device="cpu", router_replay="r3", micro_batch_size=2, seed=0,
+                num_threads=1, gradient_checkpointing=checkpointing,
+            )
+        )  # fmt: skip
+        norms.append(tr.train_step(batch, sft)["train/grad_norm"])
+    assert norms[1] == pytest.approx(norms[0], rel=1e-6)
+
+
+def test_agentic_rows_carry_the_routes_of_their_tokens() -> None:
+    """A trajectory row: the trace's routes (first record of each token wins across turns);
+    a step row: its turn's own; NO_ROUTE past them."""
+    from roll_core.rollout.agentic.batch import step_batch, trajectory_batch
+    from roll_core.rollout.agentic.episode import Trajectory, Turn
+
+    def r(*experts: int) -> torch.Tensor:
+        return torch.tensor([[[e, e]] for e in experts], dtype=torch.int8)  # [N, 1, 2]
+
+    traj = Trajectory(tag="t", group=0, seed=0, index=0, status="done")
+    traj.trace.add_context([1, 2, 3])
+    traj.trace.add_routes(r(0, 0, 0, 0), [1, 2, 3])  # turn 1: prompt 3 + response 2 - 1
+    traj.trace.add_generated([4, 5], [-0.1, -0.2])
+    traj.trace.add_context([6])
+    traj.trace.add_routes(r(1, 1, 1, 1, 1, 1, 1), [1, 2, 3, 4, 5, 6])  # recomputed prefix
+    traj.trace.add_generated([7, 8], [-0.3, -0.4])
+    traj.trace.add_routes(r(2, 2), [9])  # not this trace's continuation: ignored
+    turn = dict(finish_reason="stop", policy_version=0, action="", reward=1.0, state_key="s",
+                action_is_valid=True, gen_s=0.0, env_s=0.0)  # fmt: skip
+    traj.turns = [
+        Turn([1, 2, 3], [4, 5], [-0.1, -0.2], routed_experts=r(0, 0, 0, 0), **turn),
+        Turn([1, 2, 3, 4, 5, 6], [7, 8], [-0.3, -0.4], routed_experts=r(*[1] * 7), **turn),
+    ]
+    other = Trajectory(tag="t", group=0, seed=1, index=1, status="done")
+    other.trace.add_context([1])
+    other.trace.add_generated([2], [-0.5])
+    other.turns = [Turn([1], [2], [-0.5], **turn)]
+    rows = trajectory_batch([[traj, other]], pad_id=0)
+    routes = rows.tensors[ROUTES_KEY][:, :, 0, 0].tolist()
+    assert routes[0] == [0, 0, 0, 0, 1, 1, 1, NO_ROUTE]  # 4 first-turn, 3 new, the last none
+    assert routes[1] == [NO_ROUTE] * 8
+    steps = step_batch([[traj]], pad_id=0)
+    assert steps.tensors[ROUTES_KEY][:, :, 0, 0].tolist() == [
+        [0, 0, 0, 0, NO_ROUTE, NO_ROUTE, NO_ROUTE, NO_ROUTE],
+        [1, 1, 1, 1, 1, 1, 1, NO_ROUTE],
+    ]
+
+
+@pytest.mark.slow
+def test_roll_train_agentic_with_replay(roll, tmp_path: Path) -> None:
+    """`roll train agentic` (multi-turn trajectories, packing on) on the tiny Qwen3-MoE with
+    replay: the train/infer gap is fp32 noise and the agreement is reported."""
+    model = make_moe(tmp_path / "moe", std=0.3)
+    recipe = {
+        "pipeline": "agentic",
+        "name": "moe-r3-agentic",
+        "runs_dir": str(tmp_path / "runs"),
+        "model": {"path": str(model)},
+        "envs": [
+            {
+                "env": "frozen_lake",
+                "options": {"size": 3, "max_steps": 3},
+                "system_prompt": "Lake.",
+                "groups_per_step": 2,
+                "eval_episodes": 2,
+            }
+        ],
+        "rollout": {"group_size": 2, "max_new_tokens": 4},
+        "algorithm": {"preset": "grpo", "kl": {"coef": 0.0}, "router_replay": "r3"},
+        "trainer": {"max_steps": 1, "micro_batch_size": 8},
+        "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},
+        "actor_infer": {"num_threads": 1},
+        "eval": {"every_steps": None},
+        "checkpoint": {"every_steps": 1, "keep_last": 1},
+        "tracking": {"backends": ["jsonl"]},
+    }
+    path = tmp_path / "agentic.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    res = roll("train", "agentic", str(path), "--run-id", "moe-ag", timeout=300)
+    assert res.returncode == 0, res.stderr + res.stdout
+    lines = (tmp_path / "runs/moe-ag/metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(x) for x in lines if x.strip()]
+    trained = [s for s in steps if "router/agreement" in s]
+    assert len(trained) == 1, steps
+    assert trained[0]["train_infer/logprob_diff"] < 1e-5, trained[0]
+    assert 0.9 <= trained[0]["router/agreement"] <= 1.0
