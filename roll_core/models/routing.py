@@ -75,7 +75,7 @@ def routes_dtype(num_experts: int) -> torch.dtype:
     return torch.int8 if num_experts <= 128 else torch.int16
 
 
-def routers(model: Any) -> list[torch.nn.Module]:
+def routers(model: Any) -> list[Any]:
     """The model's routers, in module order (= layer order); [] for a dense model. A router
     of a class outside REPLAY_ROUTERS is a ConfigError."""
     found = [m for m in model.modules() if type(m).__name__.endswith(("Router", "Gate"))]

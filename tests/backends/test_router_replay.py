@@ -392,3 +392,48 @@ def test_roll_train_agentic_with_replay(roll, tmp_path: Path) -> None:
     assert len(trained) == 1, steps
     assert trained[0]["train_infer/logprob_diff"] < 1e-5, trained[0]
     assert 0.9 <= trained[0]["router/agreement"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["fsdp2", "deepspeed"])
+def test_sharded_ranks_replay_as_one_process(moe: str, backend: str) -> None:
+    """Two fsdp2 / DeepSpeed ZeRO-3 ranks (the same HF forward, its routers hooked) replaying
+    routes that differ from their own: the step's gradient norm and agreement are those of
+    the one-process torch backend."""
+    from roll_core.config.schema import DeepSpeedConfig
+    from roll_core.engine import Cluster, LocalExecutor
+    from roll_core.workers.actor_train import ActorTrain
+
+    if backend == "deepspeed":
+        pytest.importorskip("deepspeed", reason="needs the deepspeed extra")
+    prompts, done = sampled(moe, n=3)
+    batch = rl_batch([*prompts, prompts[1]], [*done, done[1]])  # 4 rows: 2 per rank
+    forced = batch.tensors[ROUTES_KEY].clone()
+    recorded = forced != NO_ROUTE
+    forced[recorded] = (forced[recorded].long() + 1).remainder(4).to(forced.dtype)
+    batch.tensors[ROUTES_KEY] = forced
+    batch.tensors["loss_mask"] = batch.tensors["attention_mask"].clone()
+    batch.meta["loss_tokens"] = int(batch.tensors["loss_mask"][:, 1:].sum())
+    common = dict(
+        model_path=moe, device="cpu", router_replay="r3", micro_batch_size=2, seed=0,
+        num_threads=1, precision="fp32",
+    )  # fmt: skip
+    options = {"deepspeed": DeepSpeedConfig(zero_stage=3)} if backend == "deepspeed" else {}
+    results = []
+    for size, spec in [
+        (1, TrainBackendSpec(**common)),
+        (2, TrainBackendSpec(backend=backend, **common, **options)),
+    ]:
+        ex = LocalExecutor()
+        try:
+            actor = Cluster(
+                "actor_train", ActorTrain, ex, world_size=size, worker_kwargs={"spec": spec}
+            )
+            actor.run("setup")
+            results.append(actor.train_step(batch, objective="sft"))
+        finally:
+            ex.shutdown()
+    expected, two = results
+    assert expected["router/agreement"] < 0.75
+    assert two["router/agreement"] == pytest.approx(expected["router/agreement"], rel=1e-6)
+    assert two["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-5)
