@@ -113,9 +113,11 @@ class ActorTrain(Worker):
     ) -> list[list[int]]:
         """Greedy continuations; ``vision``: each prompt's VisionInputs (VLM prompts)."""
         images = {"vision": vision} if vision else {}
-        return self._resident(("params",)).generate(
-            prompts, max_new_tokens=max_new_tokens, **images
-        )
+        backend: Any = self._resident(("params",))
+        if getattr(backend, "router_replay", None) is not None:
+            backend.router_replay.set(None)  # generation routes itself: nothing was recorded
+        out: list[list[int]] = backend.generate(prompts, max_new_tokens=max_new_tokens, **images)
+        return out
 
     @dispatch("dp", collect="concat")
     def reference_log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:

@@ -437,3 +437,18 @@ def test_sharded_ranks_replay_as_one_process(moe: str, backend: str) -> None:
     assert expected["router/agreement"] < 0.75
     assert two["router/agreement"] == pytest.approx(expected["router/agreement"], rel=1e-6)
     assert two["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-5)
+
+
+def test_generation_after_a_replayed_step_routes_itself(moe: str) -> None:
+    """The routes of the last replayed forward stay set (for a checkpointed backward), but
+    ActorTrain.generate (greedy evaluation) has none recorded: it routes itself."""
+    from roll_core.workers.actor_train import ActorTrain
+
+    prompts, done = sampled(moe, n=2)
+    batch = rl_batch(prompts, done)
+    worker = ActorTrain(spec=TrainBackendSpec(model_path=moe, device="cpu", router_replay="r3"))
+    worker.setup()
+    worker.backend.log_probs(batch)  # leaves this batch's routes set
+    assert worker.backend.router_replay._routes is not None
+    out = worker.generate([[5, 6, 7]], max_new_tokens=3)
+    assert len(out) == 1 and len(out[0]) <= 3

@@ -135,7 +135,7 @@ class HFInferBackend:
         recorder = SampledLogProbs(
             params.temperature if sampling else 1.0, self.suppress, top=params.top_logprobs
         )
-        capture = (
+        capture: contextlib.AbstractContextManager[Any] = (
             self.route_recorder.capture()
             if self.route_recorder is not None
             else contextlib.nullcontext([])
