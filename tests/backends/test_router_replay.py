@@ -452,3 +452,21 @@ def test_generation_after_a_replayed_step_routes_itself(moe: str) -> None:
     assert worker.backend.router_replay._routes is not None
     out = worker.generate([[5, 6, 7]], max_new_tokens=3)
     assert len(out) == 1 and len(out[0]) <= 3
+
+
+def test_roll_refuses_replay_on_a_dense_model(roll, tmp_path: Path) -> None:
+    """The CLI: exit code 2, the one-paragraph message with its hint, no traceback."""
+    recipe = {
+        "pipeline": "rlvr",
+        "runs_dir": str(tmp_path / "runs"),
+        "model": {"path": "builtin:tiny-qwen3"},
+        "data": {"train": {"path": str(ROOT / "data/tiny-arith/train.jsonl")}},
+        "trainer": {"max_steps": 1},
+        "algorithm": {"preset": "grpo", "router_replay": "r3"},
+    }
+    path = tmp_path / "dense.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    res = roll("train", "rlvr", str(path), "--dry-run")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "is a dense model" in res.stderr and "router_replay: off" in res.stderr
+    assert "Traceback" not in res.stderr
