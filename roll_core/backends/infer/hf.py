@@ -156,7 +156,8 @@ class HFInferBackend:
         if fwd:
             routes = fixed_batch_routes(fwd, ids)
             for i, (c, x) in enumerate(zip(done, inputs, strict=True)):
-                c.routed_experts = routes[i, width - len(x) : width + len(c.response_ids) - 1]
+                fed = width + max(len(c.response_ids) - 1, 0)  # its last token is never fed
+                c.routed_experts = routes[i, width - len(x) : fed]
         return done
 
     def vision_inputs(self, inputs: list[Any], ids: torch.Tensor) -> dict[str, torch.Tensor]:
