@@ -271,7 +271,14 @@ def test_roll_train_rlvr_with_replay(roll, tmp_path: Path) -> None:
             "max_prompt_length": 64,
         },
         "rollout": {"n": 4, "prompts_per_step": 2, "max_new_tokens": 6},
-        "algorithm": {"preset": "grpo", "router_replay": "r3"},
+        # KL (the reference replays too) and a rollout_correction section (an old log-prob
+        # pass before the update, replayed): every trainer forward of the step
+        "algorithm": {
+            "preset": "grpo",
+            "router_replay": "r3",
+            "kl": {"coef": 0.01},
+            "rollout_correction": {},
+        },
         "trainer": {"max_steps": 2, "micro_batch_size": 4},
         "actor_train": {"num_threads": 1, "optim": {"lr": 1.0e-3}},
         "actor_infer": {"num_threads": 1},
@@ -290,6 +297,9 @@ def test_roll_train_rlvr_with_replay(roll, tmp_path: Path) -> None:
         assert s["train_infer/logprob_diff"] < 1e-5, s
         assert 0.9 <= s["router/agreement"] <= 1.0
         assert "router/agreement_layer01" in s
+        assert "rollout_corr/kl" in s
+    # step 1: the reference is the policy, replaying the same routes: no KL but fp32 noise
+    assert abs(trained[0]["actor/kl_loss"]) < 1e-5, trained[0]
 
 
 def test_gradient_checkpointing_recomputes_with_the_same_routes(moe: str) -> None:
@@ -492,3 +502,25 @@ def test_replay_removes_the_routing_part_of_a_bf16_samplers_gap(moe: str) -> Non
             agreement = tr.router_replay.metrics()["router/agreement"]
     assert agreement < 1.0
     assert gaps["r3"][0] < gaps["off"][0] and gaps["r3"][1] <= gaps["off"][1], gaps
+
+
+def test_the_reference_replays_the_same_routes(moe: str) -> None:
+    """The plain-model reference (KL) with r3 routes through the recorded experts as the
+    trainer does: the same log-probs for routes that differ from its own choice."""
+    from roll_core.workers.reference import Reference
+
+    prompts, done = sampled(moe)
+    batch = rl_batch(prompts, done)
+    forced = batch.tensors[ROUTES_KEY].clone()
+    recorded = forced != NO_ROUTE
+    forced[recorded] = (forced[recorded].long() + 1).remainder(4).to(forced.dtype)
+    batch.tensors[ROUTES_KEY] = forced
+    expected = trainer(moe, "r3").log_probs(batch)
+    found = {}
+    for mode in ("off", "r3"):
+        ref = Reference(model_path=moe, device="cpu", packing=True, router_replay=mode)
+        ref.setup()
+        found[mode] = ref.log_probs(batch)
+    assert torch.allclose(found["r3"], expected, atol=1e-6)
+    mask = batch.tensors["response_mask"].bool()
+    assert float((found["off"] - expected)[mask].abs().max()) > 1e-3
