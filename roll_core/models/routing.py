@@ -170,8 +170,10 @@ class RouterReplay:
             )
         self.replay = replay
         self._routes: torch.Tensor | None = None
-        self.matched = torch.zeros(len(self.routers), dtype=torch.float64)
-        self.counted = torch.zeros(len(self.routers), dtype=torch.float64)
+        # per layer, on the routers' device (no host sync in the forward): choices that agreed,
+        # choices recorded
+        self.matched: torch.Tensor | None = None
+        self.counted: torch.Tensor | None = None
         for layer, router in enumerate(self.routers):
             router.register_forward_hook(self._hook(layer))
 
@@ -179,18 +181,18 @@ class RouterReplay:
         self._routes = routes
 
     def reset_metrics(self) -> None:
-        self.matched.zero_()
-        self.counted.zero_()
+        self.matched = self.counted = None
 
     def metrics(self, *, scale: float = 1.0) -> dict[str, float]:
         """``router/agreement`` (all layers) and ``router/agreement_layerNN``: the share of
         recorded (token, choice) pairs the trainer's own top-k chose too, since
         :meth:`reset_metrics`; times `scale` (1 / ranks: their sum is the ranks' mean).
         {} when nothing was recorded."""
-        if float(self.counted.sum()) == 0:
+        if self.matched is None or self.counted is None or float(self.counted.sum()) == 0:
             return {}
-        out = {"router/agreement": float(self.matched.sum() / self.counted.sum()) * scale}
-        for layer, (m, c) in enumerate(zip(self.matched, self.counted, strict=True)):
+        matched, counted = self.matched.cpu(), self.counted.cpu()
+        out = {"router/agreement": float(matched.sum() / counted.sum()) * scale}
+        for layer, (m, c) in enumerate(zip(matched, counted, strict=True)):
             if c > 0:
                 out[f"router/agreement_layer{layer:02d}"] = float(m / c) * scale
         return out
@@ -208,10 +210,17 @@ class RouterReplay:
                 )
             known = recorded[:, 0] != NO_ROUTE
             with torch.no_grad():
-                picked = recorded[known].long()
-                same = (own[known].unsqueeze(-1) == picked.unsqueeze(-2)).any(-1)
-                self.matched[layer] += float(same.sum())
-                self.counted[layer] += float(picked.numel())
+                # NO_ROUTE never equals an expert id: unrecorded tokens match nothing
+                same = (own.unsqueeze(-1) == recorded.long().unsqueeze(-2)).any(-1)
+                if self.matched is None or self.counted is None:
+                    self.matched = torch.zeros(
+                        len(self.routers), dtype=torch.float64, device=own.device
+                    )
+                    self.counted = torch.zeros(
+                        len(self.routers), dtype=torch.float64, device=own.device
+                    )
+                self.matched[layer] += same.sum()
+                self.counted[layer] += known.sum() * own.shape[-1]
             if not self.replay:
                 return None
             indices = torch.where(known[:, None], recorded.long(), own)
