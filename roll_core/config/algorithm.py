@@ -625,6 +625,17 @@ class AlgorithmConfig(Strict):
     overlong: OverlongConfig = Field(
         default_factory=OverlongConfig, description="Responses cut off at the length limit."
     )
+    router_replay: Literal["off", "r3"] = Field(
+        default="off",
+        description="Mixture-of-experts routing replay. `r3`: the inference engine records "
+        "the experts every token was routed to, and every trainer forward of the step (old "
+        "and reference log-probs, the update) routes each token through those experts; the "
+        "gate weights still come from the trainer's router logits, so the router keeps "
+        "learning. Logs `router/agreement` (per layer too): how often the trainer's own "
+        "top-k agreed. Needs an MoE model, actor_infer.backend hf and actor_train.backend "
+        'torch, fsdp2 or deepspeed (docs/algorithms.md "Router replay"). `off`: each side '
+        "routes itself.",
+    )
 
     @model_validator(mode="before")
     @classmethod

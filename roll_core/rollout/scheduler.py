@@ -64,6 +64,9 @@ class Sample:
     token_versions: list[int] = field(default_factory=list)
     """Async rollouts: the policy version of every response token (partial rollout continues a
     response across weight syncs, so they can differ); empty when not recorded."""
+    routed_experts: Any = None
+    """Router replay: ``[N, L, K]`` routed experts of the first N tokens of prompt + response
+    (roll_core/models/routing.py); None when the engine did not record."""
 
 
 RewardFn = Callable[[Sample], tuple[float, dict[str, Any]]]
@@ -241,6 +244,7 @@ class _StepRun:
             finish_reason=c.finish_reason,
             policy_version=c.policy_version,
             timing={"gen_start": submitted, **c.timing},
+            routed_experts=c.routed_experts,
         )
         self.samples += 1
         self.pending_rewards += 1

@@ -72,13 +72,26 @@ class ActorTrain(Worker):
         schedule starts).
         """
         backend: Any = self._resident()
+        replay = getattr(backend, "router_replay", None)
+        if replay is not None:  # MoE routing replay: the agreement of this step's forwards
+            replay.reset_metrics()
+        out = self._train_step(backend, batch, objective, lr, **params)
+        if replay is not None:
+            out |= replay.metrics(scale=1.0 / max(1, int(getattr(backend, "world_size", 1))))
+        return out
+
+    @staticmethod
+    def _train_step(
+        backend: Any, batch: Batch, objective: str, lr: float | None, **params: Any
+    ) -> dict[str, float]:
         if lr is None:
-            return backend.train_step(batch, get_objective(objective, **params))
+            out: dict[str, float] = backend.train_step(batch, get_objective(objective, **params))
+            return out
         groups, scheduler = backend.optimizer.param_groups, backend.scheduler
         schedule = scheduler.state_dict()
         for group in groups:
             group["lr"] = lr
-        out: dict[str, float] = backend.train_step(batch, get_objective(objective, **params))
+        out = backend.train_step(batch, get_objective(objective, **params))
         scheduler.load_state_dict(schedule)  # undo the step's scheduler.step()
         for group, scheduled in zip(groups, scheduler.get_last_lr(), strict=True):
             group["lr"] = scheduled
@@ -100,9 +113,11 @@ class ActorTrain(Worker):
     ) -> list[list[int]]:
         """Greedy continuations; ``vision``: each prompt's VisionInputs (VLM prompts)."""
         images = {"vision": vision} if vision else {}
-        return self._resident(("params",)).generate(
-            prompts, max_new_tokens=max_new_tokens, **images
-        )
+        backend: Any = self._resident(("params",))
+        if getattr(backend, "router_replay", None) is not None:
+            backend.router_replay.set(None)  # generation routes itself: nothing was recorded
+        out: list[list[int]] = backend.generate(prompts, max_new_tokens=max_new_tokens, **images)
+        return out
 
     @dispatch("dp", collect="concat")
     def reference_log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:

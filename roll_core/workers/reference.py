@@ -32,6 +32,7 @@ from roll_core.data.vision import vision_model_inputs
 from roll_core.engine import Worker
 from roll_core.engine.worker import dispatch
 from roll_core.models import load_causal_lm
+from roll_core.models.routing import router_replay_for
 from roll_core.models.vision import image_token_id
 
 
@@ -50,13 +51,17 @@ class Reference(Worker):
         dtype: str = "float32",
         logit_chunk_tokens: int | None = None,
         spec: TrainBackendSpec | None = None,
+        router_replay: str = "off",
         **rank_info: Any,
     ) -> None:
         """`dtype`: the weights' dtype (float32, bfloat16 or float16; e.g. a large teacher of
         on-policy distillation in bfloat16). ``spec``: a frozen sharded train backend
         (megatron) instead of the plain model; the other arguments are then unused (the spec
-        carries them)."""
+        carries them). `router_replay`: ``r3`` routes every token through the experts the
+        sampler recorded (the Batch's ``routed_experts``; roll_core/models/routing.py)."""
         super().__init__(**rank_info)
+        self.router_replay_mode = router_replay
+        self.router_replay: Any = None
         self.dtype = dtype
         self.spec = spec
         self.backend: Any = None
@@ -89,6 +94,7 @@ class Reference(Worker):
         )
         self._rope = rope_module(self.model) if self.packing else None
         self._image_token = image_token_id(self.model.config)  # VLMs: 3-D rope positions
+        self.router_replay = router_replay_for(self.model, self.router_replay_mode)
         self.model.eval()
         return {"device": str(self.device)}
 
@@ -125,6 +131,7 @@ class Reference(Worker):
             # VLM rows: their images and token types (the model's 3-D rope positions)
             vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
             varlen=self._varlen,
+            replay=self.router_replay,
         )
         return head
 

@@ -63,6 +63,11 @@ class Completion:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """Per generated token, the ``SamplingParams.top_logprobs`` most likely ``(id, log-prob)``
     (most likely first); None when not asked for."""
+    routed_experts: Any = None
+    """Mixture-of-experts routing replay (``algorithm.router_replay: r3``): the experts every
+    input token was routed to, ``[N, L, K]`` small ints (roll_core/models/routing.py) for the
+    first N tokens of prompt + prefix + response (N: every token the engine fed to the model,
+    all but the last response token); None when the engine does not record."""
 
 
 PREFIX_CONTINUATION_BACKENDS = frozenset({"hf", "vllm"})

@@ -33,6 +33,7 @@ from roll_core.data.vision import concat_vision
 from roll_core.errors import ModelError
 from roll_core.models import load_causal_lm, load_tokenizer
 from roll_core.models.loading import is_vision_model
+from roll_core.models.routing import RouteRecorder
 from roll_core.models.vision import image_token_id, vision_token_ids
 
 _GLOBAL_RNG = threading.Lock()
@@ -77,7 +78,10 @@ class HFInferBackend:
         num_threads: int | None = None,
         precision: str = "fp32",
         max_num_seqs: int = 64,
+        record_routes: bool = False,
     ) -> None:
+        """`record_routes`: every Completion carries the routed experts of its tokens
+        (``algorithm.router_replay: r3``; a mixture-of-experts model)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
@@ -94,6 +98,7 @@ class HFInferBackend:
         self.image_token = image_token_id(self.model.config) if self.is_vision else None
         neutral_generation(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         self.model.eval()
+        self.route_recorder = RouteRecorder(self.model) if record_routes else None
         self.version = 0
         self._targets: dict[str, torch.Tensor] | None = None
         self._model_lock = threading.Lock()  # one forward at a time: generate and the engine
@@ -130,7 +135,12 @@ class HFInferBackend:
         recorder = SampledLogProbs(
             params.temperature if sampling else 1.0, self.suppress, top=params.top_logprobs
         )
-        with self._model_lock, _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+        capture: contextlib.AbstractContextManager[Any] = (
+            self.route_recorder.capture()
+            if self.route_recorder is not None
+            else contextlib.nullcontext([])
+        )
+        with self._model_lock, _GLOBAL_RNG, torch.random.fork_rng(devices=[]), capture as fwd:
             torch.manual_seed(seed)
             out = self._generate(ids, attn, params, sampling, recorder, vision)
         new_tokens = out.sequences[:, width:].cpu()
@@ -143,6 +153,11 @@ class HFInferBackend:
         if params.top_logprobs > 0:
             for i, c in enumerate(done):
                 c.top_logprobs = recorder.top_of(i, len(c.response_ids))
+        if fwd:
+            routes = fixed_batch_routes(fwd, ids)
+            for i, (c, x) in enumerate(zip(done, inputs, strict=True)):
+                fed = width + max(len(c.response_ids) - 1, 0)  # its last token is never fed
+                c.routed_experts = routes[i, width - len(x) : fed]
         return done
 
     def vision_inputs(self, inputs: list[Any], ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -297,6 +312,21 @@ class HFInferBackend:
 
     def set_rng_state(self, state: Any) -> None:
         torch.set_rng_state(state)
+
+
+def fixed_batch_routes(forwards: list[torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+    """The routed experts of every column of a fixed-batch ``generate`` (left-padded input
+    `ids` [B, W], then one column per decoding step): ``[B, W + steps, L, K]``, from the
+    recorded forwards (RouteRecorder): the prefill ``[B, W]``, or the shared prompt cache's
+    ``[U, W - 1]`` (one row per distinct input, :func:`shared_prompt_cache`) and the last
+    input column ``[B, 1]``; then ``[B, 1]`` per decoding step."""
+    rows, width = ids.shape
+    head, rest = forwards[0], forwards[1:]
+    if head.shape[0] != rows or head.shape[1] != width:  # the shared prompt cache's forward
+        first: dict[tuple[int, ...], int] = {}
+        owner = [first.setdefault(tuple(row), len(first)) for row in ids.tolist()]
+        head = head[torch.tensor(owner)]
+    return torch.cat([head, *rest], dim=1)
 
 
 def shared_prompt_cache(

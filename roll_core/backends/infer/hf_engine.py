@@ -58,6 +58,8 @@ class _Seq:
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    routes: list[torch.Tensor] = field(default_factory=list)
+    """Routed experts of the tokens fed so far (router replay), one ``[n, L, K]`` per forward."""
     done: threading.Event = field(default_factory=threading.Event)
     result: Completion | None = None
     error: BaseException | None = None
@@ -198,9 +200,23 @@ class HFEngine:
             policy_version=self.backend.version,
             timing={"gen_start": seq.submitted, "gen_end": time.time()},
             top_logprobs=list(seq.top_logprobs) if seq.params.top_logprobs > 0 else None,
+            routed_experts=self._routes_of(seq),
         )
         self._by_id.pop(seq.request.request_id, None)
         seq.done.set()
+
+    @staticmethod
+    def _routes_of(seq: _Seq) -> torch.Tensor | None:
+        """The routes of `seq`'s fed tokens, at most its prompt + prefix + response."""
+        if not seq.routes:
+            return None
+        fed = len(seq.request.prompt_ids) + len(seq.request.prefix_ids) + len(seq.tokens)
+        return torch.cat(list(seq.routes))[:fed]
+
+    def _capture(self) -> contextlib.AbstractContextManager[Any]:
+        """The router recorder's capture (router replay), or nothing."""
+        recorder = self.backend.route_recorder
+        return recorder.capture() if recorder is not None else contextlib.nullcontext([])
 
     def _fail_all(self, error: BaseException) -> None:
         for seq in [*self._queue, *self._live, *self._by_id.values()]:
@@ -275,13 +291,17 @@ class HFEngine:
         assert self._mask is not None and self._pos is not None and self._last is not None
         self._mask = torch.cat([self._mask, self._mask.new_ones(len(self._live), 1)], dim=1)
         self._pos = self._pos + 1
-        out = self.backend.model(
-            input_ids=self._last.view(-1, 1),
-            attention_mask=self._mask,
-            position_ids=self._position_ids(self._pos.unsqueeze(-1)),
-            past_key_values=self._cache,
-            use_cache=True,
-        )
+        with self._capture() as routes:
+            out = self.backend.model(
+                input_ids=self._last.view(-1, 1),
+                attention_mask=self._mask,
+                position_ids=self._position_ids(self._pos.unsqueeze(-1)),
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+        if routes:
+            for seq, row in zip(self._live, routes[-1], strict=True):
+                seq.routes.append(row)  # [1, L, K]: the token fed now
         self._cache = out.past_key_values
         return out.logits[:, -1, :]
 
@@ -304,13 +324,17 @@ class HFEngine:
         model_kwargs = {"attention_mask": mask, **(vision or {})}
         pos = backend.model._prepare_position_ids_for_generation(ids, model_kwargs)
         pos = pos if pos.dim() == 3 else pos.unsqueeze(0)  # [P, B, L]
-        out = backend.model(
-            input_ids=ids,
-            position_ids=self._position_ids(pos),
-            use_cache=True,
-            logits_to_keep=1,
-            **model_kwargs,
-        )
+        with self._capture() as routes:
+            out = backend.model(
+                input_ids=ids,
+                position_ids=self._position_ids(pos),
+                use_cache=True,
+                logits_to_keep=1,
+                **model_kwargs,
+            )
+        for i, (seq, x) in enumerate(zip(admit, inputs, strict=True)):
+            if routes:
+                seq.routes.append(routes[-1][i, width - len(x) :])  # its prompt + prefix
         self._merge(out.past_key_values, mask, pos[..., -1])
         return out.logits[:, -1, :]
 

@@ -65,6 +65,9 @@ class TrainBackendSpec:
     logit_chunk_tokens: int | None = None
     """Positions whose logits exist at a time (roll_core/backends/train/lm_head.py); None:
     about 16M logits per chunk; 0: the micro-batch's at once."""
+    router_replay: str = "off"
+    """`algorithm.router_replay`: ``r3`` replays the sampler's routed experts (the Batch's
+    ``routed_experts``) in every forward of a mixture-of-experts model; ``off``."""
     frozen: bool = False
     """Log-prob passes only (the reference role on a sharded backend): no optimizer, no
     gradient buffers, no LR schedule. Backend megatron only (the other backends' frozen roles
@@ -130,6 +133,7 @@ def spec_from_config(
         packing=role.packing,
         max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
         logit_chunk_tokens=role.logit_chunk_tokens,
+        router_replay=getattr(getattr(cfg, "algorithm", None), "router_replay", "off"),
     )
 
 

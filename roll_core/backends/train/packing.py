@@ -34,6 +34,7 @@ import torch
 
 from roll_core.data import Batch
 from roll_core.errors import ConfigError
+from roll_core.models.routing import ROUTES_KEY, packed_routes
 
 PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 """Attention implementations that confine attention to each packed row (from position ids)."""
@@ -414,12 +415,15 @@ def model_forward(
     logits_from: int = 0,
     vision: dict[str, torch.Tensor] | None = None,
     varlen: bool = False,
+    replay: Any = None,
 ) -> Any:
     """`call(**inputs)` (a causal LM's forward) on micro-batch `mb`, packed or padded; the
     output's ``logits`` are ``[B, T - logits_from, V]`` either way (zeros on padding when
     packed), so callers cannot tell the two paths apart. `vision` with images must carry
     ``mm_token_type_ids`` (``vision_model_inputs(..., image_token_id=...)``): without them the
-    model would give the image tokens 1-D positions, not the 3-D ones it was trained with."""
+    model would give the image tokens 1-D positions, not the 3-D ones it was trained with.
+    `replay` (a RouterReplay, roll_core/models/routing.py): the forward routes every token
+    through the experts `mb`'s ``routed_experts`` recorded (packed with the tokens)."""
     if vision and "pixel_values" in vision and "mm_token_type_ids" not in vision:
         raise ValueError(
             "model_forward: vision inputs without mm_token_type_ids; build them with "
@@ -430,11 +434,17 @@ def model_forward(
         kwargs, layout = packed_inputs(
             mb, device, logits_from=logits_from, vision=vision, rope=rope, varlen=varlen
         )
+        if replay is not None:
+            routes = mb.tensors.get(ROUTES_KEY)
+            replay.set(None if routes is None else packed_routes(routes.to(device), layout.pack))
         out = call(**kwargs)
         out.logits = layout.unpack(out.logits, first_col=logits_from)
         return out
     ids = mb.tensors["input_ids"].to(device)
     attn = mb.tensors["attention_mask"].to(device)
+    if replay is not None:
+        routes = mb.tensors.get(ROUTES_KEY)
+        replay.set(None if routes is None else routes.to(device))
     keep = {"logits_to_keep": ids.shape[1] - logits_from} if logits_from > 0 else {}
     return call(input_ids=ids, attention_mask=attn, use_cache=False, **keep, **(vision or {}))
 

@@ -41,6 +41,7 @@ from roll_core.models.lora import (
     load_adapter,
     save_adapter,
 )
+from roll_core.models.routing import router_replay_for
 from roll_core.models.vision import image_token_id, load_processor, vision_token_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -174,6 +175,8 @@ class TorchTrainBackend:
         self._varlen = check_packing_support(model) if self.packing else False
         self._rope = rope_module(model) if self.packing else None
         self._image_token = image_token_id(model.config)  # VLMs: their mm_token_type_ids
+        # MoE routing replay (algorithm.router_replay): hooks on the routers
+        self.router_replay = router_replay_for(model, self.spec.router_replay)
 
     def micro_batches(self, batch: Batch, objective: Any = None) -> list[tuple[list[int], Batch]]:
         """(row indices, micro-batch) of `batch`: `micro_batch_size` rows, or the token budget
@@ -225,6 +228,7 @@ class TorchTrainBackend:
                 logits_from=logits_from,
                 vision=vision,
                 varlen=self._varlen,
+                replay=self.router_replay,
             )
 
     def head(self, mb: Batch, *, logits_from: int = 0) -> tuple[LMHead, Any]:
@@ -244,6 +248,7 @@ class TorchTrainBackend:
             logits_from=logits_from,
             vision=vision_model_inputs(mb, self.device, image_token_id=self._image_token),
             varlen=self._varlen,
+            replay=self.router_replay,
         )
 
     def _call_model(self, **kwargs: Any) -> Any:

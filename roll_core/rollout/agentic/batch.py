@@ -31,6 +31,7 @@ from roll_core.algorithms.gigpo import discounted_step_returns
 from roll_core.data import Batch
 from roll_core.data.vision import vision_fields
 from roll_core.errors import RollError
+from roll_core.models.routing import ROUTES_KEY, routes_tensor
 from roll_core.rollout.agentic.episode import Trajectory
 
 
@@ -57,6 +58,14 @@ def _rows(
         "response_mask": resp,
         "behaviour_log_probs": behaviour,
     }
+
+
+def _add_routes(tensors: dict[str, torch.Tensor], routes: list[Any], lengths: list[int]) -> None:
+    """Router replay: the rows' routed experts as ``routed_experts`` [B, T, L, K] (NO_ROUTE
+    where a row has none); nothing when no row has any."""
+    dense = routes_tensor(routes, lengths, tensors["input_ids"].shape[1])
+    if dense is not None:
+        tensors[ROUTES_KEY] = dense
 
 
 class _Dropped:
@@ -120,6 +129,7 @@ def trajectory_batch(
     meta = dropped.meta(len(segs))
     rows = [(trace.ids, trace.mask, trace.log_probs) for _, _, trace, _ in segs]
     tensors = _rows(rows, pad_id)
+    _add_routes(tensors, [trace.routes for _, _, trace, _ in segs], [len(r[0]) for r in rows])
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
 
     def version(t: Trajectory, k: int) -> int:
@@ -154,6 +164,7 @@ def step_batch(
     dropped = _Dropped(max_len)
     rows, returns, episode_of, anchors, versions, rewards, tags = [], [], [], [], [], [], []
     visions: list[Any] = []
+    routes: list[Any] = []
     parts: list[tuple[int, int]] = []
     group_index = {g: k for k, g in enumerate(dict.fromkeys(t.group for t in trajs))}
     anchor_index: dict[tuple[int, str], int] = {}
@@ -174,9 +185,11 @@ def step_batch(
             rewards.append(turn.reward)
             tags.append(traj.tag)
             visions.append(turn.vision)
+            routes.append(turn.routed_experts)
             parts.append((e, k))
     dropped_meta = dropped.meta(len(rows))
     tensors = _rows(rows, pad_id)
+    _add_routes(tensors, routes, [len(r[0]) for r in rows])
     tensors |= {
         "scores": torch.tensor(returns, dtype=torch.float32),
         "step_rewards": torch.tensor(rewards, dtype=torch.float32),

@@ -56,6 +56,7 @@ from roll_core.data.chat import encode_chat_images, image_message, render_chat
 from roll_core.data.vision import VisionInputs, concat_vision
 from roll_core.envs.base import ToolResult, observation_images, observation_tool_results
 from roll_core.errors import ModelError
+from roll_core.models.routing import extend_routes
 
 Tools = Sequence[dict[str, Any]] | None
 
@@ -432,6 +433,16 @@ class TokenTrace:
     mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     images: list[VisionInputs] = field(default_factory=list)
+    routes: Any = None
+    """Router replay: ``[N, L, K]`` routed experts of the trace's first N tokens (None: none
+    recorded; roll_core/models/routing.py)."""
+
+    def add_routes(self, routes: Any, prompt: list[int]) -> None:
+        """A call's recorded routes (`Completion.routed_experts`), before its response is
+        added: they cover `prompt` then the response. Kept only when the call continued this
+        trace (`prompt` is the trace so far); the first record of each token wins."""
+        if routes is not None and prompt == self.ids:
+            self.routes = extend_routes(self.routes, routes)
 
     def add_context(self, ids: list[int], vision: VisionInputs | None = None) -> None:
         self.ids += ids

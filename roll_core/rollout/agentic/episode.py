@@ -48,6 +48,7 @@ class Turn:
     env_s: float
     vision: VisionInputs | None = None  # the images of prompt_ids (vision-language models)
     segment: int = 0  # agent episodes: the training segment of the trace this turn is in
+    routed_experts: Any = None  # router replay: routes of prompt_ids + response_ids
 
 
 @dataclass
@@ -186,6 +187,8 @@ def play_episode(
         t1 = time.perf_counter()
         result = env_call(env.step, action)
         env_s = time.perf_counter() - t1
+        if s.mode != "step":  # step mode's prompt is a window, not the trace
+            traj.trace.add_routes(completion.routed_experts, prompt)
         traj.trace.add_generated(completion.response_ids, completion.log_probs)
         traj.turns.append(
             Turn(
@@ -201,6 +204,7 @@ def play_episode(
                 gen_s=gen_s,
                 env_s=env_s,
                 vision=vision,
+                routed_experts=completion.routed_experts,
             )
         )
         traj.episode_return += float(result.reward)

@@ -472,6 +472,7 @@ class AgentSession:
         self.tools_key, self.tool_names = pending.tools_key, pending.tool_names
         self.messages = list(pending.keys)
         ids = list(completion.response_ids)
+        self.traj.trace.add_routes(completion.routed_experts, pending.prompt)
         self.traj.trace.add_generated(ids, list(completion.log_probs))
         self.after_eos = bool(ids) and ids[-1] == self.chat.eos_id
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
