@@ -128,7 +128,9 @@ def _interpreter(python: str | None) -> str:
             hint="Point it at the python of the harness's virtualenv (e.g. "
             "/opt/mswe-venv/bin/python), or leave it out to use roll's.",
         )
-    return os.path.abspath(found)  # not resolved: a venv's python is a link to its base
+    # its folder resolved (the sandbox shows real paths), not the file itself: a venv's
+    # python is a link to its base interpreter, and the venv is what must be shown
+    return os.path.join(os.path.realpath(os.path.dirname(found)), os.path.basename(found))
 
 
 def _mode(isolation: str, python: str) -> str:
@@ -175,9 +177,8 @@ def _check_command(program: str, mode: str, python: str, shown: list[str]) -> No
         found = shutil.which(program, path=path) if "/" not in program else program
         _, binds, _ = interpreter_paths(python, True)
         visible = [*binds, *shown, "/workspace"]
-        if found and not any(
-            str(found) == b or str(found).startswith(b.rstrip("/") + "/") for b in visible
-        ):
+        real = os.path.realpath(found) if found else ""
+        if found and not any(real == b or real.startswith(b.rstrip("/") + "/") for b in visible):
             found = None
         if found and not str(found).startswith("/workspace") and not os.path.exists(found):
             found = None
