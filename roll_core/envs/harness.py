@@ -167,8 +167,9 @@ def _warn_once(message: str) -> None:
 
 def _check_command(program: str, mode: str, python: str, shown: list[str]) -> None:
     """A ConfigError when ``program`` cannot start where the harness runs."""
+    found: str | None
     if mode == "host":
-        found = shutil.which(program) or (Path(program).exists() and program)
+        found = shutil.which(program) or (program if Path(program).exists() else None)
         where = "not a file, not on PATH"
     else:
         from roll_core.sandbox.host import ENV, interpreter_paths
