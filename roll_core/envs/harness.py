@@ -21,7 +21,9 @@ paths. Its one way out is a tunnel to the episode's endpoint session
 the same without ``/v1``; ``*_API_KEY`` set), relayed to the endpoint and nowhere else; every
 other host port and the network stay out of reach. The task is in ``ROLL_TASK`` (the issue
 text), the workspace in ``ROLL_WORKSPACE``. At its end, its timeout or the episode's, every
-process of the sandbox is killed (nothing is left behind).
+process of the sandbox is killed (nothing is left behind); when roll ends the episode first
+(its group finished, the episode's deadline), the harness is stopped within a second too (its
+session then answers 404, which a watcher polls).
 
 ``isolation``: ``required`` (default) runs the harness in the sandbox or fails where
 namespaces do not work (before the run exists: the task of seed 0 is made during the run's
@@ -244,6 +246,51 @@ def run(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     return _run_on_host(client, task, limit)
 
 
+class _SessionWatch:
+    """Stops the harness when roll ends its episode first (its group finished, a fault, the
+    episode's deadline): the episode's session then answers 404, checked every ``every``
+    seconds with ``GET .../models`` on the host side."""
+
+    def __init__(self, client: Any, stop: Any, every: float = 1.0) -> None:
+        self.url = str(client.base_url).rstrip("/") + "/models"
+        self.stop = stop
+        self.every = every
+        self.ended = False
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="harness-watch", daemon=True)
+
+    def __enter__(self) -> _SessionWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy
+        while not self.done.wait(self.every):
+            try:
+                direct.open(self.url, timeout=10).close()
+            except urllib.error.HTTPError as err:
+                if err.code == 404:  # the session is closed: the episode is over
+                    self.ended = True
+                    self.stop()
+                    return
+            except OSError:
+                continue  # the endpoint is busy or restarting: look again
+
+    def check(self) -> None:
+        if self.ended:
+            raise RuntimeError(
+                "the episode ended (cancelled, timed out or failed) while the harness ran; "
+                "its processes were killed"
+            )
+
+
 def _run_sandboxed(client: Any, task: dict[str, Any], limit: float) -> dict[str, Any]:
     from roll_core.sandbox import SandboxSpec
     from roll_core.sandbox.base import Tunnel
@@ -274,7 +321,9 @@ def _run_sandboxed(client: Any, task: dict[str, Any], limit: float) -> dict[str,
         variables = _variables(inside, task, box.workdir, f"{box.workdir}/{REWARD_INSIDE}")
         command = shlex.join(_argv(task))
         started = time.perf_counter()
-        result = box.exec(command, limit, env=variables, tunnel=tunnel)
+        with _SessionWatch(client, box.close) as watch:
+            result = box.exec(command, limit, env=variables, tunnel=tunnel)
+        watch.check()
         metrics["wall_s"] = time.perf_counter() - started
         metrics["exit_code"] = float(result.exit_code)
         metrics["timed_out"] = float(result.timed_out)
@@ -322,11 +371,13 @@ def _run_on_host(client: Any, task: dict[str, Any], limit: float) -> dict[str, A
             start_new_session=True,  # its own process group: killed whole at the end
         )
         try:
-            code, timed_out = proc.wait(timeout=limit), False
+            with _SessionWatch(client, lambda: _kill_group(proc, wait=False)) as watch:
+                code, timed_out = proc.wait(timeout=limit), False
         except subprocess.TimeoutExpired:
             code, timed_out = -int(signal.SIGKILL), True
         finally:
             _kill_group(proc)
+        watch.check()
         metrics = {"exit_code": float(code), "timed_out": float(timed_out)}
         metrics["wall_s"] = time.perf_counter() - start
         if swe is None:
@@ -352,11 +403,12 @@ def _client_timeout(client: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else float("inf")
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes], wait: bool = True) -> None:
     """SIGKILL the harness's process group (everything it started that stayed in it)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    if wait:
+        proc.wait()
 
 
 def _reward_from_file(text: str, metrics: dict[str, float]) -> dict[str, Any]:

@@ -268,3 +268,28 @@ def test_eight_sandboxed_harness_episodes_at_once_lose_nothing(tok: Any, tmp_pat
         values = [t.env_metrics[key] for t in trajs]
         print(f"{key}: mean {sum(values) / 8:.3f} max {max(values):.3f}")
     print(f"8 episodes: {wall:.1f} s wall; load {os.getloadavg()[0]:.1f}")
+
+
+def test_the_harness_is_stopped_when_its_session_ends(tok: Any) -> None:
+    """roll ended the episode first (its group finished, a fault): the session is closed,
+    so the watcher stops the harness; while the session is open it does nothing."""
+    import threading
+    from types import SimpleNamespace
+
+    from roll_core.envs.harness import _SessionWatch
+    from roll_core.rollout.agentic.endpoint import AgentEndpoint
+    from tests.rollout.test_agent_endpoint import session
+
+    endpoint = AgentEndpoint(port=0)
+    try:
+        s, client = session(tok, endpoint)
+        stopped = threading.Event()
+        with _SessionWatch(SimpleNamespace(base_url=client.base_url), stopped.set, 0.2) as w:
+            time.sleep(1.0)
+            assert not stopped.is_set()  # open: a 200 each time
+            endpoint.close_session(s)
+            assert stopped.wait(5)
+        with pytest.raises(RuntimeError, match="the episode ended"):
+            w.check()
+    finally:
+        endpoint.close()
