@@ -220,15 +220,17 @@ def check_env(entry: EnvEntry, timeout: float) -> bool:
     """Build and reset each env once, so a bad name or option fails before a run exists;
     returns whether its observations carry images. An agent: its module loads, its options fit
     its make_task, and it makes the task of seed 0 (roll_core/envs/agents.py). With
-    ``eval_options``: the validation episodes' env (task) is made too."""
+    ``eval_options`` and validation episodes: the validation episodes' env (task) is made
+    too."""
     merged = {**entry.options, **entry.eval_options}
+    validated = bool(entry.eval_options and entry.eval_episodes)
     if entry.agent is not None:
         check_task(load_agent(entry.agent, entry.options), 0, timeout)
-        if entry.eval_options:
+        if validated:
             check_task(load_agent(entry.agent, merged), 0, timeout)
         return False
     get_env_class(entry.env_id)
-    if entry.eval_options:
+    if validated:
         make_env(entry.env_id, **merged)  # bad validation options fail before the run too
     env = make_env(entry.env_id, **entry.options)
     try:

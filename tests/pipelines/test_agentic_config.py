@@ -94,3 +94,5 @@ def test_eval_options_apply_to_validation_episodes_only() -> None:
     bad = cfg(envs=[{**entry, "eval_options": {"sizee": 5}}])
     with pytest.raises(ConfigError, match="sizee"):
         agentic.check_env(bad.envs[0], 10.0)
+    unused = cfg(envs=[{**entry, "eval_options": {"sizee": 5}, "eval_episodes": 0}])
+    agentic.check_env(unused.envs[0], 10.0)  # no validation episodes: not made, not checked
