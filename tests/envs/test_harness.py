@@ -293,3 +293,21 @@ def test_the_harness_is_stopped_when_its_session_ends(tok: Any) -> None:
             w.check()
     finally:
         endpoint.close()
+
+
+def test_where_namespaces_do_not_work(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    """isolation required: the recipe's error before the run, saying why and what to set;
+    preferred: a warning and the harness on the host; none: the host, no probe."""
+    import roll_core.sandbox.local as local
+    from roll_core.envs import harness
+    from roll_core.errors import SandboxError
+
+    monkeypatch.setattr(local, "namespaces_work", lambda *a: (False, "unshare failed: EPERM"))
+    with pytest.raises(SandboxError, match="unshare failed: EPERM") as err:
+        harness._mode("required", sys.executable)
+    assert "isolation: preferred" in (err.value.hint or "")
+    with caplog.at_level("WARNING"):
+        assert harness._mode("preferred", sys.executable) == "host"
+    assert "runs as a plain process on the host" in caplog.text
+    monkeypatch.setattr(local, "namespaces_work", lambda *a: pytest.fail("probed"))
+    assert harness._mode("none", sys.executable) == "host"
