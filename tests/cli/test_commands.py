@@ -47,7 +47,10 @@ def test_validate_every_shipped_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
         assert "recipe is valid" in res.output, (recipe, res.output)
 
 
-NEEDS_INSTALL = {"swe-mini-swe-agent-tiny.yaml": "mswe-venv/bin/python"}
+NEEDS_INSTALL = {
+    "swe-mini-swe-agent-tiny.yaml": "mswe-venv/bin/python",
+    "qwen3-4b-swe-mini-swe-agent.yaml": "mswe-venv/bin/python",
+}
 """Recipes of harnesses installed in their own venv (docs/swe.md): the path they need."""
 
 
