@@ -13,6 +13,8 @@ when roll runs as root). Each :meth:`LocalSandbox.exec` starts a supervisor
     and home directories, its processes and its network do not exist there. When the
     command returns, PID 1 of its namespace kills every process it started (a background
     job, a ``setsid``/double-fork escapee): state between commands lives only in files.
+    ``SandboxSpec.read_only`` paths are shown read-only too; a command given a ``tunnel``
+    reaches one host address through it and nothing else (:mod:`roll_core.sandbox.tunnel`).
 ``exec`` mode (``isolation: preferred`` where namespaces do not work)
     as root the command runs as ``run_as_uid``; Landlock (Linux >= 5.13) limits it to
     reading the system's directories and the interpreter and writing the workspace and a
