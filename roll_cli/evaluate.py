@@ -40,8 +40,9 @@ System = Annotated[
 def eval_command(
     model_or_run: ModelOrRun,
     data: Annotated[
-        str, typer.Option("--data", help="Dataset file or directory (jsonl/json/csv/parquet).")
-    ],
+        str | None,
+        typer.Option("--data", help="Dataset file or directory (jsonl/json/csv/parquet)."),
+    ] = None,
     reward: Annotated[
         str | None,
         typer.Option(
@@ -79,13 +80,41 @@ def eval_command(
             help="Per-row JSONL (default: RUN/eval/DATA.jsonl, or ./eval-MODEL-DATA.jsonl).",
         ),
     ] = None,
+    env: Annotated[
+        str | None,
+        typer.Option(
+            "--env",
+            help="Evaluate in an env instead of on a dataset: its episodes played by the model "
+            "(e.g. swe; a run's own options of that env and its eval_options by default).",
+        ),
+    ] = None,
+    env_option: Annotated[
+        list[str] | None,
+        typer.Option("--env-option", help="With --env: an env option name=value (repeatable)."),
+    ] = None,
+    episodes: Annotated[int, typer.Option("--episodes", help="With --env: episodes to play.")] = 32,
     runs_dir: RunsDir = Path("runs"),
     debug: Debug = False,
 ) -> None:
-    """Evaluate a model on a dataset: accuracy, pass@k, mean length; per-row JSONL."""
+    """Evaluate a model on a dataset (accuracy, pass@k, mean length; per-row JSONL) or in an
+    env (--env: success rate, return, the env's episode metrics; per-episode JSONL)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from roll_core.errors import UsageError
     from roll_core.evaluation import EvalSettings, evaluate
+
+    if (data is None) == (env is None):
+        raise UsageError(
+            "roll eval takes --data DATASET (a dataset with a reward) or --env NAME (episodes "
+            "of an env), one of them.",
+            hint="e.g. `roll eval RUN --data data/tiny-arith/test.jsonl` or "
+            "`roll eval RUN --env swe --env-option split=test`.",
+        )
+    if env is not None:
+        _eval_env(model_or_run, env, env_option or [], episodes, seed, max_new_tokens,
+                  temperature, out_path, runs_dir)  # fmt: skip
+        return
+    assert data is not None
 
     settings = EvalSettings(
         data=data,
@@ -124,6 +153,41 @@ def eval_command(
             "(scored 0); see reward_errors in the JSONL."
         )
     out.print(f"per-row results: {result.out}")
+    out.print(f"summary: {result.summary}")
+
+
+def _eval_env(
+    model_or_run: str,
+    env: str,
+    options: list[str],
+    episodes: int,
+    seed: int,
+    max_new_tokens: int | None,
+    temperature: float | None,
+    out_path: Path | None,
+    runs_dir: Path,
+) -> None:
+    from roll_core.envs.registry import parse_option_args
+    from roll_core.evaluation.envs import evaluate_env
+
+    result = evaluate_env(
+        model_or_run,
+        env,
+        parse_option_args(options),
+        episodes=episodes,
+        seed=seed or None,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature or 0.0,
+        out=str(out_path) if out_path else None,
+        runs_dir=runs_dir,
+        progress=lambda done, total: err.print(f"episode {done}/{total}", style="dim"),
+    )
+    m = result.metrics
+    out.print(f"model: {result.model.label}  env: {env} {result.options}")
+    shown = ["episodes", "success_rate", "mean_return", "mean_length", "invalid_action_rate"]
+    shown += [k for k in m if k.startswith("env/")]
+    out.print("  ".join(f"{k} {m[k]:.4g}" for k in shown if k in m))
+    out.print(f"per-episode results: {result.out} (roll debug-env {env} --replay FILE)")
     out.print(f"summary: {result.summary}")
 
 

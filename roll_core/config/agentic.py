@@ -34,6 +34,11 @@ class EnvEntry(Strict):
         description="Env options (`roll debug-env ENV --options` lists them); for an agent, "
         "the keyword arguments of its make_task(seed, **options) (or the task's fields).",
     )
+    eval_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options merged over `options` for this entry's validation episodes "
+        "(e.g. `{split: test}`: held-out tasks of the swe env or a harness).",
+    )
     system_prompt: str | None = Field(
         default=None,
         description="Replace the env's instructions (None: the env's own system prompt). A "

@@ -137,12 +137,16 @@ def _check_options(path: str, make_task: Callable[..., Any], options: dict[str, 
 def check_task(program: AgentProgram, seed: int, timeout: float) -> Any:
     """``program.task(seed)``, made before any episode needs it (a run's checks, ``roll
     debug-env``): an EnvFault naming the agent module and make_task's own error (the line that
-    raised) when it raises or hangs, so the user's bug is told as theirs."""
+    raised) when it raises or hangs, so the user's bug is told as theirs. A roll error
+    (ConfigError, SandboxError: a built-in agent's own check) is raised as it is."""
     from roll_core.envs.faults import EnvFault, call_with_timeout, describe_fault
+    from roll_core.errors import RollError
 
     fn = program.make_task or program.task
     try:
         return call_with_timeout(program.task, seed, timeout=timeout)
+    except RollError:
+        raise  # already says what to change
     except Exception as err:  # noqa: BLE001 - the user's make_task raised or hung
         options = "".join(f", {k}={v!r}" for k, v in program.options.items())
         module = program.path.rpartition(":")[0] if ":" in program.path else program.path

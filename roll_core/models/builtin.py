@@ -133,6 +133,19 @@ BUILTIN_MODELS: dict[str, BuiltinSpec] = {
             max_position_embeddings=512,
         ),
         _spec(
+            "tiny-qwen3-8k",
+            "tiny-qwen3 with an 8,192-token context: a real agent harness's prompts (a few "
+            "thousand bytes) fit on CPU.",
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=384,
+            tie_word_embeddings=True,
+            max_position_embeddings=8192,
+        ),
+        _spec(
             "small-qwen3",
             "Qwen3, 4 layers, hidden 256 (~3.2M params): a teacher for distillation on CPU.",
             hidden_size=256,

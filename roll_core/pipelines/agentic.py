@@ -219,11 +219,19 @@ def check_images(cfg: AgenticConfig) -> None:
 def check_env(entry: EnvEntry, timeout: float) -> bool:
     """Build and reset each env once, so a bad name or option fails before a run exists;
     returns whether its observations carry images. An agent: its module loads, its options fit
-    its make_task, and it makes the task of seed 0 (roll_core/envs/agents.py)."""
+    its make_task, and it makes the task of seed 0 (roll_core/envs/agents.py). With
+    ``eval_options`` and validation episodes: the validation episodes' env (task) is made
+    too."""
+    merged = {**entry.options, **entry.eval_options}
+    validated = bool(entry.eval_options and entry.eval_episodes)
     if entry.agent is not None:
         check_task(load_agent(entry.agent, entry.options), 0, timeout)
+        if validated:
+            check_task(load_agent(entry.agent, merged), 0, timeout)
         return False
     get_env_class(entry.env_id)
+    if validated:
+        make_env(entry.env_id, **merged)  # bad validation options fail before the run too
     env = make_env(entry.env_id, **entry.options)
     try:
         observation, _ = call_with_timeout(env.reset, 0, timeout=timeout)
@@ -399,16 +407,18 @@ def _model_context(model_path: str) -> int:
     return int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 2048))
 
 
-def env_specs(cfg: AgenticConfig) -> list[EnvSpec]:
+def env_specs(cfg: AgenticConfig, *, validation: bool = False) -> list[EnvSpec]:
+    """One spec per env entry; ``validation``: with its ``eval_options`` merged in."""
     specs = []
     for entry in cfg.envs:
+        options = {**entry.options, **entry.eval_options} if validation else entry.options
 
-        def factory(entry: EnvEntry = entry) -> Any:
+        def factory(entry: EnvEntry = entry, options: dict[str, Any] = options) -> Any:
             if entry.agent is not None:
                 raise TypeError(f"{entry.name} is an agent program, not a TextEnv")
-            return make_env(entry.env_id, **entry.options)
+            return make_env(entry.env_id, **options)
 
-        agent = load_agent(entry.agent, entry.options) if entry.agent is not None else None
+        agent = load_agent(entry.agent, options) if entry.agent is not None else None
         specs.append(
             EnvSpec(entry.name, factory, entry.system_prompt, entry.groups_per_step, agent)
         )
@@ -720,15 +730,17 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
     ):
         evaluate = bool(cfg.eval.every_steps and any(e.eval_episodes for e in cfg.envs))
 
+        eval_specs = env_specs(cfg, validation=True) if evaluate else specs
+
         def validation() -> dict[str, float]:
             try:
-                return validate(cfg, source.manager, specs)
+                return validate(cfg, source.manager, eval_specs)
             finally:
                 source.show_faults()
 
         def warm(start: int) -> None:
             if start == 0 and cfg.warm_start.steps:
-                _warm_start_phase(cfg, setup, rl, source.manager, specs, loop, evaluate)
+                _warm_start_phase(cfg, setup, rl, source.manager, specs, loop, evaluate, eval_specs)
 
         hooks = RLHooks(
             evaluate=validation if evaluate else None,
@@ -774,11 +786,12 @@ def _warm_start_phase(
     specs: list[EnvSpec],
     loop: DriverLoop,
     evaluate: bool,
+    eval_specs: list[EnvSpec],
 ) -> None:
     """The warm start before step 1 (validation before it if asked), logged at step 0."""
     if evaluate and cfg.warm_start.eval_before:
         with loop.phase("evaluating"):
-            before = validate(cfg, manager, specs)
+            before = validate(cfg, manager, eval_specs)
         loop.log_extra(
             0, {k.replace("eval/", "eval_before_warm_start/"): v for k, v in before.items()}
         )

@@ -26,15 +26,25 @@ last ``max_output_bytes / 2`` of each are kept, a flood of more than
 ``KILL_AFTER_OUTPUT_LIMITS`` times that kills the command), enforces the wall-clock timeout,
 then kills the process group and, in ``namespaces`` mode, every other process of the
 namespace (``setsid`` and double-forked escapees included).
+
+A spec with ``tunnels`` (``[[port, socket path inside], ...]``, namespaces mode only; see
+:mod:`roll_core.sandbox.tunnel`): before the command starts, PID 1 brings the namespace's
+loopback up, listens on ``127.0.0.1:port`` and forks the forwarder, which drops every
+capability and relays each connection to the unix socket, the sandbox's one way out. It is a
+process of the namespace, so it ends with the command like everything else there.
 """
 
 import contextlib
+import fcntl
 import json
 import os
 import resource
 import select
 import signal
+import socket
+import struct
 import sys
+import threading
 import time
 
 KILL_AFTER_OUTPUT_LIMITS = 16
@@ -166,6 +176,75 @@ def pump(pid, streams, deadline, flood):
                 return None, wstatus, exited
 
 
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+FORWARDER_CONNECTIONS = 64
+
+
+def loopback_up():
+    """Bring up the namespace's ``lo`` (PID 1 holds CAP_NET_ADMIN over its namespace)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
+def relay(src, dst):
+    try:
+        while True:
+            data = src.recv(1 << 16)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
+
+
+def forward_one(conn, path, slots):
+    try:
+        with conn, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as out:
+            out.connect(path)
+            back = threading.Thread(target=relay, args=(out, conn), daemon=True)
+            back.start()
+            relay(conn, out)
+            back.join()
+    except OSError:
+        pass
+    finally:
+        slots.release()
+
+
+def start_forwarder(lib, port, path):
+    """Listen on ``127.0.0.1:port`` here and fork the forwarder to ``path`` (a unix socket)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(FORWARDER_CONNECTIONS)
+    pid = os.fork()
+    if pid:
+        listener.close()
+        return pid
+    try:
+        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        keep = {0, 1, 2, listener.fileno()}
+        for fd in range(3, 1 << 10):
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        drop_capabilities(lib)
+        slots = threading.BoundedSemaphore(FORWARDER_CONNECTIONS)
+        while True:
+            conn, _ = listener.accept()
+            slots.acquire()
+            threading.Thread(target=forward_one, args=(conn, path, slots), daemon=True).start()
+    finally:
+        os._exit(0)
+
+
 def cpu_spent(spec):
     """Whether the command's children used up their CPU limit (SIGKILL at the hard one)."""
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -215,6 +294,13 @@ def main():
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     if spec["mode"] == "namespaces":
         enter_namespaces(lib, spec)
+        if spec.get("tunnels"):
+            try:
+                loopback_up()
+                for port, path in spec["tunnels"]:
+                    start_forwarder(lib, port, path)
+            except OSError as err:
+                fail(f"sandbox setup: the way out (tunnel) failed: {err}")
     else:
         enter_rlimits(lib, spec)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)

@@ -122,6 +122,11 @@ def enter_namespaces(lib, spec):
         (inside, os.open(host, os.O_PATH | os.O_DIRECTORY))
         for host, inside in spec.get("rw_binds", [])
     ]
+    readonly = [
+        (inside, os.open(host, os.O_PATH), os.path.isdir(host))
+        for host, inside in spec.get("ro_binds", [])
+        if os.path.exists(host)
+    ]
     if switch:
         os.setresgid(0, 0, 0)  # inside: 0; outside: the unprivileged uid
         os.setresuid(0, 0, 0)
@@ -136,7 +141,7 @@ def enter_namespaces(lib, spec):
     if select.select([alive_r], [], [], 0)[0]:  # the parent died before the line above
         os._exit(71)
     os.close(alive_r)
-    build_root(lib, spec, sources, writable)
+    build_root(lib, spec, sources, writable, readonly)
     nondumpable(lib)
 
 
@@ -145,9 +150,11 @@ def mount(lib, source, target, fstype, flags, opts, what):
     check(lib.mount(enc(source), enc(target), enc(fstype), flags, enc(opts)), what)
 
 
-def build_root(lib, spec, sources, writable=()):
+def build_root(lib, spec, sources, writable=(), readonly=()):
     """Step 3: the new root on a tmpfs, then ``pivot_root`` into it. ``writable``: (path
-    inside, an ``O_PATH`` descriptor of the host directory) bound read-write."""
+    inside, an ``O_PATH`` descriptor of the host directory) bound read-write; ``readonly``:
+    (path inside, an ``O_PATH`` descriptor, is a directory), bound read-only after the work
+    tmpfs (so a path under ``/tmp`` shows too): shown host paths, a way-out socket."""
     mount(lib, None, "/", None, MS_REC | MS_PRIVATE, None, "making mounts private")
     new = "/tmp"  # mounted over in this private mount namespace only
     mount(lib, "tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755", "the root tmpfs")
@@ -165,6 +172,8 @@ def build_root(lib, spec, sources, writable=()):
             os.symlink(dest, new + link)
     for d in ("/proc", "/dev", spec["work_dir"], *(inside for inside, _ in writable)):
         os.makedirs(new + d, exist_ok=True)
+    for inside, _, is_dir in readonly:
+        mount_point(new + inside, is_dir)
     flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
     mount(lib, "proc", new + "/proc", "proc", flags, None, "mounting /proc")
     set_readonly(lib, new, AT_RECURSIVE)
@@ -183,6 +192,12 @@ def build_root(lib, spec, sources, writable=()):
     for inside, fd in writable:
         mount(lib, f"/proc/self/fd/{fd}", new + inside, None, MS_BIND, None, "binding " + inside)
         os.close(fd)
+    for inside, fd, is_dir in readonly:
+        mount_point(new + inside, is_dir)  # again: the work tmpfs may cover the first one
+        flags = MS_BIND | MS_REC
+        mount(lib, f"/proc/self/fd/{fd}", new + inside, None, flags, None, "binding " + inside)
+        os.close(fd)
+        set_readonly(lib, new + inside, AT_RECURSIVE)
     os.chdir(new)
     nr = SYS_PIVOT_ROOT.get(os.uname().machine)
     if nr is None:
@@ -190,6 +205,14 @@ def build_root(lib, spec, sources, writable=()):
     check(0 if lib.syscall(ctypes.c_long(nr), b".", b".") == 0 else -1, "pivot_root")
     check(lib.umount2(b".", MNT_DETACH), "detaching the old root")
     os.chdir("/")
+
+
+def mount_point(target, is_dir):
+    if is_dir:
+        os.makedirs(target, exist_ok=True)
+    elif not os.path.lexists(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
 
 
 def set_readonly(lib, path, flags):

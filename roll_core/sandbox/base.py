@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-__all__ = ["ExecResult", "Sandbox", "SandboxBackend", "SandboxSpec"]
+__all__ = ["ExecResult", "Sandbox", "SandboxBackend", "SandboxSpec", "Tunnel"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,22 @@ class SandboxSpec:
     """Extra environment variables for commands (nothing of roll's own environment is
     passed)."""
 
+    read_only: tuple[str, ...] = ()
+    """Host paths shown read-only at the same path inside (a harness's installation or
+    configuration); nothing else of the host's file system is."""
+
+
+@dataclass(frozen=True)
+class Tunnel:
+    """A command's one way out of its sandbox: ``127.0.0.1:port`` inside reaches ``target``
+    on the host, and nothing else does (:mod:`roll_core.sandbox.tunnel`)."""
+
+    port: int
+    """The port a process inside connects to (on the sandbox's own loopback)."""
+
+    target: tuple[str, int]
+    """The host address every connection is relayed to (e.g. the agent endpoint's)."""
+
 
 @dataclass(frozen=True)
 class ExecResult:
@@ -120,10 +136,20 @@ class Sandbox(Protocol):
     workdir: str
     """The workspace's path as commands inside see it (their working directory)."""
 
-    def exec(self, command: str, timeout: float, *, stdin: str = "") -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        timeout: float,
+        *,
+        stdin: str = "",
+        env: dict[str, str] | None = None,
+        tunnel: Tunnel | None = None,
+    ) -> ExecResult:
         """Run ``command`` with the shell in the workspace; every process it started is
         killed when it returns or after ``timeout`` seconds. Never raises for what the
-        command does; a broken sandbox raises :class:`~roll_core.errors.SandboxError`."""
+        command does; a broken sandbox raises :class:`~roll_core.errors.SandboxError`.
+        ``env``: more variables for this command; ``tunnel``: its one way out (a backend
+        that cannot make one raises SandboxError)."""
         ...
 
     def read_file(self, path: str) -> str:

@@ -13,6 +13,8 @@ when roll runs as root). Each :meth:`LocalSandbox.exec` starts a supervisor
     and home directories, its processes and its network do not exist there. When the
     command returns, PID 1 of its namespace kills every process it started (a background
     job, a ``setsid``/double-fork escapee): state between commands lives only in files.
+    ``SandboxSpec.read_only`` paths are shown read-only too; a command given a ``tunnel``
+    reaches one host address through it and nothing else (:mod:`roll_core.sandbox.tunnel`).
 ``exec`` mode (``isolation: preferred`` where namespaces do not work)
     as root the command runs as ``run_as_uid``; Landlock (Linux >= 5.13) limits it to
     reading the system's directories and the interpreter and writing the workspace and a
@@ -48,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_core.errors import SandboxError
-from roll_core.sandbox.base import ExecResult, SandboxSpec
+from roll_core.sandbox.base import ExecResult, SandboxSpec, Tunnel
 from roll_core.sandbox.diff import IGNORED_DIRS, IGNORED_SUFFIXES, diff_trees
 from roll_core.sandbox.host import ENV, hidden_from, interpreter_paths, landlock_abi
 from roll_core.sandbox.supervisor import supervisor_source
@@ -189,6 +191,7 @@ class LocalSandbox:
         self._procs: set[subprocess.Popen[bytes]] = set()
         self._closed = False
         self._as_root = os.geteuid() == 0
+        self.relay: Any = None  # the last tunnel's relay (its connection count)
         backend.root.mkdir(parents=True, exist_ok=True)
         if (
             mode == "exec"
@@ -222,16 +225,49 @@ class LocalSandbox:
 
     # -- commands -------------------------------------------------------------------------
 
-    def exec(self, command: str, timeout: float, *, stdin: str = "") -> ExecResult:
-        """Run ``command`` with ``/bin/bash -c`` in the workspace (see :class:`Sandbox`)."""
+    def exec(
+        self,
+        command: str,
+        timeout: float,
+        *,
+        stdin: str = "",
+        env: dict[str, str] | None = None,
+        tunnel: Tunnel | None = None,
+    ) -> ExecResult:
+        """Run ``command`` with ``/bin/bash -c`` in the workspace (see :class:`Sandbox`).
+        A ``tunnel`` needs the namespaces mode (the exec mode refuses sockets)."""
         if self._closed:
             raise SandboxError("this sandbox is closed")
         spec = self._spec(command, stdin, timeout)
-        with self.backend.slots:
-            return self._supervise(spec, timeout + self.spec.startup_s)
+        spec["env"].update(env or {})
+        if tunnel is None:
+            with self.backend.slots:
+                return self._supervise(spec, timeout + self.spec.startup_s)
+        if self.mode != "namespaces":
+            raise SandboxError(
+                "a sandbox's way out (a tunnel to the agent endpoint) needs the namespaces "
+                f"mode; this sandbox runs in the {self.mode} mode (namespaces unavailable)",
+                hint=_HINT,
+            )
+        from roll_core.sandbox.tunnel import DIR_INSIDE, SOCKET_INSIDE, HostRelay
+
+        uid = self.spec.run_as_uid if self._as_root else None
+        try:
+            relay = HostRelay(self.home, tunnel.target, uid=uid)
+        except OSError as err:
+            raise SandboxError(f"cannot open the sandbox's way out: {err}") from None
+        self.relay = relay
+        spec["tunnels"] = [[int(tunnel.port), SOCKET_INSIDE]]
+        spec["ro_binds"].append([str(relay.directory), DIR_INSIDE])
+        try:
+            with self.backend.slots:
+                return self._supervise(spec, timeout + self.spec.startup_s)
+        finally:
+            relay.close()
 
     def _spec(self, command: str, stdin: str, timeout: float) -> dict[str, Any]:
         program, binds, links = interpreter_paths(self.python, self.spec.site_packages)
+        shown = [os.path.abspath(p) for p in self.spec.read_only]
         as_root = self._as_root
         namespaces = self.mode == "namespaces"
         bindir = os.path.dirname(program)
@@ -258,10 +294,13 @@ class LocalSandbox:
             "work_dir": "/tmp" if namespaces else str(self.scratch),
             "work_dir_mb": s.tmp_mb,
             "rw_binds": [[str(self.workspace), WORKDIR]] if namespaces else [],
-            "binds": binds,
+            "binds": binds if namespaces else [*binds, *shown],
+            "ro_binds": [[p, p] for p in shown] if namespaces else [],
             "links": links,
             "map_uid": s.run_as_uid if as_root else None,
-            "reveal": [] if namespaces or not as_root else hidden_from(binds, s.run_as_uid),
+            "reveal": []
+            if namespaces or not as_root
+            else hidden_from([*binds, *shown], s.run_as_uid),
             "require_landlock": False,
             "env": env,
             "memory_mb": s.memory_mb,

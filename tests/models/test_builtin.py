@@ -41,7 +41,7 @@ EXPECTED_FILES = {
 #   per layer: attn 65_536 + 32_768 + 32_768 + 65_536 = 196_608; norms 64;
 #              MLP 3*256*768 = 589_824; 2*256 = 512  -> 787_008
 #   total 81_920 + 4*787_008 + 256 = 3_230_208
-EXPECTED_PARAMS = {"tiny-qwen3": 434_944, "small-qwen3": 3_230_208}
+EXPECTED_PARAMS = {"tiny-qwen3": 434_944, "tiny-qwen3-8k": 434_944, "small-qwen3": 3_230_208}
 
 
 def _digests(directory: Path) -> dict[str, str]:

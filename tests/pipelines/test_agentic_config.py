@@ -82,3 +82,17 @@ def test_two_envs_of_one_kind_with_tags() -> None:
     assert [s.tag for s in agentic.env_specs(c)] == ["small", "big"]
     env = agentic.env_specs(c)[0].factory()
     assert env.name == "sokoban"
+
+
+def test_eval_options_apply_to_validation_episodes_only() -> None:
+    """`eval_options` (e.g. held-out tasks) are merged over `options` in the validation
+    specs; training specs keep `options`; a bad one fails the run's checks."""
+    entry = {"env": "frozen_lake", "options": {"size": 4}, "eval_options": {"size": 5}}
+    c = cfg(envs=[entry])
+    assert agentic.env_specs(c)[0].factory().options.size == 4
+    assert agentic.env_specs(c, validation=True)[0].factory().options.size == 5
+    bad = cfg(envs=[{**entry, "eval_options": {"sizee": 5}}])
+    with pytest.raises(ConfigError, match="sizee"):
+        agentic.check_env(bad.envs[0], 10.0)
+    unused = cfg(envs=[{**entry, "eval_options": {"sizee": 5}, "eval_episodes": 0}])
+    agentic.check_env(unused.envs[0], 10.0)  # no validation episodes: not made, not checked

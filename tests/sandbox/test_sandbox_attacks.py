@@ -7,6 +7,7 @@ namespace attacks are skipped with the reason where user namespaces do not work.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import site
@@ -22,6 +23,7 @@ import pytest
 
 from roll_core.errors import SandboxError
 from roll_core.sandbox import LocalBackend, SandboxSpec
+from roll_core.sandbox.base import Tunnel
 from roll_core.sandbox.local import namespaces_work
 
 NS_OK, NS_WHY = namespaces_work(sys.executable, True, 65534)
@@ -106,6 +108,70 @@ def test_no_network_not_even_the_hosts_loopback(box) -> None:
     with pytest.raises(OSError):
         server.accept()
     server.close()
+
+
+def test_the_way_out_reaches_only_its_target(box) -> None:
+    """A tunnel (a harness's way to its endpoint) reaches its one target and nothing else:
+    not the target's own port, not another host port, not the network; the socket behind it
+    is read-only, relays only to the target, and is gone when the command ends."""
+    servers = []
+    for _ in range(2):
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        servers.append(server)
+    target, other = (s.getsockname()[1] for s in servers)
+    answered = []
+
+    def answer() -> None:  # the target: says who it is to each connection
+        servers[0].settimeout(20)
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = servers[0].accept()
+                with conn:
+                    answered.append(conn.recv(64))
+                    conn.sendall(b"TARGET")
+
+    threading.Thread(target=answer, daemon=True).start()
+    code = (
+        "import socket, os\n"
+        "def talk(addr, family=socket.AF_INET):\n"
+        "    try:\n"
+        "        s = socket.socket(family); s.settimeout(3); s.connect(addr)\n"
+        "        s.sendall(b'hello'); return s.recv(64).decode() or 'EOF'\n"
+        "    except OSError as e:\n"
+        "        return 'refused'\n"
+        "print('tunnel', talk(('127.0.0.1', 18080)))\n"
+        f"print('target', talk(('127.0.0.1', {target})))\n"
+        f"print('other', talk(('127.0.0.1', {other})))\n"
+        "print('outside', talk(('1.1.1.1', 80)))\n"
+        "print('socket', talk('/run/roll/way-out.sock', socket.AF_UNIX))\n"
+        "try:\n"
+        "    open('/run/roll/planted', 'w'); print('planted WROTE')\n"
+        "except OSError:\n"
+        "    print('planted read-only')\n"
+    )
+    tunnel = Tunnel(18080, ("127.0.0.1", target))
+    result = box.exec(f"python3 -c {shlex.quote(code)}", timeout=30, tunnel=tunnel)
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines == {
+        "tunnel": "TARGET",
+        "target": "refused",
+        "other": "refused",
+        "outside": "refused",
+        "socket": "TARGET",
+        "planted": "read-only",
+    }, result.output()
+    assert answered == [b"hello", b"hello"] and box.relay.connections == 2
+    assert not box.relay.path.exists()  # closed with the command
+    servers[1].settimeout(0.2)
+    with pytest.raises(OSError):
+        servers[1].accept()  # nothing ever reached the other port
+    for server in servers:
+        server.close()
+    # the next command has no way out at all
+    code = "import socket; socket.create_connection(('127.0.0.1', 18080), 2)"
+    assert box.exec(f"python3 -c {shlex.quote(code)}", 20).exit_code != 0
 
 
 def test_another_episodes_workspace_is_unreachable(store: Path) -> None:
@@ -220,7 +286,8 @@ def test_host_side_file_access_never_follows_links(box) -> None:
 
 # the isolation attacks (the limits are the same rlimits whoever runs them)
 UNPRIVILEGED = (
-    "hidden or writes or network or another or killing or left_behind or secrets or unprivileged"
+    "hidden or writes or network or way_out or another or killing or left_behind or secrets or "
+    "unprivileged"
 )
 
 
