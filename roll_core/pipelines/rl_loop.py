@@ -183,14 +183,15 @@ def _recorder(
 
 
 def _log_probs(roles: RLRoles, temperature: float) -> Callable[[Batch], Any]:
-    """For the record: the trainer's log-probs of its few rows (when the update computes the
-    batch's own), or None when they are fewer than actor_train's ranks (each needs a row)."""
+    """For the record: the trainer's log-probs (used when the update computes the batch's
+    own) and entropies of its few rows, or None when they are fewer than actor_train's ranks
+    (each needs a row)."""
     ranks = int(getattr(roles.actor_train, "world_size", 1))
 
     def log_probs(sub: Batch) -> Any:
         if len(sub) < ranks:
             return None
-        return roles.actor_train.log_probs(sub, temperature=temperature)
+        return roles.actor_train.token_stats(sub, temperature=temperature)
 
     return log_probs
 

@@ -9,8 +9,8 @@ comes from target position ``start + j - 1``): ``behaviour_lp`` (the sampler's l
 ``trainer_lp`` (the trainer's, before the update), ``ref_lp`` / ``teacher_lp`` / ``value``
 (the critic's, PPO) when the step has them, ``advantage``, ``mask`` (the loss mask the update
 uses), ``generated`` (1 on tokens the model sampled: generated but masked = rejected by rollout
-correction or the overlong filter), ``is_weight`` (rollout-correction importance weights) and ``entropy`` (None: the
-trainer computes only its mean, ``actor/entropy``). Then the row's reward and its parts, group,
+correction or the overlong filter), ``is_weight`` (rollout-correction importance weights) and ``entropy`` (the trainer's,
+of each next-token distribution, before the update; None on the megatron backend). Then the row's reward and its parts, group,
 policy version and staleness, finish reason, and for agentic rows the episode (env, seed,
 status, turns) and its conversation: the row's context and generated spans as text.
 """
@@ -80,16 +80,19 @@ class RolloutRecorder:
         trainer_log_probs: Any = None,
     ) -> bool:
         """Write step `step`'s record of `batch` (whose `groups` made it); `trainer_log_probs`:
-        a callable giving the trainer's log-probs of a sub-batch, used when the batch has no
-        ``old_log_probs`` (the update computes them itself). False when the budget is spent."""
+        a callable giving the trainer's ``log_probs`` and ``entropy`` of a sub-batch (or None),
+        its log-probs used when the batch has no ``old_log_probs`` (the update computes them
+        itself). False when the budget is spent."""
         if self.store.full:
             return False
         rows = self.pick_rows(step, batch)
         sub = batch.select(rows)
-        if "old_log_probs" not in sub.tensors and trainer_log_probs is not None:
-            log_probs = trainer_log_probs(sub)
-            if log_probs is not None:
-                sub.tensors["old_log_probs"] = log_probs
+        stats = trainer_log_probs(sub) if trainer_log_probs is not None else None
+        if stats is not None:
+            if "old_log_probs" not in sub.tensors:
+                sub.tensors["old_log_probs"] = stats["log_probs"]
+            if "entropy" in stats:
+                sub.tensors["token_entropy"] = stats["entropy"]
         items = [s for g in groups for s in g]
         records = [self.row(step, sub, j, batch_row, items) for j, batch_row in enumerate(rows)]
         return self.store.write(step, step_summary(batch, records), records)
@@ -123,7 +126,8 @@ class RolloutRecorder:
         for name, key in _TOKEN_FIELDS.items():
             value = t.get(key)
             rec[name] = None if value is None else _values(value[j, start - 1 : n - 1])
-        rec["entropy"] = None
+        entropy = t.get("token_entropy")
+        rec["entropy"] = None if entropy is None else _values(entropy[j, start - 1 : n - 1])
         rec["prompt"] = _decode(self.tokenizer, ids[:start])
         rec["response"] = _decode(self.tokenizer, ids[start:])
         if EPISODE_ROW in sub.non_tensors:

@@ -107,6 +107,16 @@ class ActorTrain(Worker):
         """Next-token log-probs [B, T-1] under the current weights."""
         return self._resident(("params",)).log_probs(batch, temperature=temperature)
 
+    @dispatch("dp", collect="concat")
+    def token_stats(self, batch: Batch, *, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+        """Next-token ``log_probs`` and, where the backend computes them (not megatron),
+        ``entropy``, each [B, T-1], under the current weights: the rollout record's."""
+        backend: Any = self._resident(("params",))
+        if not hasattr(backend, "token_stats"):
+            return {"log_probs": backend.log_probs(batch, temperature=temperature)}
+        out: dict[str, torch.Tensor] = backend.token_stats(batch, temperature=temperature)
+        return out
+
     @dispatch("rank0")
     def generate(
         self, prompts: list[list[int]], *, max_new_tokens: int, vision: list[Any] | None = None

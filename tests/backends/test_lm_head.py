@@ -280,3 +280,23 @@ def test_log_prob_and_teacher_passes_chunked_equal_whole(tiny: TorchTrainBackend
     torch.testing.assert_close(chunked[0], full[0], rtol=0, atol=1e-6)
     assert chunked[1] is not None and torch.equal(chunked[1], full[1])
     assert (whole[batch.tensors["attention_mask"][:, 1:] == 0] == 0).all()
+
+
+def test_token_stats_entropy_by_the_definition(tiny: TorchTrainBackend) -> None:
+    """The rollout record's per-token entropy: -sum p log p of softmax(logits / T), from the
+    full logits, equal with and without chunks; log-probs as log_probs gives them."""
+    batch = rl_batch(len(tiny.tokenizer))
+    tiny.spec = dataclasses.replace(tiny.spec, logit_chunk_tokens=0)
+    with torch.no_grad():
+        logits = tiny.forward(batch)[:, :-1].float() / 0.7
+    logp_all = torch.log_softmax(logits, -1)
+    want = -(logp_all.exp() * logp_all).sum(-1)
+    valid = batch.tensors["attention_mask"][:, 1:].bool()
+    for chunk in (0, 3):
+        tiny.spec = dataclasses.replace(tiny.spec, logit_chunk_tokens=chunk)
+        stats = tiny.token_stats(batch, temperature=0.7)
+        torch.testing.assert_close(stats["entropy"][valid], want[valid], rtol=0, atol=1e-5)
+        assert (stats["entropy"][~valid] == 0).all()
+        torch.testing.assert_close(
+            stats["log_probs"], tiny.log_probs(batch, temperature=0.7), rtol=0, atol=1e-6
+        )

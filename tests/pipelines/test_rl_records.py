@@ -70,13 +70,23 @@ def test_trainer_log_probs_come_from_the_callable_when_the_update_makes_its_own(
 
     def trainer(sub):
         seen.append(len(sub))
-        return torch.full_like(sub.tensors["behaviour_log_probs"], -2.0)
+        lp = sub.tensors["behaviour_log_probs"]
+        entropy = torch.arange(lp.shape[1], dtype=torch.float32).expand_as(lp) + 0.5
+        return {"log_probs": torch.full_like(lp, -2.0), "entropy": entropy}
 
     rec = RolloutRecorder(RolloutRecordsConfig(), tmp_path, tokenizer=None, start=0)
     assert rec.record(1, batch, groups, trainer_log_probs=trainer)
     _, rows = read_step(tmp_path, 1)
     assert seen == [2] and [r["trainer_lp"] for r in rows] == [[-2.0, -2.0]] * 2
+    # the entropies of target positions 1 and 2 (tokens 2 and 3, the response)
+    assert [r["entropy"] for r in rows] == [[1.5, 2.5]] * 2
     assert "old_log_probs" not in batch.tensors, "the training batch is left as it was"
+    # the batch's own old log-probs stay; the entropies still come from the trainer
+    batch.tensors["old_log_probs"] = batch.tensors["behaviour_log_probs"] - 1.0
+    assert rec.record(2, batch, groups, trainer_log_probs=trainer)
+    _, rows = read_step(tmp_path, 2)
+    assert [r["trainer_lp"] for r in rows] == [[lp - 1.0 for lp in r["behaviour_lp"]] for r in rows]
+    assert [r["entropy"] for r in rows] == [[1.5, 2.5]] * 2
 
 
 def turn(action: str, reward: float, segment: int = 0) -> Turn:

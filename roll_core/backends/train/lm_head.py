@@ -245,6 +245,31 @@ def target_log_probs(
     return out.masked_scatter(picked, values)
 
 
+def log_probs_and_entropy(
+    head: LMHead | torch.Tensor,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`target_log_probs` and the entropy of each next-token distribution (at
+    `temperature`), both ``[B, T-1]`` float32, 0 where ``mask`` is not set."""
+    from roll_core.algorithms.entropy import entropy_from_logits
+
+    def fn(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scaled = logits.float() / temperature
+        logp = torch.log_softmax(scaled, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+        return logp, entropy_from_logits(scaled)
+
+    picked = mask.bool()
+    values = as_head(head).map(picked, fn, input_ids[:, 1:][picked])
+    out = []
+    for v in values:
+        dense = torch.zeros(picked.shape, dtype=torch.float32, device=v.device)
+        out.append(dense.masked_scatter(picked, v))
+    return out[0], out[1]
+
+
 def distribution_targets(
     head: LMHead | torch.Tensor,
     mask: torch.Tensor,

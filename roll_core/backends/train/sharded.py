@@ -228,6 +228,24 @@ class ShardedTrainBackend(TorchTrainBackend):
         self._reshard()
         return pad_log_probs(out, batch)
 
+    @torch.no_grad()
+    def token_stats(self, batch: Batch, *, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+        """Log-probs and entropies (see TorchTrainBackend.token_stats)."""
+        from roll_core.backends.train.lm_head import log_probs_and_entropy
+
+        self.model.eval()
+        parts: dict[str, list[tuple[list[int], torch.Tensor]]] = {"log_probs": [], "entropy": []}
+        for rows, mb, dummy in self.aligned_chunks(batch):
+            mb = mb.to(self.device)
+            head, _ = self.head(mb)  # every rank runs the forward (collectives inside)
+            if not dummy:
+                ids, valid = mb.tensors["input_ids"], mb.tensors["attention_mask"][:, 1:]
+                logp, ent = log_probs_and_entropy(head, ids, valid, temperature=temperature)
+                parts["log_probs"].append((rows, logp.cpu()))
+                parts["entropy"].append((rows, ent.cpu()))
+        self._reshard()
+        return {key: pad_log_probs(value, batch) for key, value in parts.items()}
+
     def adapters_disabled(self) -> Any:
         raise ValueError(f"the {self.name} backend does not support LoRA")
 

@@ -20,7 +20,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from roll_core.backends.train.base import TrainBackendSpec, add_metrics
-from roll_core.backends.train.lm_head import LOG_PROB_CHUNK, LMHead, head_forward, target_log_probs
+from roll_core.backends.train.lm_head import (
+    LOG_PROB_CHUNK,
+    LMHead,
+    head_forward,
+    log_probs_and_entropy,
+    target_log_probs,
+)
 from roll_core.backends.train.packing import (
     check_packing_support,
     micro_batches,
@@ -317,6 +323,21 @@ class TorchTrainBackend:
             logp = target_log_probs(head, ids, valid, temperature=temperature)
             out.append((rows, logp.cpu()))
         return pad_log_probs(out, batch)
+
+    @torch.no_grad()
+    def token_stats(self, batch: Batch, *, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+        """``log_probs`` (as :meth:`log_probs`) and ``entropy`` of every next-token
+        distribution, each [B, T-1] float32 on CPU (0 where padded): the rollout record's."""
+        self.model.eval()
+        parts: dict[str, list[tuple[list[int], torch.Tensor]]] = {"log_probs": [], "entropy": []}
+        for rows, mb in self.micro_batches(batch):
+            mb = mb.to(self.device)
+            head, _ = self.head(mb)
+            ids, valid = mb.tensors["input_ids"], mb.tensors["attention_mask"][:, 1:]
+            logp, ent = log_probs_and_entropy(head, ids, valid, temperature=temperature)
+            parts["log_probs"].append((rows, logp.cpu()))
+            parts["entropy"].append((rows, ent.cpu()))
+        return {key: pad_log_probs(value, batch) for key, value in parts.items()}
 
     def adapters_disabled(self) -> contextlib.AbstractContextManager[Any]:
         """Inside this context the model computes as its base model (LoRA adapters off): the

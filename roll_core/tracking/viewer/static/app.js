@@ -245,7 +245,7 @@ function renderTokens(row) {
   const spread = values ? values.filter((v, j) => row.generated[j] === 1 && v !== null) : [];
   const scale = Math.max(1e-9, ...spread.map((v) => Math.abs(v - (overlay.centre || 0))));
   $("overlay-note").textContent = values ? `colour scale ±${fmt(round5(scale))}` :
-    kind === "entropy" ? "not recorded: the trainer computes only its mean (metric actor/entropy)" :
+    kind === "entropy" ? "not recorded: this backend (megatron) computes only its mean (metric actor/entropy)" :
     kind === "is_weight" ? "not recorded: no rollout correction weights this step" :
     kind === "value" ? "not recorded: no critic in this run (PPO has one)" : "not recorded for this row";
   const spans = row.tokens.map((text, i) => {
