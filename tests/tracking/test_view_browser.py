@@ -153,10 +153,12 @@ def test_rlvr_run_groups_rewards_token_overlays_and_filters(browser: Any, runs: 
             assert shown == [r["reward"] for r in rows if r["group"] == group]
         browser.find_element("id", "card-1").click()
         row = rows[1]
-        for overlay, key in (("behaviour_lp", "behaviour_lp"), ("advantage", "advantage")):
+        names = {"behaviour_lp": "sampler log-prob", "advantage": "advantage", "entropy": "entropy"}
+        assert row["entropy"] is not None and len(row["entropy"]) == len(row["behaviour_lp"])
+        for overlay, name in names.items():
+            key = overlay
             for j in (0, len(row[key]) - 1):
                 title, line = hover_value(browser, row, overlay, j)
-                name = "sampler log-prob" if overlay == "behaviour_lp" else "advantage"
                 assert float(title.removeprefix(f"{name}: ")) == row[key][j]
                 assert f"token {row['start'] + j} " in line
                 assert float(re.search(rf"{name}: (\S+)", line).group(1)) == row[key][j]
