@@ -30,6 +30,8 @@ from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.data import Batch
 from roll_core.models import resolve_model_path
 from roll_core.workers.objectives import get_objective
+from tests.backends.test_packing import grads_of as packing_grads_of
+from tests.backends.test_packing import rl_batch as packing_rl_batch
 
 
 def test_log_prob_by_hand() -> None:
@@ -155,59 +157,28 @@ def tiny() -> TorchTrainBackend:
     return backend()
 
 
-LENGTHS = [13, 5, 9, 2, 11, 7]
-
-
 def rl_batch(vocab: int) -> Batch:
-    """6 right-padded rows, prompts of 3 tokens (row 3: no response), the teacher's full
-    distributions for on-policy distillation, the global counts in meta."""
-    g = torch.Generator().manual_seed(1)
-    b, width = len(LENGTHS), max(LENGTHS)
-    ids = torch.randint(3, 250, (b, width), generator=g)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros(b, width - 1)
-    for i, n in enumerate(LENGTHS):
-        attn[i, :n] = 1
-        resp[i, 2 : n - 1] = 1.0
-    teacher = torch.log_softmax(3 * torch.randn(b, width - 1, vocab, generator=g), -1)
-    return Batch(
-        tensors={
-            "input_ids": ids,
-            "attention_mask": attn,
-            "response_mask": resp,
-            "advantages": torch.randn(b, width - 1, generator=g) * resp,
-            "behaviour_log_probs": -torch.rand(b, width - 1, generator=g) * resp,
-            "old_log_probs": -torch.rand(b, width - 1, generator=g) * resp,
-            "ref_log_probs": -torch.rand(b, width - 1, generator=g) * resp,
-            "loss_mask": torch.cat([torch.zeros(b, 1), resp], 1).long(),
-            "teacher_dist_logprobs": teacher,
-            "teacher_logprobs": teacher,
-            "teacher_top1": teacher.argmax(-1),
-            "pair_side": torch.tensor([0, 1, 0, 1, 0, 1]),
-            "ref_logps": torch.tensor([-3.0, -4.0, -1.0, -2.0, -5.0, -2.5]),
-        },
-        meta={
-            "response_tokens": float(resp.sum()),
-            "sequences": float((resp.sum(1) > 0).sum()),
-            "max_response_length": 16,
-            "loss_tokens": float(resp.sum()),
-            "pairs": 3,
-        },
-    )
+    """test_packing's 6 right-padded rows (prompts of 3 tokens, row 3 without a response),
+    with the teacher's full distributions for (on-policy) distillation and DPO pairs."""
+    batch = packing_rl_batch("token-mean")
+    g = torch.Generator().manual_seed(2)
+    rows, width = batch.tensors["response_mask"].shape
+    teacher = torch.log_softmax(3 * torch.randn(rows, width, vocab, generator=g), -1)
+    batch.tensors |= {
+        "teacher_dist_logprobs": teacher,
+        "teacher_logprobs": teacher,
+        "teacher_top1": teacher.argmax(-1),
+        "pair_side": torch.tensor([0, 1, 0, 1, 0, 1]),
+        "ref_logps": torch.tensor([-3.0, -4.0, -1.0, -2.0, -5.0, -2.5]),
+    }
+    batch.meta["pairs"] = 3
+    return batch
 
 
 def grads_of(model: TorchTrainBackend, batch: Batch, objective: Any, chunk: int) -> tuple:
     """(metrics, gradients) of one train_step (optimizer step skipped) at `chunk`."""
     model.spec = dataclasses.replace(model.spec, logit_chunk_tokens=chunk)
-    step, sched = model.optimizer.step, model.scheduler.step
-    model.optimizer.step = lambda *a, **k: None  # type: ignore[method-assign]
-    model.scheduler.step = lambda *a, **k: None  # type: ignore[method-assign]
-    try:
-        metrics = model.train_step(batch, objective)
-    finally:
-        model.optimizer.step, model.scheduler.step = step, sched  # type: ignore[method-assign]
-    grads = {n: p.grad.clone() for n, p in model.model.named_parameters() if p.grad is not None}
-    return metrics, grads
+    return packing_grads_of(model, batch, objective)
 
 
 def assert_chunked_equal(model: TorchTrainBackend, batch: Batch, objective: Any) -> None:

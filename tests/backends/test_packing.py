@@ -288,7 +288,11 @@ def grads_of(backend: TorchTrainBackend, batch: Batch, objective: Any) -> tuple[
         metrics = backend.train_step(batch, objective)
     finally:
         backend.optimizer.step, backend.scheduler.step = step, sched  # type: ignore[method-assign]
-    grads = {n: p.grad.detach().clone() for n, p in backend.model.named_parameters()}
+    grads = {
+        n: p.grad.detach().clone()
+        for n, p in backend.model.named_parameters()
+        if p.grad is not None  # frozen (LoRA's base)
+    }
     return metrics, grads
 
 
