@@ -134,6 +134,7 @@ SHARED_UNITS: dict[str, str] = {
 DURATIONS = ROOT / "tests" / "durations.json"
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: no error without xdist (-p no:xdist)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """--dist loadfile, with the longest files first and SHARED_UNITS kept together.
 
