@@ -122,3 +122,53 @@ def qwen_real(tmp_path_factory: pytest.TempPathFactory):
         return built[kind]
 
     return get
+
+
+# ---- scheduling of the default run (`pytest -n 2 --dist loadfile`) ----------------------------
+#: Files that share a session fixture too costly to build twice: each group runs as one unit on
+#: one worker (tests/backends/conftest.py: one vLLM engine per serving mode for all four).
+SHARED_UNITS: dict[str, str] = {
+    f"tests/backends/{name}.py": "vllm-engines"
+    for name in ("test_vllm", "test_vllm_engine", "test_vllm_engine_batch", "test_vllm_load")
+}
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: no error without xdist (-p no:xdist)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """--dist loadfile, with the longest files first and SHARED_UNITS kept together.
+
+    xdist hands out whole files in collection order, sorted by test count, so files of one long
+    end-to-end test came last and set the wall time. Here each unit goes out longest first
+    (seconds from tests/durations.json, written by `python -m tests.durations` from a junit
+    report; a file not in it counts 1 s a test), which bounds the finish by the longest unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    import json
+    from collections import OrderedDict
+
+    from xdist.scheduler import LoadFileScheduling
+
+    known: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+
+    class LongestFirst(LoadFileScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_UNITS.get(path, path)
+
+        def _seconds(self, unit: dict[str, bool]) -> float:
+            files = {nodeid.split("::", 1)[0] for nodeid in unit}
+            unknown = sum(1 for nodeid in unit if nodeid.split("::", 1)[0] not in known)
+            return sum(known.get(f, 0.0) for f in files) + unknown
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:
+                self.ordered = True
+                self.workqueue = OrderedDict(
+                    sorted(self.workqueue.items(), key=lambda kv: -self._seconds(kv[1]))
+                )
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)

@@ -23,6 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import make_cli_env, make_roll, write_tiny_recipe
+
 pytestmark = pytest.mark.slow
 
 FS_FAULT = str(Path(__file__).with_name("fs_fault.py"))
@@ -44,20 +46,34 @@ def same_weights(a: Path, b: Path) -> bool:
     )
 
 
+SHORT = dict(
+    trainer={"max_steps": 6, "micro_batch_size": 8, "grad_accum_steps": 1},
+    eval={"every_steps": None, "exact_match": False},
+    checkpoint={"every_steps": 2, "keep_last": 2},
+)
+
+
 @pytest.fixture
 def short_recipe(tiny_recipe):
     """6 steps, a checkpoint every 2, no eval: a couple of seconds per run."""
-    return tiny_recipe(
-        trainer={"max_steps": 6, "micro_batch_size": 8, "grad_accum_steps": 1},
-        eval={"every_steps": None, "exact_match": False},
-        checkpoint={"every_steps": 2, "keep_last": 2},
-    )
+    return tiny_recipe(**SHORT)
 
 
-def test_kill_before_final_export_is_finished_by_resume(roll, short_recipe, tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    res = roll("sft", str(short_recipe), "--run-id", "whole-run-00")
+@pytest.fixture(scope="module")
+def whole_run(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted run of the short recipe for the module (the tests only read it or
+    copy it): the weights the interrupted runs must end with."""
+    directory = tmp_path_factory.mktemp("whole-run")
+    recipe = write_tiny_recipe(directory, **SHORT)
+    res = make_roll(make_cli_env(cache_dir))("sft", str(recipe), "--run-id", "whole-run-00")
     assert res.returncode == 0, res.stderr
+    return directory / "runs" / "whole-run-00"
+
+
+def test_kill_before_final_export_is_finished_by_resume(
+    roll, short_recipe, whole_run: Path, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
     # SIGKILL after the model is written into staging, before it is published as final/.
     res = roll(
         "sft", str(short_recipe), "--run-id", "kill-export-01",
@@ -76,7 +92,7 @@ def test_kill_before_final_export_is_finished_by_resume(roll, short_recipe, tmp_
     assert meta(run_dir)["status"] == "finished"
     assert not list(run_dir.glob(".tmp-final-*"))
     assert steps_logged(run_dir) == list(range(1, 7))
-    assert same_weights(run_dir, runs / "whole-run-00")
+    assert same_weights(run_dir, whole_run)
     # Now it is finished: a second resume has nothing to do and says so.
     res = roll("resume", "kill-export-01", "--runs-dir", str(runs))
     assert res.returncode == 2 and "nothing to resume" in res.stderr
@@ -182,10 +198,9 @@ def test_run_directory_deleted_mid_run(cli_env, tiny_recipe, tmp_path: Path) -> 
     assert "Restore the directory from a backup" in err
 
 
-def test_damaged_meta_is_an_error_for_that_run_only(roll, short_recipe, tmp_path: Path) -> None:
+def test_damaged_meta_is_an_error_for_that_run_only(roll, whole_run: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    res = roll("sft", str(short_recipe), "--run-id", "good-run-05")
-    assert res.returncode == 0, res.stderr
+    shutil.copytree(whole_run, runs / "good-run-05")  # a finished run
     bad = runs / "bad-meta-06"
     shutil.copytree(runs / "good-run-05", bad)
     (bad / "meta.json").write_text('{"status": "running", "step": ')  # torn by hand
@@ -221,17 +236,15 @@ def _used(path: Path) -> int:
 
 
 def test_full_disk_at_checkpoint_and_export_then_resume_is_bitwise(
-    roll, short_recipe, small_fs, tmp_path: Path
+    roll, short_recipe, whole_run: Path, small_fs, tmp_path: Path
 ) -> None:
     """A real full disk (a tmpfs with ballast files) under the runs directory (issue 48, item
     8): the step-4 checkpoint does not fit (torch.save fails mid-file), then, once some space
     is freed, the final export does not (safetensors fails); each time a clear error, the run
     marked failed, no staging left, the earlier checkpoint intact. Freed again, `roll resume`
     finishes, bit for bit the weights of an uninterrupted run."""
-    res = roll("sft", str(short_recipe), "--run-id", "whole-run-00")
-    assert res.returncode == 0, res.stderr
-    ckpt = _used(tmp_path / "runs" / "whole-run-00" / "checkpoints" / "step-000006")
-    final = _used(tmp_path / "runs" / "whole-run-00" / "final")
+    ckpt = _used(whole_run / "checkpoints" / "step-000006")
+    final = _used(whole_run / "final")
     runs = small_fs.mount(tmp_path / "small", 3 * ckpt + 2 * final)
     # The run gets 1.5 checkpoints of room; deleting ballast-1 gives it 2 checkpoints and half
     # a final model, deleting ballast-2 all the rest.
@@ -270,4 +283,4 @@ def test_full_disk_at_checkpoint_and_export_then_resume_is_bitwise(
     assert "step-000006 is the last step" in res.stderr and "finishing it" in res.stderr
     assert meta(run_dir)["status"] == "finished"
     assert steps_logged(run_dir) == list(range(1, 7))
-    assert same_weights(run_dir, tmp_path / "runs" / "whole-run-00")
+    assert same_weights(run_dir, whole_run)

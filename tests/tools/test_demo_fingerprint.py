@@ -54,14 +54,21 @@ def test_the_readme_shows_every_recorded_cpu_types_demo_numbers() -> None:
 
 @pytest.mark.slow
 def test_the_demo_sft_gives_the_recorded_numbers(cli_env: dict[str, str]) -> None:
-    got = fingerprint.measure(ROLL, cli_env)
-    key = str(got.pop("cpu"))
-    want = fingerprint.load_record().get(key)
-    if want is None:
+    import torch
+
+    from roll_core.runs.run import _cpu_name
+
+    # the key a run records (meta.json), known before the 200 steps: skip at once without one
+    here = f"{_cpu_name()}|{torch.backends.cpu.get_cpu_capability()}"
+    if here not in fingerprint.load_record():
         pytest.skip(
-            f"no demo fingerprint recorded for this CPU type ({key}); record one with "
+            f"no demo fingerprint recorded for this CPU type ({here}); record one with "
             "`python tools/demo_fingerprint.py --record` after `nox -s demo`"
         )
+    got = fingerprint.measure(ROLL, cli_env)
+    key = str(got.pop("cpu"))
+    assert key == here, f"the run recorded CPU type {key}, this process sees {here}"
+    want = fingerprint.load_record()[key]
     numbers = ("train_loss", "eval_loss", "eval_exact_match")
     assert {k: got[k] for k in numbers} == {k: want[k] for k in numbers}, (
         "the demo's SFT numbers changed on this CPU type: something on its path changed. Re-run "
