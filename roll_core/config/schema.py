@@ -318,7 +318,8 @@ class ActorTrainConfig(Strict):
         "16M logits per chunk (110 positions of a 151,936-token vocabulary; one chunk for a "
         "small one). 0: the whole micro-batch's logits at once (no chunking). Same log-probs, "
         "entropies and gradients either way (float summation order aside). The megatron "
-        "backend computes its vocabulary-parallel logits whole.",
+        "backend (its vocabulary-parallel logits) and DeepSpeed ZeRO-3 (its partitioned "
+        "output layer) compute them whole.",
     )
 
     @model_validator(mode="after")

@@ -1,5 +1,6 @@
-"""Packed, token-budget micro-batches on 2 ranks (FSDP2, DeepSpeed ZeRO-3; gloo, CPU) against
-the padded 1-process torch backend, fp32, one launch per backend with several checks:
+"""Packed, token-budget micro-batches with the output layer in chunks on 2 ranks (FSDP2,
+DeepSpeed ZeRO-3; gloo, CPU) against the padded 1-process torch backend (whole logits), fp32,
+one launch per backend with several checks:
 
 * log-probs of the global batch (before and after training) within 1e-5;
 * one SFT step then one RL step per loss-aggregation mode: every step's loss terms and
@@ -116,7 +117,14 @@ def run_sharded(backend: str, **extra: object) -> dict:
             ActorTrain,
             ex,
             world_size=2,
-            worker_kwargs={"spec": spec(backend=backend, max_tokens_per_micro_batch=24, **extra)},
+            # and the output layer 4 positions at a time (backends/train/lm_head.py): FSDP2's
+            # root, kept gathered, runs it after the forward and again in the backward; ZeRO-3
+            # computes its logits whole (its partitioned head would gather once per chunk)
+            worker_kwargs={
+                "spec": spec(
+                    backend=backend, max_tokens_per_micro_batch=24, logit_chunk_tokens=4, **extra
+                )
+            },
         )
         c.run("setup")
         out: dict = {"log_probs": [torch.cat(c.run_dp("log_probs", global_batch()))], "steps": []}

@@ -26,13 +26,7 @@ V = 151_936  # Qwen3's vocabulary
 # (engine/placement.py): logits 2 x 9216 x V + 10 x 8192 x V (taking the response rows out,
 # the largest step) and the layer inputs gradient checkpointing keeps, 36 x 9216 x 4096 x 2
 LOGITS_8B = 2 * 9216 * V + 10 * 8192 * V  # 15,247,081,472 bytes = 14.2 GiB
-# ... with the output layer chunked (the default, actor_train.logit_chunk_tokens: null):
-# 110 positions at a time, bf16, the loss pass's 22 bytes per logit: 0.34 GiB
-CHUNK_8B = 22 * (2**24 // V) * V
 LAYERS_8B = 36 * 9216 * 4096 * 2  # 2,717,908,992 bytes = 2.5 GiB
-
-
-WHOLE = "actor_train.logit_chunk_tokens=0"
 
 
 def test_phase_peaks_by_hand() -> None:
@@ -58,20 +52,12 @@ def test_qwen3_8b_on_two_gpus_offloads_what_it_needs() -> None:
     # bytes; vLLM: weights 2P, KV the rest of 0.5 x 80 GiB. Resident 8P + 40 GiB = 101 GiB.
     # auto: inference asleep alone leaves generate at 40 GiB + 8P (over 80); + optimizer
     # offload: generate 40 GiB + 2P = 55.3 GiB, train 8P + one row's logits and layer inputs
-    # = 61.0 + 0.3 (one chunk of the output layer) + 2.5 = 63.9 GiB, sync 2P + P + P.
+    # = 61.0 + 14.2 + 2.5 = 77.8 GiB (two rows: 94.5, refused), sync 2P + P + P.
     assert choice.colocated and choice.train == ("optimizer",)
     assert choice.infer_weights and choice.infer_kv_cache
     assert choice.peaks[0] == pytest.approx(
-        {"generate": 40 * GIB + 2 * P, "train": 8 * P + CHUNK_8B + LAYERS_8B, "sync": 4 * P}
+        {"generate": 40 * GIB + 2 * P, "train": 8 * P + LOGITS_8B + LAYERS_8B, "sync": 4 * P}
     )
-    rows = [r for r in plan(cfg) if r.role == "memory/phase"]
-    assert [r.detail for r in rows] == [
-        "generate 55.3 GiB, train 63.9 GiB, sync 30.5 GiB (of 80 GiB)"
-    ]
-    # the whole micro-batch's logits (logit_chunk_tokens: 0): train 61.0 + 14.2 + 2.5 = 77.8
-    # GiB (two rows: 94.5, refused)
-    cfg = load_recipe(ROOT / "recipes" / "qwen3-8b.yaml", [*TWO_GPUS, WHOLE])
-    assert resolve_offload(cfg).peaks[0]["train"] == pytest.approx(8 * P + LOGITS_8B + LAYERS_8B)
     rows = [r for r in plan(cfg) if r.role == "memory/phase"]
     assert [r.detail for r in rows] == [
         "generate 55.3 GiB, train 77.8 GiB, sync 30.5 GiB (of 80 GiB)"
@@ -80,16 +66,13 @@ def test_qwen3_8b_on_two_gpus_offloads_what_it_needs() -> None:
 
 def test_real_scale_recipes_fit_with_vllm_asleep_while_training() -> None:
     # Both would fit with everything resident if the logits were not counted (Qwen3-8B: 55.3
-    # GiB); with the whole micro-batch's logits the train phase is over 80 GiB unless vLLM
-    # sleeps while training: 8B: 15.3 + 2 rows' logits 28.4 + layer inputs 5.1 + vLLM 40 =
-    # 88.7; 30B-A3B: 28.4 + 14.2 + 1.7 + 36.0 = 80.3. With the output layer chunked (the
-    # default) one chunk's 0.3 GiB replaces them: both fit with nothing moved.
+    # GiB); with them the train phase is over 80 GiB unless vLLM sleeps while training:
+    # 8B: 15.3 + 2 rows' logits 28.4 + layer inputs 5.1 + vLLM 40 = 88.7;
+    # 30B-A3B: 28.4 + 14.2 + 1.7 + 36.0 = 80.3
     for recipe in ("qwen3-8b.yaml", "qwen3-30b-a3b-rlvr.yaml"):
-        choice = resolve_offload(load_recipe(ROOT / "recipes" / recipe, [WHOLE]))
+        choice = resolve_offload(load_recipe(ROOT / "recipes" / recipe, []))
         assert choice.colocated and choice.train == (), recipe
         assert choice.infer_weights and choice.infer_kv_cache, recipe
-        chunked = resolve_offload(load_recipe(ROOT / "recipes" / recipe, []))
-        assert chunked.colocated and not chunked.active, recipe
     disaggregated = resolve_offload(load_recipe(ROOT / "recipes" / "qwen2.5-7b-rlvr.yaml", []))
     assert not disaggregated.colocated and not disaggregated.active
 

@@ -21,7 +21,9 @@ log-probs, entropy and full-distribution distillation term, SFT's cross-entropy,
 sequence log-probs, the teacher's targets.
 
 Models whose forward changes the output layer's result (Gemma's logit soft-capping, Cohere's
-and Granite's logit scaling) keep the full logits (:func:`deferrable_head` says None).
+and Granite's logit scaling) and DeepSpeed ZeRO-3 (whose partitioned output layer is gathered
+by a collective at every call: ranks would make different numbers of calls) keep the full
+logits (:func:`deferrable_head` says None); so does megatron, which computes its own.
 """
 
 from __future__ import annotations
@@ -60,7 +62,13 @@ def deferrable_head(model: Any) -> torch.nn.Module | None:
             return None
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
-    return head if isinstance(head, torch.nn.Module) else None
+    if not isinstance(head, torch.nn.Module):
+        return None
+    if any(hasattr(p, "ds_id") for p in head.parameters()):
+        # DeepSpeed ZeRO-3 partitions it: each call outside the forward would gather it with
+        # a collective, and ranks with different token counts make different numbers of calls
+        return None
+    return head
 
 
 @contextlib.contextmanager
