@@ -81,7 +81,7 @@ def rl(
     of the mini-batch's tokens, so their sums over micro-batches are mini-batch means (`*_max`
     metrics are maxima: left unweighted, combined by max).
     """
-    from roll_core.algorithms import entropy_bonus, kl_loss, policy_loss
+    from roll_core.algorithms import kl_loss, policy_loss
 
     algo = algorithm
     t = mb.tensors
@@ -129,18 +129,9 @@ def rl(
         )
         loss = loss + term
         metrics |= distill_metrics
-    entropy = per_position["entropy"]
-    if algo.entropy_coef > 0:
-        bonus, ent_metrics = entropy_bonus(
-            entropy=_scatter(entropy, picked, offset, mask),
-            response_mask=mask,
-            coef=algo.entropy_coef,
-            **agg,
-        )
+    bonus, ent_metrics = _entropy_term(per_position["entropy"], picked, offset, mask, algo, agg)
+    if bonus is not None:
         loss = loss + bonus
-    else:  # the metric only (computed without a graph)
-        ent_sum = (entropy * mask[:, offset:][picked]).sum()
-        ent_metrics = {"actor/entropy": float(ent_sum / mask.sum().clamp(min=1))}
     metrics |= ent_metrics
     if "old_log_probs" not in t:  # the train/infer gap, measured on this forward instead
         gap = (old_log_probs - t["behaviour_log_probs"]).abs()
@@ -213,6 +204,30 @@ def _response_terms(
     values = head.map(picked, fn, *inputs)
     names = ["log_probs", "entropy", "divergence"][: len(values)]
     return dict(zip(names, values, strict=True))
+
+
+def _entropy_term(
+    entropy: torch.Tensor,
+    picked: torch.Tensor,
+    offset: int,
+    mask: torch.Tensor,
+    algo: AlgorithmConfig,
+    agg: dict[str, Any],
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The entropy bonus (``algorithm.entropy_coef > 0``) of the response positions'
+    entropies and its metric; else no term, and the metric of the entropies (computed
+    without a graph)."""
+    from roll_core.algorithms import entropy_bonus
+
+    if algo.entropy_coef > 0:
+        return entropy_bonus(
+            entropy=_scatter(entropy, picked, offset, mask),
+            response_mask=mask,
+            coef=algo.entropy_coef,
+            **agg,
+        )
+    ent_sum = (entropy * mask[:, offset:][picked]).sum()
+    return None, {"actor/entropy": float(ent_sum / mask.sum().clamp(min=1))}
 
 
 def _scatter(
