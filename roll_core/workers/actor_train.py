@@ -112,8 +112,6 @@ class ActorTrain(Worker):
         """Next-token ``log_probs`` and, where the backend computes them (not megatron),
         ``entropy``, each [B, T-1], under the current weights: the rollout record's."""
         backend: Any = self._resident(("params",))
-        if not hasattr(backend, "token_stats"):
-            return {"log_probs": backend.log_probs(batch, temperature=temperature)}
         out: dict[str, torch.Tensor] = backend.token_stats(batch, temperature=temperature)
         return out
 

@@ -440,6 +440,11 @@ class MegatronTrainBackend(TorchTrainBackend):
         sums = self._from_last_stage(sums)
         return sums if self._is_reporter() else {}
 
+    def token_stats(self, batch: Batch, *, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+        """The rollout record's per-token values: log-probs only (this backend's
+        vocabulary-parallel logits give no per-token entropy yet; the record says null)."""
+        return {"log_probs": self.log_probs(batch, temperature=temperature)}
+
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         """[B, T-1] for this rank's own rows (its replica computes its ranks' rows together)."""
