@@ -63,11 +63,11 @@ def test_real_scale_vl_recipes_plan_the_vision_tower() -> None:
         notes = " ".join(r.detail for r in rows if r.role == "memory/GPU")
         assert "3.75B params (0.67B of them the vision tower)" in notes, name
         # the agentic recipe also counts one micro-batch's logits: 2 rows x 4096 positions,
-        # trajectory mode (every position may be a response token), Qwen's 151,936 tokens:
-        # 2 x 8192 x V (bf16) + 10 x 8192 x V = 13.9 GiB; and the layer inputs gradient
-        # checkpointing keeps: 36 x 8192 x 2048 x 2 = 1.1 GiB
+        # Qwen's 151,936 tokens, the output layer chunked (110 positions at a time, bf16: 22 x
+        # 110 x V = 0.3 GiB); and the layer inputs gradient checkpointing keeps: 36 x 8192 x
+        # 2048 x 2 = 1.1 GiB
         state = "params 7.0, grads 7.0, optim 42.0"
-        train = f"55.9 GiB ({state})" if name.endswith("distill") else f"71.0 GiB ({state}, "
+        train = f"55.9 GiB ({state})" if name.endswith("distill") else f"57.4 GiB ({state}, "
         assert f"actor_train {train}" in notes, name
         if name.endswith("distill"):  # the teacher's weights beside the student (8.29e9 x 2 B)
             (teacher,) = [r.detail for r in rows if r.role == "teacher"]

@@ -30,6 +30,7 @@ KEPT = {
     "offload",
     "reload",
     "log_probs",
+    "token_stats",
     "train_step",
     "save",
     "export",
@@ -161,6 +162,6 @@ def test_agentic_phase_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     ]
     # the rollout records (on by default) take the trainer's log-probs of their rows in the
     # training turn, before the update (which computes the old log-probs itself)
-    recorded = [*ONE_STEP[:3], "ActorTrain.log_probs", *ONE_STEP[3:]]
+    recorded = [*ONE_STEP[:3], "ActorTrain.token_stats", *ONE_STEP[3:]]
     assert first == recorded
     assert second == recorded + save
