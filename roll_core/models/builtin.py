@@ -117,32 +117,32 @@ _TINY_VISION_TOWER = MappingProxyType(
     )
 )
 
+_TINY_QWEN3: dict[str, Any] = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=384,
+    tie_word_embeddings=True,
+)
+"""tiny-qwen3's shape, shared by its long-context twin (same weights: the context length
+changes no parameter)."""
+
 BUILTIN_MODELS: dict[str, BuiltinSpec] = {
     spec.name: spec
     for spec in (
         _spec(
             "tiny-qwen3",
             "Qwen3, 2 layers, hidden 128 (~0.43M params): the default model of CPU recipes.",
-            hidden_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            intermediate_size=384,
-            tie_word_embeddings=True,
+            **_TINY_QWEN3,
             max_position_embeddings=512,
         ),
         _spec(
             "tiny-qwen3-8k",
             "tiny-qwen3 with an 8,192-token context: a real agent harness's prompts (a few "
             "thousand bytes) fit on CPU.",
-            hidden_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            intermediate_size=384,
-            tie_word_embeddings=True,
+            **_TINY_QWEN3,
             max_position_embeddings=8192,
         ),
         _spec(
