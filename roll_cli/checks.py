@@ -21,9 +21,12 @@ names and paths a run would trip over, found without loading a model.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from roll_core.errors import ModelError
+
+if TYPE_CHECKING:
+    from roll_core.engine.plan import Plan
 
 BITWISE_KEYS: tuple[str, ...] = (
     "seed",
@@ -58,8 +61,10 @@ def model_locations(cfg: Any) -> list[tuple[str, str]]:
     return found
 
 
-def check_recipe(cfg: Any) -> list[str]:
-    """Raise the error a run would hit early; return warnings (see the module docstring)."""
+def check_recipe(cfg: Any, plan: Plan | None = None) -> list[str]:
+    """Raise the error a run would hit early; return warnings (see the module docstring).
+    `plan`: the recipe's `make_plan` when the caller has it (made here otherwise)."""
+    from roll_core.engine.plan import make_plan
     from roll_core.models import model_summary, resolve_tokenizer_path
 
     warnings: list[str] = []
@@ -80,7 +85,7 @@ def check_recipe(cfg: Any) -> list[str]:
         from roll_core.pipelines.agentic import check_env
 
         check_env(entry, cfg.rollout.step_timeout_s)  # the env's / agent's error, told as such
-    return warnings + staleness_warnings(cfg) + memory_warnings(cfg)
+    return warnings + staleness_warnings(cfg) + memory_warnings(plan or make_plan(cfg))
 
 
 def staleness_warnings(cfg: Any) -> list[str]:
@@ -106,12 +111,11 @@ def staleness_warnings(cfg: Any) -> list[str]:
     ]
 
 
-def memory_warnings(cfg: Any) -> list[str]:
+def memory_warnings(plan: Plan) -> list[str]:
     """One warning per group of GPUs where the largest role alone exceeds the GPU."""
     from roll_core.engine.placement import span
-    from roll_core.engine.resource_plan import gpu_plan
 
-    gp = gpu_plan(cfg) if hasattr(cfg, "actor_train") else None
+    gp = plan.gpu
     if gp is None:
         return []
     over: dict[tuple[str, float], list[int]] = {}

@@ -56,10 +56,12 @@ def _print_plan(cfg: Any) -> None:
     from rich.syntax import Syntax
 
     from roll_core.config import dump_config
-    from roll_core.pipelines import plan
+    from roll_core.engine.plan import make_plan
+    from roll_core.pipelines import plan_rows
     from roll_core.tracking.terminal import is_live
 
-    warnings = check_recipe(cfg)  # an error a run would hit stops here, before any output
+    the_plan = make_plan(cfg)
+    warnings = check_recipe(cfg, the_plan)  # an error a run would hit stops here, before output
     if is_live(out):
         out.print(Syntax(dump_config(cfg), "yaml", theme="ansi_dark", background_color="default"))
     else:
@@ -67,7 +69,7 @@ def _print_plan(cfg: Any) -> None:
     columns = ("role", "worker", "backend", "world_size", "device", "executor", "detail")
     rows = [
         (r.role, r.worker, r.backend, str(r.world_size), r.device, r.executor, r.detail)
-        for r in plan(cfg)
+        for r in plan_rows(cfg, the_plan)
     ]
     print_table(out, "resource plan", columns, rows)
     _print_notable_defaults(cfg)
@@ -106,15 +108,17 @@ def _run_training(
     pipeline: str, recipe: Path, overrides: list[str] | None, dry_run: bool, run_id: str | None
 ) -> None:
     from roll_core.config import load_recipe
+    from roll_core.engine.plan import make_plan
     from roll_core.pipelines import launch
 
     cfg = load_recipe(recipe, overrides or [], expected=pipeline)
     if dry_run:
         _print_plan(cfg)
         return
-    for warning in check_recipe(cfg):
+    plan = make_plan(cfg)  # once: the checks, then every role of the run, read it
+    for warning in check_recipe(cfg, plan):
         _say("warning: ", warning, "yellow")
-    result = launch(cfg, recipe=str(recipe), run_id=run_id)
+    result = launch(cfg, recipe=str(recipe), run_id=run_id, plan=plan)
     _report(result)
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from roll_core.config.recipes import PIPELINES
+from roll_core.config.recipes import PIPELINES, Recipe
 from roll_core.config.schema import Strict
 from roll_core.errors import ConfigError, UsageError
 
@@ -249,14 +249,14 @@ def schema_for(data: dict[str, Any], *, source: str, expected: str | None = None
 
 def load_recipe(
     path: str | Path, overrides: list[str] | None = None, *, expected: str | None = None
-) -> Strict:
+) -> Recipe:
     """Read, override and validate a recipe; `expected` is the pipeline the command runs."""
     return load_config(read_yaml(path), list(overrides or []), source=str(path), expected=expected)
 
 
 def load_config(
     data: dict[str, Any], overrides: list[str], *, source: str, expected: str | None = None
-) -> Strict:
+) -> Recipe:
     """Override and validate a recipe's mapping: a recipe file's (`roll validate`, `--dry-run`,
     a new run) or a run's config.yaml (`roll resume`), through this one function.
 
@@ -269,7 +269,7 @@ def load_config(
     data.setdefault("pipeline", expected or data.get("pipeline"))
     cfg = validate(schema, data, source=source)
     _check_resolves_again(cfg, schema, source)
-    return cfg
+    return cast(Recipe, cfg)  # the schema of its `pipeline:` (config/recipes.py)
 
 
 def _check_resolves_again(cfg: Strict, schema: type[Strict], source: str) -> None:

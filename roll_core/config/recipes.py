@@ -7,6 +7,12 @@ from roll_core.config.preference import DistillConfig, DPOConfig
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.config.schema import RunConfig, SFTConfig
 
+Recipe = SFTConfig | DPOConfig | DistillConfig | RLVRConfig | AgenticConfig
+"""A validated recipe of any pipeline (what `load_recipe` returns)."""
+
+RLRecipe = RLVRConfig | AgenticConfig
+"""A validated recipe of an RL pipeline."""
+
 PIPELINES: dict[str, type[RunConfig]] = {
     "sft": SFTConfig,
     "dpo": DPOConfig,

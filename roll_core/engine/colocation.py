@@ -26,9 +26,13 @@ from __future__ import annotations
 
 import importlib.metadata
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from roll_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from roll_core.config.rlvr import RLConfig
+    from roll_core.engine.resource_plan import GpuPlan
 
 GIB = 1024**3
 TRAIN_PARTS = ("optimizer", "grads", "params")
@@ -122,7 +126,7 @@ def phase_peaks(
     }
 
 
-def _switches(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _switches(cfg: RLConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     t = getattr(getattr(cfg.actor_train, "offload", None), "__dict__", {})
     i = getattr(getattr(cfg.actor_infer, "offload", None), "__dict__", {})
     train = {k: t.get(k, False) for k in TRAIN_PARTS}
@@ -130,20 +134,16 @@ def _switches(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return train, infer
 
 
-def _colocated(cfg: Any, plan: Any) -> bool:
+def _colocated(cfg: RLConfig, plan: GpuPlan | None) -> bool:
     if plan is not None:
         return any({a, b} == {"actor_train", "actor_infer"} for a, b in plan.placement.colocated())
     train = _resolve_device(cfg.actor_train.device)
     return train == _resolve_device(cfg.actor_infer.device)
 
 
-def resolve_offload(cfg: Any, plan: Any = None) -> OffloadChoice:
-    """The offload of an RL recipe (`plan`: its `gpu_plan`, computed when not given); a
-    ConfigError for a choice that cannot run."""
-    from roll_core.engine.resource_plan import gpu_plan
-
-    if plan is None:
-        plan = gpu_plan(cfg)
+def resolve_offload(cfg: RLConfig, plan: GpuPlan | None) -> OffloadChoice:
+    """The offload of an RL recipe (`plan`: its `gpu_plan`; engine/plan.py calls this once
+    per launch); a ConfigError for a choice that cannot run."""
     train_sw, infer_sw = _switches(cfg)
     asked = [f"actor_train.offload.{k}" for k, v in train_sw.items() if v is True]
     asked += [f"actor_infer.offload.{k}" for k, v in infer_sw.items() if v is True]
@@ -204,7 +204,7 @@ def resolve_offload(cfg: Any, plan: Any = None) -> OffloadChoice:
     )
 
 
-def _shared_gpus(plan: Any) -> dict[int, tuple[dict[str, float], dict[str, float]]]:
+def _shared_gpus(plan: GpuPlan | None) -> dict[int, tuple[dict[str, float], dict[str, float]]]:
     if plan is None:
         return {}
     return {
@@ -241,7 +241,7 @@ def _candidates(
     return out
 
 
-def _refuse(cfg: Any, peaks: dict[int, dict[str, float]], limit: float) -> None:
+def _refuse(cfg: RLConfig, peaks: dict[int, dict[str, float]], limit: float) -> None:
     gpu, phase_name, worst = max(
         ((g, ph, v) for g, p in peaks.items() for ph, v in p.items()), key=lambda x: x[2]
     )
@@ -258,7 +258,7 @@ def _refuse(cfg: Any, peaks: dict[int, dict[str, float]], limit: float) -> None:
     )
 
 
-def _check_vllm_sleep(cfg: Any, *, gpu_recipe: bool) -> None:
+def _check_vllm_sleep(cfg: RLConfig, *, gpu_recipe: bool) -> None:
     """vLLM's sleep mode is CUDA-only: refuse it for inference on the CPU (a GPU recipe
     planned on a CPU machine is checked again where its engine starts, VLLMInferBackend)."""
     device = cfg.actor_infer.device

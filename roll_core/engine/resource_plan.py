@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from roll_core.config.schema import RunConfig
 from roll_core.engine.model_sizes import model_shape
 from roll_core.engine.placement import (
     GpuMemory,
@@ -97,7 +98,7 @@ class GpuPlan:
         return out
 
 
-def _kv_tokens(cfg: Any, infer_ranks: int) -> int:
+def _kv_tokens(cfg: RunConfig, infer_ranks: int) -> int:
     """Tokens in flight on one inference rank: the samples per rank (streaming: every request
     of a step is sent at once; deterministic: at most chunk_size x chunks in flight) sequences
     of prompt + response length (0 when the recipe does not say)."""
@@ -112,7 +113,7 @@ def _kv_tokens(cfg: Any, infer_ranks: int) -> int:
     return max(1, seqs) * seq_len
 
 
-def _logits_spec(cfg: Any, dtype_bytes: int) -> LogitsSpec | None:
+def _logits_spec(cfg: RunConfig, dtype_bytes: int) -> LogitsSpec | None:
     """The sizes of one micro-batch of the RL objective (placement.logits_memory); None when
     the recipe does not bound them (SFT / DPO / distill, agentic without rollout.max_context).
     rlvr: max_prompt_length + max_new_tokens positions, max_new_tokens of them responses;
@@ -149,7 +150,7 @@ def _logits_spec(cfg: Any, dtype_bytes: int) -> LogitsSpec | None:
     )
 
 
-def _uses_gpus(cfg: Any) -> bool:
+def _uses_gpus(cfg: RunConfig) -> bool:
     roles = [getattr(cfg, n, None) for n in ("actor_train", "actor_infer")]
     return (
         getattr(cfg.executor, "num_gpus", None) is not None
@@ -158,7 +159,7 @@ def _uses_gpus(cfg: Any) -> bool:
     )
 
 
-def _add_activations(cfg: Any, shape: Any, train_mem: dict[str, float]) -> str:
+def _add_activations(cfg: RunConfig, shape: Any, train_mem: dict[str, float]) -> str:
     """Add one micro-batch's logits (and, with gradient checkpointing, the layer inputs it
     keeps) to actor_train's memory; return what the plan's note says about them."""
     logits = _logits_spec(cfg, _BYTES[cfg.model.dtype])
@@ -187,7 +188,7 @@ def _megatron_note(train: Any) -> str:
     )
 
 
-def _train_memory_spec(cfg: Any) -> TrainMemorySpec:
+def _train_memory_spec(cfg: RunConfig) -> TrainMemorySpec:
     """What actor_train's memory estimate depends on: backend, ranks, dtype, ZeRO / FSDP2
     offload, LoRA, the megatron layout."""
     train = cfg.actor_train
@@ -207,7 +208,7 @@ def _train_memory_spec(cfg: Any) -> TrainMemorySpec:
     )
 
 
-def gpu_plan(cfg: Any) -> GpuPlan | None:
+def gpu_plan(cfg: RunConfig) -> GpuPlan | None:
     """Placement and memory of a recipe's GPU roles; None for a CPU recipe. Raises
     ConfigError for an impossible plan."""
     if not _uses_gpus(cfg):
@@ -278,7 +279,7 @@ def gpu_plan(cfg: Any) -> GpuPlan | None:
     return GpuPlan(placement, memory, note, cfg.executor.gpu_memory_gib)
 
 
-def _add_frozen_teachers(cfg: Any, placement: Any, memory: list[Any]) -> str:
+def _add_frozen_teachers(cfg: RunConfig, placement: Any, memory: list[Any]) -> str:
     """On-policy distillation's teachers (frozen, resident in every phase) on actor_train's
     first GPU, as a `teachers` part of its state (so the colocation choice counts them in
     every phase and never offloads them); a note when a teacher's size is unknown offline."""
@@ -297,18 +298,6 @@ def _add_frozen_teachers(cfg: Any, placement: Any, memory: list[Any]) -> str:
     if total and "actor_train" in first.roles:
         first.roles["actor_train"] = {**first.roles["actor_train"], "teachers": total}
     return f"; teacher size unknown offline: {', '.join(unknown)}" if unknown else ""
-
-
-def cluster_placement(cfg: Any, role: str) -> dict[str, Any]:
-    """`Cluster(...)` keyword arguments that pin `role`'s ranks to their GPUs (`gpu_ids`,
-    `gpus_per_node`); {} for a CPU recipe."""
-    gp = gpu_plan(cfg)
-    if gp is None or role not in gp.placement.roles:
-        return {}
-    return {
-        "gpu_ids": list(gp.placement.roles[role].ranks),
-        "gpus_per_node": cfg.executor.gpus_per_node,
-    }
 
 
 # ---- can the executor place every rank? (CPU recipes; GPU recipes are placed above) --------
@@ -343,7 +332,7 @@ def _ranks(rows: list[Any], *, process_groups_only: bool) -> list[tuple[str, int
     return out
 
 
-def check_megatron_layout(cfg: Any) -> None:
+def check_megatron_layout(cfg: RunConfig) -> None:
     """actor_train.megatron against the model (see backends/train/megatron_model.py)."""
     train = getattr(cfg, "actor_train", None)
     if train is None or train.backend != "megatron":
@@ -362,7 +351,7 @@ def check_megatron_layout(cfg: Any) -> None:
         check_recipe_layout(config, train.megatron or MegatronConfig(), train.world_size)
 
 
-def check_capacity(cfg: Any, rows: list[Any]) -> None:
+def check_capacity(cfg: RunConfig, rows: list[Any]) -> None:
     """Refuse a CPU recipe whose ranks the executor cannot place, before anything starts.
 
     `local`: ranks in a torch.distributed group each get a process that computes in lock-step

@@ -25,10 +25,14 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from roll_core.engine.cluster import Cluster
 from roll_core.errors import RollError, WorkerDiedError
+
+if TYPE_CHECKING:
+    from roll_core.config.rlvr import RLConfig
+    from roll_core.engine.resource_plan import GpuPlan
 
 PATHS = ("auto", "broadcast", "shared_memory", "driver")
 """What `sync.path` may name."""
@@ -261,20 +265,18 @@ def _worker(cluster: Cluster, rank: int) -> Any:
     return cluster.handles[rank].worker  # type: ignore[attr-defined]
 
 
-def planned_path(cfg: Any) -> tuple[str, str]:
+def planned_path(cfg: RLConfig, gp: GpuPlan | None) -> tuple[str, str]:
     """The path a recipe's sync will take, as `--dry-run` shows it, with a note; raises
     ConfigError for a path the recipe's placement cannot do (`shared_memory` with
     actor_train rank 0 and an inference rank on different nodes). The choice made at the
     start of a run (`WeightSync.connect`) follows the same rule, from where the ranks
-    really run."""
-    from roll_core.engine.resource_plan import gpu_plan
+    really run. `gp`: the recipe's `gpu_plan` (engine/plan.py calls this once per launch)."""
     from roll_core.errors import ConfigError
 
     s, train, infer, ex = cfg.sync, cfg.actor_train, cfg.actor_infer, cfg.executor
     note = f"buckets of {s.bucket_mb:g} MiB, timeout {s.timeout_s:g} s"
     if s.path == "driver":
         return "driver", "fallback: rank 0 gathers every weight, the driver sends them; " + note
-    gp = gpu_plan(cfg)
     one_host: bool | None = ex.type == "local" or (ex.type == "ray" and not ex.ray_address)
     same_gpu = False
     if gp is not None and "actor_infer" in gp.placement.roles:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from roll_core.config.loader import dump_config, load_config, read_yaml
+from roll_core.config.recipes import Recipe
+from roll_core.engine.plan import Plan, make_plan
 from roll_core.engine.resource_plan import check_capacity
 from roll_core.pipelines import agentic, distill, dpo, rlvr, sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
@@ -28,7 +30,7 @@ class Pipeline:
     """A pipeline's three entry points: `plan` (dry run), `prepare` (checks and data, before
     a run directory exists) and `run` (the driver loop)."""
 
-    plan: Callable[[Any], list[RolePlan]]
+    plan: Callable[[Any, Plan], list[RolePlan]]
     prepare: Callable[[Any], Any]
     run: Callable[[Any, Any, DriverLoop], dict[str, float]]
 
@@ -48,23 +50,34 @@ class RunResult:
     metrics: dict[str, float]
 
 
-def plan(cfg: Any) -> list[RolePlan]:
-    """The resource plan of a validated recipe (loads no model). GPU recipes get extra rows:
-    the placement per node and the memory estimate per GPU (roll_core/engine/placement.py);
-    an impossible placement raises ConfigError."""
-    rows = PIPELINES[cfg.pipeline].plan(cfg)
+def plan(cfg: Recipe) -> list[RolePlan]:
+    """The `--dry-run` table of a validated recipe: its plan, made once, as rows."""
+    return plan_rows(cfg, make_plan(cfg))
+
+
+def plan_rows(cfg: Recipe, plan: Plan) -> list[RolePlan]:
+    """The `--dry-run` table of a validated recipe and its plan (`make_plan`; loads no
+    model): the pipeline's roles, then for GPU recipes the placement per node and the memory
+    estimate per GPU (roll_core/engine/placement.py). A recipe the executor cannot place, or
+    a model or engine the roles cannot run, raises ConfigError."""
+    rows = checked_rows(cfg, plan)
+    return rows + gpu_plan_rows(cfg, plan)
+
+
+def checked_rows(cfg: Recipe, plan: Plan) -> list[RolePlan]:
+    """The pipeline's rows, after the checks every start makes before loading anything."""
+    rows = PIPELINES[cfg.pipeline].plan(cfg, plan)
     check_vision_support(cfg)
     check_engine_support(cfg)
     check_capacity(cfg, rows)
-    return rows + gpu_plan_rows(cfg)
+    return rows
 
 
-def gpu_plan_rows(cfg: Any) -> list[RolePlan]:
+def gpu_plan_rows(cfg: Recipe, plan: Plan) -> list[RolePlan]:
     """Placement and memory as plan rows (none for a CPU recipe)."""
     from roll_core.engine.placement import span
-    from roll_core.engine.resource_plan import gpu_plan
 
-    gp = gpu_plan(cfg) if hasattr(cfg, "actor_train") else None
+    gp = plan.gpu
     if gp is None:
         return []
     ex = cfg.executor.type
@@ -80,17 +93,17 @@ def gpu_plan_rows(cfg: Any) -> list[RolePlan]:
         where = f"GPUs {span(gpus)}"
         rows.append(RolePlan("memory/GPU", "estimate", "", len(gpus), where, ex, text))
     rows.append(RolePlan("memory/GPU", "model", "", p.num_gpus, "", ex, gp.model_note))
-    if hasattr(cfg, "actor_infer") and hasattr(cfg.actor_train, "offload"):
-        rows += phase_rows(cfg, gp)
+    if plan.offload is not None:
+        rows += phase_rows(cfg, plan)
     return rows
 
 
-def phase_rows(cfg: Any, gp: Any) -> list[RolePlan]:
+def phase_rows(cfg: Recipe, plan: Plan) -> list[RolePlan]:
     """Colocated GPUs: the estimated peak of each phase with the resolved offload."""
-    from roll_core.engine.colocation import PHASES, resolve_offload
+    from roll_core.engine.colocation import PHASES
     from roll_core.engine.placement import span
 
-    choice = resolve_offload(cfg, gp)
+    choice = plan.rl()[0]
     groups: dict[str, list[int]] = {}
     for gpu, peaks in choice.peaks.items():
         text = ", ".join(f"{ph} {peaks[ph] / 1024**3:.1f} GiB" for ph in PHASES)
@@ -104,9 +117,15 @@ def phase_rows(cfg: Any, gp: Any) -> list[RolePlan]:
 
 
 def _execute(
-    cfg: Any, setup: Any, run: Run, *, resume: bool, new_config: str | None = None
+    cfg: Recipe,
+    setup: Any,
+    run: Run,
+    *,
+    plan: Plan,
+    resume: bool,
+    new_config: str | None = None,
 ) -> RunResult:
-    loop = DriverLoop(cfg, run, resume=resume, new_config=new_config)
+    loop = DriverLoop(cfg, run, plan=plan, resume=resume, new_config=new_config)
     try:
         metrics = PIPELINES[cfg.pipeline].run(cfg, setup, loop)
     except RunInterrupted:
@@ -136,31 +155,34 @@ def _execute(
     return RunResult(run=run, metrics=metrics)
 
 
-def _prepare(cfg: Any) -> Any:
+def _prepare(cfg: Recipe) -> Any:
     """The pipeline's `prepare` (tokenizer, data, checks), shown as a phase on the console."""
     with phase(make_console(stderr=True), "loading tokenizer and data"):
         return PIPELINES[cfg.pipeline].prepare(cfg)
 
 
-def launch(cfg: Any, *, recipe: str | None, run_id: str | None = None) -> RunResult:
-    """Create a run directory for `cfg` and run its pipeline."""
-    check_capacity(cfg, PIPELINES[cfg.pipeline].plan(cfg))
-    check_vision_support(cfg)
-    check_engine_support(cfg)
+def launch(
+    cfg: Recipe, *, recipe: str | None, run_id: str | None = None, plan: Plan | None = None
+) -> RunResult:
+    """Create a run directory for `cfg` and run its pipeline. `plan`: the recipe's
+    `make_plan` when the caller made it already (the CLI, which checks it first); a launch
+    computes it once and every role, turn and sync reads it from there."""
+    plan = plan or make_plan(cfg)
+    checked_rows(cfg, plan)
     setup = _prepare(cfg)
     run = Run.create(
         cfg.runs_dir,
         config_yaml=dump_config(cfg),
-        name=cfg.name,
+        name=cfg.name or cfg.pipeline,
         pipeline=cfg.pipeline,
         command=sys.argv,
         recipe=recipe,
         run_id=run_id,
     )
-    return _execute(cfg, setup, run, resume=False)
+    return _execute(cfg, setup, run, plan=plan, resume=False)
 
 
-def load_run_config(run: Run, overrides: list[str]) -> Any:
+def load_run_config(run: Run, overrides: list[str]) -> Recipe:
     """The run's resolved config.yaml with `overrides` applied, validated again by the
     function that validated the recipe at start (so what started resumes)."""
     return load_config(read_yaml(run.config_path), overrides, source=str(run.config_path))
@@ -174,12 +196,11 @@ def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = N
     """
     run = Run.open(runs_dir, run_id)
     cfg = load_run_config(run, list(overrides or []))
-    check_capacity(cfg, PIPELINES[cfg.pipeline].plan(cfg))
-    check_vision_support(cfg)
-    check_engine_support(cfg)
+    plan = make_plan(cfg)
+    checked_rows(cfg, plan)
     setup = _prepare(cfg)
     new_config = dump_config(cfg) if overrides else None
-    return _execute(cfg, setup, run, resume=True, new_config=new_config)
+    return _execute(cfg, setup, run, plan=plan, resume=True, new_config=new_config)
 
 
 __all__ = [

@@ -38,6 +38,7 @@ from roll_core.config.agentic import AgenticConfig, EnvEntry
 from roll_core.data import Batch
 from roll_core.data.vision import VISION_FIELDS
 from roll_core.engine import Cluster
+from roll_core.engine.plan import Plan
 from roll_core.envs import get_env_class, make_env
 from roll_core.envs.agents import check_task, load_agent
 from roll_core.envs.base import observation_images
@@ -83,7 +84,8 @@ DEMO_SEED_START = 2_000_000_000  # warm-start demonstrations: neither training n
 WARM_START_WHAT = {"random": "random valid actions", "expert": "the env's expert actions"}
 
 
-def plan(cfg: AgenticConfig) -> list[RolePlan]:
+def plan(cfg: AgenticConfig, p: Plan) -> list[RolePlan]:
+    roles.rollout_placement_of(cfg, p)  # async rollout must not share one device with training
     check_algorithm(cfg)
     check_images(cfg)
     check_warm_start(cfg)
@@ -96,8 +98,8 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
     ]
     if cfg.algorithm.uses_reference:
         rows.append(roles.frozen_row(cfg, "reference", "Reference", "KL"))
-    rows.append(roles.weight_sync_row(cfg))
-    rows.append(roles.colocation_row(cfg))
+    rows.append(roles.weight_sync_row(cfg, p))
+    rows.append(roles.colocation_row(cfg, p))
     envs = ", ".join(f"{e.name} x{e.groups_per_step} groups" for e in cfg.envs)
     rows.append(
         RolePlan(
@@ -119,7 +121,6 @@ def plan(cfg: AgenticConfig) -> list[RolePlan]:
 def check_algorithm(cfg: AgenticConfig) -> None:
     """Algorithm choices this pipeline cannot run, as recipe errors (no model is loaded)."""
     algo = cfg.algorithm
-    roles.rollout_placement_of(cfg)  # async rollout must not share one device with training
     if algo.uses_critic:
         raise ConfigError(
             "algorithm.adv_estimator=gae needs a critic, and `roll train agentic` does not "

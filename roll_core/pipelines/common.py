@@ -25,6 +25,8 @@ from typing import Any
 
 from rich.console import Console
 
+from roll_core.config.recipes import Recipe
+from roll_core.engine.plan import Plan
 from roll_core.errors import CheckpointError, Interrupted, RollError, UsageError
 from roll_core.runs import CheckpointManager, Run, atomic_write_text
 from roll_core.runs.export import FINAL, export_atomic
@@ -71,14 +73,17 @@ class DriverLoop:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: Recipe,
         run: Run,
         *,
+        plan: Plan,
         resume: bool,
         new_config: str | None = None,
         console: Console | None = None,
     ):
         self.cfg = cfg
+        self.plan = plan
+        """The run's plan, made once at launch (engine/plan.py): role building reads it."""
         self.new_config = new_config
         self.started = False
         self.run = run

@@ -31,6 +31,7 @@ from roll_core.config.preference import DistillConfig
 from roll_core.data import Batch, collate_sft
 from roll_core.engine import Cluster
 from roll_core.engine.model_sizes import model_shape
+from roll_core.engine.plan import Plan
 from roll_core.errors import ConfigError, ModelError
 from roll_core.models import (
     load_tokenizer,
@@ -58,7 +59,7 @@ FULL_VOCAB_LIMIT_BYTES = 4 << 30
 """Teacher targets of one step above this size need `distill.top_k` (checked in `prepare`)."""
 
 
-def plan(cfg: DistillConfig) -> list[RolePlan]:
+def plan(cfg: DistillConfig, _plan: Plan) -> list[RolePlan]:
     """Roles, workers and devices this recipe asks for (no model is loaded)."""
     lora, k = cfg.actor_train.lora, cfg.distill.top_k
     batch = cfg.trainer.global_batch_size(cfg.actor_train.world_size)
@@ -265,7 +266,11 @@ def run(cfg: DistillConfig, setup: DistillSetup, loop: DriverLoop) -> dict[str, 
 
     def start(executor: Any, actor: Cluster, info: dict[str, Any]) -> Session:
         teacher = roles.build_teacher(
-            cfg, executor, model_path=setup.teacher_path, tokenizer_path=setup.teacher_tokenizer
+            cfg,
+            executor,
+            plan=loop.plan,
+            model_path=setup.teacher_path,
+            tokenizer_path=setup.teacher_tokenizer,
         )
         with loop.phase("loading model (teacher)"):
             tinfo = teacher.setup()[0]

@@ -31,6 +31,7 @@ from roll_core.config.preference import DPOConfig
 from roll_core.data import Batch, require_columns
 from roll_core.data.preference import Pair, build_preference_dataset, collate_pairs, prompt_ids
 from roll_core.engine import Cluster
+from roll_core.engine.plan import Plan
 from roll_core.models.lora import check_lora_targets_from_config
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
@@ -56,7 +57,7 @@ from roll_core.pipelines.supervised import (
 )
 
 
-def plan(cfg: DPOConfig) -> list[RolePlan]:
+def plan(cfg: DPOConfig, _plan: Plan) -> list[RolePlan]:
     """Roles, workers and devices this recipe asks for (no model is loaded)."""
     lora = cfg.actor_train.lora
     pairs = cfg.trainer.global_batch_size(cfg.actor_train.world_size)
@@ -109,7 +110,7 @@ def prepare_data(cfg: DPOConfig, tokenizer: Any) -> DPOData:
     data = DPOData(train, [], [], [], stats, {})
     if d.eval is None:
         return data
-    erows = eval_rows(cfg)
+    erows = eval_rows(cfg, d.eval)
     data.eval, data.eval_stats = build_preference_dataset(
         erows, tokenizer, what="the DPO eval data", **keys
     )
@@ -162,6 +163,7 @@ def reference_log_probs(
         ref = roles.build_reference(
             cfg,
             executor,
+            plan=loop.plan,
             model_path=setup.model_path,
             micro_batch_size=2 * cfg.trainer.micro_batch_size,
             tokenizer_path=setup.tokenizer_path,

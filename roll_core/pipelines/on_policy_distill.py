@@ -33,6 +33,7 @@ import torch
 
 from roll_core.algorithms.on_policy_distill import on_policy_distill_advantages
 from roll_core.config.on_policy_distill import DistillTeacherConfig, OnPolicyDistillConfig
+from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import Batch, is_local_path, load_rows, row_value
 from roll_core.engine import Cluster
 from roll_core.errors import ConfigError, DataError, ModelError
@@ -51,7 +52,7 @@ def _where(role: str) -> str:
 # ---- recipe checks (roll validate, before a run directory exists) -------------------------
 
 
-def check_recipe(cfg: Any, *, load: bool = False) -> None:
+def check_recipe(cfg: RLVRConfig, *, load: bool = False) -> None:
     """The teachers against the recipe: per-domain names are reward domains, each teacher's
     tokenizer is the student's, privileged columns exist in the (local) data. `load`: also
     load tokenizers whose files are not there yet (`prepare`); without it such a teacher (a
@@ -85,7 +86,7 @@ def check_recipe(cfg: Any, *, load: bool = False) -> None:
     _check_context_columns(cfg, opd)
 
 
-def _check_pure(cfg: Any, opd: OnPolicyDistillConfig) -> None:
+def _check_pure(cfg: RLVRConfig, opd: OnPolicyDistillConfig) -> None:
     """Pure distillation (reward_weight 0) drops the task advantage: what only enters through
     it (KL in the reward, a critic's values) would silently do nothing."""
     algo = cfg.algorithm
@@ -108,7 +109,9 @@ def _check_pure(cfg: Any, opd: OnPolicyDistillConfig) -> None:
         )
 
 
-def _check_tokenizer(cfg: Any, role: str, teacher: DistillTeacherConfig, *, load: bool) -> None:
+def _check_tokenizer(
+    cfg: RLVRConfig, role: str, teacher: DistillTeacherConfig, *, load: bool
+) -> None:
     if teacher.path is None and teacher.tokenizer is None:
         return  # the student's own weights and tokenizer
     name = teacher.tokenizer or teacher.path
@@ -154,7 +157,7 @@ def _shown(vocab: dict[int, str], i: int) -> str:
     return repr(vocab[i]) if i in vocab else "absent"
 
 
-def _check_context_columns(cfg: Any, opd: OnPolicyDistillConfig) -> None:
+def _check_context_columns(cfg: RLVRConfig, opd: OnPolicyDistillConfig) -> None:
     """A privileged column the local training data does not have: a ConfigError with the
     columns it has (hub data and paths not there yet are checked row by row at loading)."""
     keys = {r: t.context_key for r, t in opd.named_teachers().items() if t.context_key}
@@ -177,7 +180,7 @@ def _check_context_columns(cfg: Any, opd: OnPolicyDistillConfig) -> None:
         )
 
 
-def plan_rows(cfg: Any, frozen_row: Callable[..., RolePlan]) -> list[RolePlan]:
+def plan_rows(cfg: RLVRConfig, frozen_row: Callable[..., RolePlan]) -> list[RolePlan]:
     """The `--dry-run` rows of the teachers (frozen, on actor_train's rank-0 device)."""
     opd: OnPolicyDistillConfig | None = cfg.algorithm.on_policy_distill
     if opd is None:
@@ -388,7 +391,8 @@ def per_teacher_metrics(batch: Batch, opd: OnPolicyDistillConfig) -> dict[str, f
 
 
 def distill_advantages(
-    cfg: Any,
+    cfg: RLVRConfig,
+    opd: OnPolicyDistillConfig,
     teachers: dict[str, Cluster],
     contexts: dict[str, dict[int, list[int]]],
     *,
@@ -399,7 +403,7 @@ def distill_advantages(
     estimator, KL in the reward, overlong shaping), then the teachers' reverse-KL advantages
     mixed in (algorithms/on_policy_distill.py); `mode: full` also puts the teachers'
     distributions into the batch (the `rl` objective adds their reverse KL to the loss)."""
-    algo, opd = cfg.algorithm, cfg.algorithm.on_policy_distill
+    algo = cfg.algorithm
     temperature = cfg.rollout.temperature or 1.0
 
     # pure distillation: the task advantage is not used, so a per-sample estimator stands in

@@ -41,6 +41,7 @@ from roll_core.data import (
 from roll_core.data.chat import encode_chat_images, image_message
 from roll_core.data.vision import BadImageError, VisionInputs, image_rows
 from roll_core.engine import Cluster
+from roll_core.engine.plan import Plan
 from roll_core.errors import ConfigError, DataError
 from roll_core.models import (
     check_chat_template_choice,
@@ -67,7 +68,7 @@ from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 from roll_core.rollout.source import AsyncRLVRSource, RLVRSource
 
 
-def plan(cfg: RLVRConfig) -> list[RolePlan]:
+def plan(cfg: RLVRConfig, p: Plan) -> list[RolePlan]:
     check_algorithm(cfg)
     check_chat_template(cfg)
     check_data_domains(cfg)
@@ -79,7 +80,7 @@ def plan(cfg: RLVRConfig) -> list[RolePlan]:
         ),
         roles.actor_infer_row(
             cfg,
-            f"n={r.n} x {r.prompts_per_step} prompts, {rollout_mode(r)}; " + placement(cfg),
+            f"n={r.n} x {r.prompts_per_step} prompts, {rollout_mode(r)}; " + placement(cfg, p),
         ),
     ]
     if algo.uses_reference:
@@ -91,8 +92,8 @@ def plan(cfg: RLVRConfig) -> list[RolePlan]:
         assert c is not None
         value = f"value model from {c.model_path or cfg.model.path}, lr {c.optim.lr:g}"
         rows.append(RolePlan("critic", "Critic", c.backend, 1, c.device, cfg.executor.type, value))
-    rows.append(roles.weight_sync_row(cfg))
-    rows.append(roles.colocation_row(cfg))
+    rows.append(roles.weight_sync_row(cfg, p))
+    rows.append(roles.colocation_row(cfg, p))
     domains = "domains: " + ", ".join(cfg.reward.domains)
     rows.append(
         RolePlan("rewards", "RewardRouter", "threads", r.reward_workers, "cpu", "driver", domains)
@@ -306,9 +307,9 @@ def check_data_domains(cfg: RLVRConfig) -> None:
             )
 
 
-def placement(cfg: RLVRConfig) -> str:
+def placement(cfg: RLVRConfig, p: Plan) -> str:
     """Rollout/train placement in words; ConfigError for async on one shared device."""
-    return roles.rollout_placement_of(cfg)
+    return roles.rollout_placement_of(cfg, p)
 
 
 def check_chat_template(cfg: RLVRConfig) -> None:
@@ -325,7 +326,6 @@ def check_chat_template(cfg: RLVRConfig) -> None:
 def check_algorithm(cfg: RLVRConfig) -> None:
     """Algorithm choices this pipeline cannot run, as recipe errors (no model is loaded)."""
     algo = cfg.algorithm
-    placement(cfg)  # async rollout must not share one device with training
     if algo.uses_critic and cfg.critic is None:
         raise ConfigError(
             "algorithm.adv_estimator=gae (the ppo preset) needs a critic, and the recipe has "
@@ -432,11 +432,17 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
 
 def _distill_hook(cfg: RLVRConfig, setup: RLVRSetup, rl: roles.RLRoles) -> Any:
     """algorithm.on_policy_distill's advantages (None: rlvr's estimator alone)."""
-    if cfg.algorithm.on_policy_distill is None:
+    distill = cfg.algorithm.on_policy_distill
+    if distill is None:
         return None
     pad = setup.tokenizer.pad_token_id
     return opd.distill_advantages(
-        cfg, rl.teachers, setup.teacher_prompts, pad_id=pad, vocab_size=len(setup.tokenizer)
+        cfg,
+        distill,
+        rl.teachers,
+        setup.teacher_prompts,
+        pad_id=pad,
+        vocab_size=len(setup.tokenizer),
     )
 
 

@@ -25,15 +25,13 @@ import torch
 
 from roll_core.backends.infer import infer_backend_options
 from roll_core.backends.train.base import TrainBackendSpec, spec_from_config
+from roll_core.config.preference import DistillConfig
+from roll_core.config.recipes import RLRecipe
+from roll_core.config.rlvr import CriticConfig, RLConfig
+from roll_core.config.schema import RunConfig
 from roll_core.engine import Cluster, make_executor
-from roll_core.engine.colocation import resolve_offload
-from roll_core.engine.resource_plan import cluster_placement
-from roll_core.engine.weight_sync import (
-    SyncSettings,
-    WeightSync,
-    attach_weight_sync,
-    planned_path,
-)
+from roll_core.engine.plan import Plan
+from roll_core.engine.weight_sync import SyncSettings, WeightSync, attach_weight_sync
 from roll_core.errors import ConfigError, RunDirError
 from roll_core.models import resolve_model_path
 from roll_core.pipelines.common import DriverLoop, RolePlan
@@ -45,7 +43,7 @@ from roll_core.workers.reference import Reference
 from roll_core.workers.teacher import Teacher
 
 
-def actor_train_row(cfg: Any, detail: str, *, role: str = "actor_train") -> RolePlan:
+def actor_train_row(cfg: RunConfig, detail: str, *, role: str = "actor_train") -> RolePlan:
     """The `--dry-run` row of actor_train (or of a role that runs on it, e.g. DPO's LoRA
     reference)."""
     r = cfg.actor_train
@@ -54,7 +52,7 @@ def actor_train_row(cfg: Any, detail: str, *, role: str = "actor_train") -> Role
     )
 
 
-def actor_infer_row(cfg: Any, detail: str) -> RolePlan:
+def actor_infer_row(cfg: RLConfig, detail: str) -> RolePlan:
     """The `--dry-run` row of actor_infer."""
     r = cfg.actor_infer
     return RolePlan(
@@ -62,20 +60,20 @@ def actor_infer_row(cfg: Any, detail: str) -> RolePlan:
     )
 
 
-def weight_sync_row(cfg: Any) -> RolePlan:
-    """The `--dry-run` row of the weight sync actor_train -> actor_infer: the path it takes
-    (a ConfigError when the recipe's placement cannot do `sync.path`)."""
-    path, note = planned_path(cfg)
+def weight_sync_row(cfg: RLConfig, plan: Plan) -> RolePlan:
+    """The `--dry-run` row of the weight sync actor_train -> actor_infer: the path the plan
+    chose (engine/weight_sync.py `planned_path`)."""
+    sync = plan.rl()[1]
     ranks = 1 + cfg.actor_infer.world_size
-    return RolePlan("weight sync", "WeightSync", path, ranks, "", cfg.executor.type, note)
+    return RolePlan("weight sync", "WeightSync", sync.path, ranks, "", cfg.executor.type, sync.note)
 
 
-def sharded_reference(cfg: Any) -> bool:
+def sharded_reference(cfg: RunConfig) -> bool:
     """Whether the reference is built on actor_train's megatron layout (`build_reference`)."""
     return bool(cfg.actor_train.backend == "megatron")
 
 
-def frozen_row(cfg: Any, role: str, worker: str, detail: str) -> RolePlan:
+def frozen_row(cfg: RunConfig, role: str, worker: str, detail: str) -> RolePlan:
     """The `--dry-run` row of a frozen role: one rank on actor_train's device, or the
     reference sharded over actor_train's ranks (`sharded_reference`)."""
     t = cfg.actor_train
@@ -87,50 +85,46 @@ def frozen_row(cfg: Any, role: str, worker: str, detail: str) -> RolePlan:
     return RolePlan(role, worker, "torch", 1, t.device, cfg.executor.type, detail)
 
 
-def colocation_row(cfg: Any) -> RolePlan:
-    """The `--dry-run` row of what actor_train and actor_infer offload between turns
-    (roll_core/engine/colocation.py); a ConfigError for an offload that cannot run."""
-    from roll_core.engine.colocation import resolve_offload
-
-    choice = resolve_offload(cfg)
+def colocation_row(cfg: RLConfig, plan: Plan) -> RolePlan:
+    """The `--dry-run` row of what actor_train and actor_infer offload between turns (the
+    plan's choice, roll_core/engine/colocation.py)."""
+    choice = plan.rl()[0]
     where = cfg.actor_train.device if not choice.peaks else "cuda"
     return RolePlan("colocation", "Turns", "", 2, where, cfg.executor.type, choice.describe())
 
 
-def rollout_placement_of(cfg: Any) -> str:
+def rollout_placement_of(cfg: RLRecipe, plan: Plan) -> str:
     """Rollout/train placement in words (rollout/async_scheduler.py `rollout_placement`), with
     the GPUs each role is placed on (a role without a device_mapping takes the first GPUs, so
     two such roles share them); ConfigError for async generation on a shared device."""
-    from roll_core.engine.resource_plan import gpu_plan
     from roll_core.rollout.async_scheduler import rollout_placement
 
-    gp = gpu_plan(cfg)
-    placed = gp.placement.roles if gp is not None else {}
     return rollout_placement(
         ratio=cfg.rollout.async_generation_ratio,
         executor=cfg.executor.type,
         train_device=cfg.actor_train.device,
         infer_device=cfg.actor_infer.device,
-        train_gpus=list(placed["actor_train"].gpus) if "actor_train" in placed else None,
-        infer_gpus=list(placed["actor_infer"].gpus) if "actor_infer" in placed else None,
+        train_gpus=plan.gpus_of("actor_train"),
+        infer_gpus=plan.gpus_of("actor_infer"),
     )
 
 
-def executor_for(cfg: Any) -> Any:
+def executor_for(cfg: RunConfig) -> Any:
     """The executor `cfg.executor` names (local, or Ray started or joined)."""
     ex = cfg.executor
     return make_executor(ex.type, address=ex.ray_address, num_cpus=ex.num_cpus)
 
 
-def _cpu(cfg: Any) -> dict[str, float]:
+def _cpu(cfg: RunConfig) -> dict[str, float]:
     """Each Ray actor reserves one CPU; in-process workers reserve nothing."""
     return {"CPU": 1.0} if cfg.executor.type == "ray" else {}
 
 
 def build_actor_train(
-    cfg: Any,
+    cfg: RunConfig,
     executor: Any,
     *,
+    plan: Plan,
     model_path: str,
     tokenizer_path: str | None = None,
     total_steps: int,
@@ -148,7 +142,7 @@ def build_actor_train(
         executor,
         world_size=role.world_size,
         resources=_cpu(cfg),
-        **cluster_placement(cfg, "actor_train"),
+        **plan.placement_of("actor_train"),
         worker_kwargs={
             "spec": spec_from_config(
                 cfg,
@@ -182,18 +176,19 @@ def check_shares_run_dir(cluster: Cluster, run_dir: Path) -> None:
             )
 
 
-def _beside_actor_train(cfg: Any) -> dict[str, Any]:
+def _beside_actor_train(plan: Plan) -> dict[str, Any]:
     """Placement of a frozen one-rank role: actor_train rank 0's GPUs ({} on CPU)."""
-    placed = cluster_placement(cfg, "actor_train")
+    placed = plan.placement_of("actor_train")
     if not placed:
         return {}
     return {"gpu_ids": placed["gpu_ids"][:1], "gpus_per_node": placed["gpus_per_node"]}
 
 
 def build_reference(
-    cfg: Any,
+    cfg: RunConfig,
     executor: Any,
     *,
+    plan: Plan,
     model_path: str,
     micro_batch_size: int,
     name: str = "reference",
@@ -220,7 +215,7 @@ def build_reference(
             executor,
             world_size=role.world_size,
             resources=_cpu(cfg),
-            **cluster_placement(cfg, "actor_train"),
+            **plan.placement_of("actor_train"),
             worker_kwargs={
                 "model_path": model_path,
                 "spec": dataclasses.replace(spec, frozen=True),
@@ -231,7 +226,7 @@ def build_reference(
         Reference,
         executor,
         resources=_cpu(cfg),
-        **_beside_actor_train(cfg),
+        **_beside_actor_train(plan),
         worker_kwargs=dict(
             model_path=model_path,
             device=role.device,
@@ -249,7 +244,9 @@ def build_reference(
     )
 
 
-def build_teacher(cfg: Any, executor: Any, *, model_path: str, tokenizer_path: str) -> Cluster:
+def build_teacher(
+    cfg: DistillConfig, executor: Any, *, plan: Plan, model_path: str, tokenizer_path: str
+) -> Cluster:
     """distill's frozen teacher, on the student's device with the student's precision."""
     role = cfg.actor_train
     return Cluster(
@@ -257,7 +254,7 @@ def build_teacher(cfg: Any, executor: Any, *, model_path: str, tokenizer_path: s
         Teacher,
         executor,
         resources=_cpu(cfg),
-        **_beside_actor_train(cfg),
+        **_beside_actor_train(plan),
         worker_kwargs={
             "spec": TrainBackendSpec(
                 model_path=model_path,
@@ -276,7 +273,7 @@ def build_teacher(cfg: Any, executor: Any, *, model_path: str, tokenizer_path: s
 
 
 def build_distill_teachers(
-    cfg: Any, executor: Any, *, model_path: str, micro_batch_size: int
+    cfg: RLConfig, executor: Any, *, plan: Plan, model_path: str, micro_batch_size: int
 ) -> dict[str, Cluster]:
     """`algorithm.on_policy_distill`'s teachers (none without it): frozen Reference workers
     placed as the reference is (actor_train's rank-0 device). A teacher without a path is the
@@ -288,6 +285,7 @@ def build_distill_teachers(
         role: build_reference(
             cfg,
             executor,
+            plan=plan,
             model_path=resolve_model_path(t.path) if t.path is not None else model_path,
             micro_batch_size=micro_batch_size,
             name=role,
@@ -297,7 +295,7 @@ def build_distill_teachers(
     }
 
 
-def uses_critic(cfg: Any) -> bool:
+def uses_critic(cfg: RLRecipe) -> bool:
     """A critic is built when the estimator needs one and the recipe has a `critic:` section."""
     return bool(cfg.algorithm.uses_critic and getattr(cfg, "critic", None) is not None)
 
@@ -365,7 +363,7 @@ class RLRoles:
 
 @contextlib.contextmanager
 def rl_roles(
-    cfg: Any, loop: DriverLoop, *, model_path: str, tokenizer_path: str | None = None
+    cfg: RLRecipe, loop: DriverLoop, *, model_path: str, tokenizer_path: str | None = None
 ) -> Iterator[RLRoles]:
     """The executor `cfg.executor` names and the RL roles built on it (a phase on the
     console), shut down after the block."""
@@ -375,6 +373,7 @@ def rl_roles(
             roles = build_rl_roles(
                 cfg,
                 executor,
+                plan=loop.plan,
                 model_path=model_path,
                 tokenizer_path=tokenizer_path,
                 run_dir=loop.run.dir,
@@ -385,9 +384,10 @@ def rl_roles(
 
 
 def build_rl_roles(
-    cfg: Any,
+    cfg: RLRecipe,
     executor: Any,
     *,
+    plan: Plan,
     model_path: str,
     tokenizer_path: str | None = None,
     run_dir: Path,
@@ -398,10 +398,11 @@ def build_rl_roles(
     engine then sleeps between turns)."""
     t = cfg.trainer
     total_updates = t.max_steps * t.ppo_epochs * t.mini_batches
-    choice = resolve_offload(cfg)
+    choice = plan.rl()[0]
     train = build_actor_train(
         cfg,
         executor,
+        plan=plan,
         model_path=model_path,
         tokenizer_path=tokenizer_path,
         total_steps=total_updates,
@@ -411,6 +412,7 @@ def build_rl_roles(
     infer = build_actor_infer(
         cfg,
         executor,
+        plan=plan,
         model_path=model_path,
         tokenizer_path=tokenizer_path,
         sleep_mode=choice.infer_weights and cfg.actor_infer.backend == "vllm",
@@ -420,16 +422,23 @@ def build_rl_roles(
         reference = build_reference(
             cfg,
             executor,
+            plan=plan,
             model_path=model_path,
             micro_batch_size=t.micro_batch_size,
             tokenizer_path=tokenizer_path,
         )
-    if uses_critic(cfg):
+    critic_cfg = getattr(cfg, "critic", None)
+    if uses_critic(cfg) and critic_cfg is not None:
         critic = build_critic(
-            cfg, executor, model_path=model_path, total_steps=total_updates, run_dir=run_dir
+            cfg,
+            critic_cfg,
+            executor,
+            model_path=model_path,
+            total_steps=total_updates,
+            run_dir=run_dir,
         )
     teachers = build_distill_teachers(
-        cfg, executor, model_path=model_path, micro_batch_size=t.micro_batch_size
+        cfg, executor, plan=plan, model_path=model_path, micro_batch_size=t.micro_batch_size
     )
     for cluster in (train, infer, reference, critic, *teachers.values()):
         if cluster is not None:
@@ -443,7 +452,13 @@ def build_rl_roles(
 
 
 def build_actor_infer(
-    cfg: Any, executor: Any, *, model_path: str, tokenizer_path: str | None, sleep_mode: bool
+    cfg: RLRecipe,
+    executor: Any,
+    *,
+    plan: Plan,
+    model_path: str,
+    tokenizer_path: str | None,
+    sleep_mode: bool,
 ) -> Cluster:
     """The inference engine ranks (`cfg.actor_infer`). `sleep_mode`: it frees its memory
     between colocated turns."""
@@ -454,7 +469,7 @@ def build_actor_infer(
         executor,
         world_size=infer.world_size,
         resources=_cpu(cfg),
-        **cluster_placement(cfg, "actor_infer"),
+        **plan.placement_of("actor_infer"),
         worker_kwargs={
             "backend": infer.backend,
             "backend_kwargs": dict(
@@ -480,11 +495,16 @@ def build_actor_infer(
 
 
 def build_critic(
-    cfg: Any, executor: Any, *, model_path: str, total_steps: int, run_dir: Path
+    cfg: RLRecipe,
+    critic: CriticConfig,
+    executor: Any,
+    *,
+    model_path: str,
+    total_steps: int,
+    run_dir: Path,
 ) -> Cluster:
     """The value model (`cfg.critic`; its own model_path, else the policy's). It writes
     checkpoints into `run_dir`, so its ranks must see it."""
-    critic = cfg.critic
     cluster = Cluster(
         "critic",
         Critic,
@@ -507,7 +527,7 @@ def build_critic(
     return cluster
 
 
-def check_vision_support(cfg: Any) -> None:
+def check_vision_support(cfg: RunConfig) -> None:
     """A vision-language model (``model.path``) with a role or backend that cannot feed it
     images is a ConfigError at validation (no model is loaded: config.json only)."""
     from roll_core.engine.model_sizes import model_config
@@ -546,12 +566,12 @@ def check_vision_support(cfg: Any) -> None:
         )
 
 
-def replays_routes(cfg: Any) -> bool:
+def replays_routes(cfg: RunConfig) -> bool:
     """`algorithm.router_replay: r3` (MoE routing replay) is on."""
     return getattr(getattr(cfg, "algorithm", None), "router_replay", "off") == "r3"
 
 
-def check_router_replay(cfg: Any) -> None:
+def check_router_replay(cfg: RunConfig) -> None:
     """`algorithm.router_replay: r3` where it can apply, a ConfigError at validation if not:
     a mixture-of-experts model (config.json), an inference engine that records routed experts
     (roll's hf engine: vLLM's capture, ``enable_return_routed_experts``, needs its Model Runner
@@ -564,7 +584,7 @@ def check_router_replay(cfg: Any) -> None:
     if not replays_routes(cfg):
         return
     hint = 'Set algorithm.router_replay: off, or see docs/algorithms.md "Router replay".'
-    if cfg.pipeline not in ("rlvr", "agentic"):
+    if not isinstance(cfg, RLConfig):  # rlvr, agentic
         raise ConfigError(
             f"algorithm.router_replay: r3 is not supported by `roll train {cfg.pipeline}` "
             "(its rollout does not carry routed experts into the batch); rlvr and agentic.",
@@ -598,7 +618,7 @@ def check_router_replay(cfg: Any) -> None:
         )
 
 
-def check_engine_support(cfg: Any) -> None:
+def check_engine_support(cfg: RunConfig) -> None:
     """The engines the recipe names can run here, a ConfigError at validation if not:
 
     * actor_train's backend needs a package this environment lacks (megatron-core,
@@ -631,7 +651,7 @@ def check_engine_support(cfg: Any) -> None:
         raise refused
 
 
-def _check_no_images(cfg: Any, model: str) -> None:
+def _check_no_images(cfg: RunConfig, model: str) -> None:
     """A text-only model with a local jsonl dataset whose first row has images: a ConfigError
     at validation (the data loader checks every row again, for every source)."""
     import json

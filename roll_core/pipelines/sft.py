@@ -27,6 +27,7 @@ from roll_core.data import (
 )
 from roll_core.data.vision import image_rows
 from roll_core.engine import Cluster
+from roll_core.engine.plan import Plan
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.supervised import (
@@ -40,7 +41,7 @@ from roll_core.pipelines.supervised import (
 )
 
 
-def plan(cfg: SFTConfig) -> list[RolePlan]:
+def plan(cfg: SFTConfig, _plan: Plan) -> list[RolePlan]:
     """Roles, workers and devices this recipe asks for (no model is loaded)."""
     t = cfg.trainer
     batch = t.global_batch_size(cfg.actor_train.world_size)
@@ -78,7 +79,7 @@ def prepare_data(cfg: SFTConfig, tokenizer: Any, processor: Any | None = None) -
     vision: list[Any] = []
     answers: list[str] = []
     if d.eval is not None:
-        erows = eval_rows(cfg)
+        erows = eval_rows(cfg, d.eval)
         eval_images = _image_rows(cfg, erows, processor, d.eval.path)
         eval_set, _ = build_sft_dataset(erows, tokenizer, **keys, images=eval_images)
         if cfg.eval.exact_match:

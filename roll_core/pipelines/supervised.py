@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from roll_core.backends.train.torch_backend import ROUTER_AUX_METRIC, resolve_device
+from roll_core.config.preference import DistillConfig, DPOConfig
+from roll_core.config.schema import DatasetSource, RunConfig, SFTConfig
 from roll_core.data import Batch, StatefulLoader, load_rows
 from roll_core.data.chat import reasoning_format
 from roll_core.engine import Cluster
@@ -31,6 +33,9 @@ from roll_core.models.loading import is_vision_model
 from roll_core.models.vision import load_processor
 from roll_core.pipelines import roles
 from roll_core.pipelines.common import DriverLoop
+
+SupervisedRecipe = SFTConfig | DPOConfig | DistillConfig
+"""The recipes the supervised loop runs."""
 
 
 @dataclass
@@ -44,7 +49,7 @@ class ResolvedModel:
     """A vision-language model's VisionProcessor (None: a text model)."""
 
 
-def resolve_model(cfg: Any) -> ResolvedModel:
+def resolve_model(cfg: RunConfig) -> ResolvedModel:
     """Resolve `cfg.model` (and fail on a missing CUDA device) before a run directory exists."""
     if cfg.executor.type == "local" and cfg.actor_train.device == "cuda":
         resolve_device("cuda")  # no CUDA here: fail before a run directory is created
@@ -72,15 +77,14 @@ def router_aux_metric(out: dict[str, float]) -> dict[str, float]:
     return {ROUTER_AUX_METRIC: out[ROUTER_AUX_METRIC]}
 
 
-def train_rows(cfg: Any) -> Any:
+def train_rows(cfg: SupervisedRecipe) -> Any:
     """The rows of `data.train`."""
     d = cfg.data.train
     return load_rows(d.path, split=d.split, subset=d.subset, max_rows=d.max_rows)
 
 
-def eval_rows(cfg: Any) -> Any:
-    """The rows of `data.eval` (at most `data.eval.max_rows` and `eval.max_samples`)."""
-    d = cfg.data.eval
+def eval_rows(cfg: SupervisedRecipe, d: DatasetSource) -> Any:
+    """The rows of `data.eval` (`d`; at most `data.eval.max_rows` and `eval.max_samples`)."""
     limits = [x for x in (d.max_rows, cfg.eval.max_samples) if x is not None]
     return load_rows(
         d.path,
@@ -134,7 +138,7 @@ class StartSession(Protocol):
 
 
 def run_supervised(
-    cfg: Any,
+    cfg: SupervisedRecipe,
     loop: DriverLoop,
     model: ResolvedModel,
     *,
@@ -158,6 +162,7 @@ def run_supervised(
         actor = roles.build_actor_train(
             cfg,
             executor,
+            plan=loop.plan,
             model_path=model.model_path,
             tokenizer_path=model.tokenizer_path,
             total_steps=cfg.trainer.max_steps,

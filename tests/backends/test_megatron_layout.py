@@ -141,7 +141,7 @@ def test_kl_reference_is_sharded_as_the_policy() -> None:
     of the weights (the same bytes as the policy's params) for the whole run."""
     from roll_core.config import load_recipe
     from roll_core.engine.resource_plan import gpu_plan
-    from roll_core.pipelines.rlvr import plan as plan_rows
+    from roll_core.pipelines import plan as plan_rows
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-megatron-rlvr.yaml"
     plain, kl = (load_recipe(recipe, o) for o in ([], ["algorithm.kl.coef=0.04"]))

@@ -74,20 +74,21 @@ def test_a_gpu_its_role_overflows_alone_is_a_warning(tmp_path: Path) -> None:
     of Qwen2.5's 152,064 logits computed whole are 88.2 GiB on their own (issue 32 item 7);
     with the 4 rows the recipe sets they fit, and chunked (the default) at any row count."""
     from roll_cli.checks import memory_warnings
+    from roll_core.engine.plan import make_plan
 
     whole = "actor_train.logit_chunk_tokens=0"  # the micro-batch's logits at once
     (warning,) = memory_warnings(
-        recipe(tmp_path, "qwen2.5-7b-rlvr.yaml", "trainer.micro_batch_size=16", whole)
+        make_plan(recipe(tmp_path, "qwen2.5-7b-rlvr.yaml", "trainer.micro_batch_size=16", whole))
     )
     assert warning.startswith(
         "GPUs 4-7: actor_train alone needs about 128.8 GiB at its peak (the memory rows of the "
         "plan), more than executor.gpu_memory_gib=80"
     )
     assert "lower trainer.micro_batch_size" in warning
-    assert memory_warnings(recipe(tmp_path, "qwen2.5-7b-rlvr.yaml")) == []
+    assert memory_warnings(make_plan(recipe(tmp_path, "qwen2.5-7b-rlvr.yaml"))) == []
     chunked = recipe(tmp_path, "qwen2.5-7b-rlvr.yaml", "trainer.micro_batch_size=16")
-    assert memory_warnings(chunked) == []
-    assert memory_warnings(recipe(tmp_path, "tiny-arith-rlvr.yaml")) == []  # no GPU plan
+    assert memory_warnings(make_plan(chunked)) == []
+    assert memory_warnings(make_plan(recipe(tmp_path, "tiny-arith-rlvr.yaml"))) == []  # no GPU plan
 
 
 @pytest.mark.parametrize(

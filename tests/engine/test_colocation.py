@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from roll_core.config import load_recipe
-from roll_core.engine.colocation import phase_peaks, resolve_offload
+from roll_core.engine.colocation import phase_peaks
+from roll_core.engine.plan import make_plan
 from roll_core.errors import ConfigError
 from roll_core.pipelines import plan
 
@@ -47,7 +48,7 @@ def test_phase_peaks_by_hand() -> None:
 
 def test_qwen3_8b_on_two_gpus_offloads_what_it_needs() -> None:
     cfg = load_recipe(ROOT / "recipes" / "qwen3-8b.yaml", TWO_GPUS)
-    choice = resolve_offload(cfg)
+    choice = make_plan(cfg).offload
     # ZeRO-3 over 2 ranks, bf16: params P*2/2 = P, grads P, AdamW (8 + 4 master) P*12/2 = 6P
     # bytes; vLLM: weights 2P, KV the rest of 0.5 x 80 GiB. Resident 8P + 40 GiB = 101 GiB.
     # auto: inference asleep alone leaves generate at 40 GiB + 8P (over 80); + optimizer
@@ -70,10 +71,10 @@ def test_real_scale_recipes_fit_with_vllm_asleep_while_training() -> None:
     # 8B: 15.3 + 2 rows' logits 28.4 + layer inputs 5.1 + vLLM 40 = 88.7;
     # 30B-A3B: 28.4 + 14.2 + 1.7 + 36.0 = 80.3
     for recipe in ("qwen3-8b.yaml", "qwen3-30b-a3b-rlvr.yaml"):
-        choice = resolve_offload(load_recipe(ROOT / "recipes" / recipe, []))
+        choice = make_plan(load_recipe(ROOT / "recipes" / recipe, [])).offload
         assert choice.colocated and choice.train == (), recipe
         assert choice.infer_weights and choice.infer_kv_cache, recipe
-    disaggregated = resolve_offload(load_recipe(ROOT / "recipes" / "qwen2.5-7b-rlvr.yaml", []))
+    disaggregated = make_plan(load_recipe(ROOT / "recipes" / "qwen2.5-7b-rlvr.yaml", [])).offload
     assert not disaggregated.colocated and not disaggregated.active
 
 
@@ -92,12 +93,12 @@ def test_a_plan_that_cannot_fit_is_refused(roll) -> None:
 
 def test_cpu_recipe_moves_only_what_is_asked() -> None:
     cfg = load_recipe(ROOT / "recipes" / "tiny-arith-rlvr.yaml", [])
-    assert resolve_offload(cfg).colocated and not resolve_offload(cfg).active
+    assert make_plan(cfg).offload.colocated and not make_plan(cfg).offload.active
     cfg = load_recipe(
         ROOT / "recipes" / "tiny-arith-rlvr.yaml",
         ["actor_train.offload.optimizer=true", "actor_infer.offload.weights=true"],
     )
-    choice = resolve_offload(cfg)
+    choice = make_plan(cfg).offload
     assert choice.train == ("optimizer",) and choice.infer_parts == ("weights",)
 
 
@@ -136,7 +137,7 @@ def test_offload_with_async_training_is_a_recipe_error() -> None:
     cfg = load_recipe(
         ROOT / "recipes" / "tiny-arith-rlvr.yaml", ["rollout.async_generation_ratio=1"]
     )
-    assert not resolve_offload(cfg).active
+    assert not make_plan(cfg).offload.active
     with pytest.raises(ConfigError, match="time-share one device"):
         plan(load_recipe(ROOT / "recipes" / "qwen3-8b.yaml", ["rollout.async_generation_ratio=1"]))
 
@@ -149,4 +150,4 @@ def test_vllm_sleep_level_is_a_vllm_key() -> None:
     cfg = load_recipe(
         ROOT / "recipes" / "qwen3-8b.yaml", [*TWO_GPUS, "actor_infer.offload.vllm_sleep_level=2"]
     )
-    assert resolve_offload(cfg).sleep_level == 2
+    assert make_plan(cfg).offload.sleep_level == 2

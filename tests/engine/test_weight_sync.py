@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -54,15 +55,20 @@ def test_choose_path_follows_where_the_ranks_live() -> None:
 
 def test_recipe_keys_validate_and_the_plan_names_the_path() -> None:
     from roll_core.config import load_recipe
+    from roll_core.engine.resource_plan import gpu_plan
     from roll_core.engine.weight_sync import planned_path
+
+    def _path(cfg: Any) -> tuple[str, str]:
+        return planned_path(cfg, gpu_plan(cfg))
+
     from roll_core.errors import ConfigError
 
     recipe = "recipes/tiny-arith-rlvr.yaml"
-    assert planned_path(load_recipe(recipe, []))[0] == "same_process"
-    assert planned_path(load_recipe(recipe, ["sync.path=driver"]))[0] == "driver"
+    assert _path(load_recipe(recipe, []))[0] == "same_process"
+    assert _path(load_recipe(recipe, ["sync.path=driver"]))[0] == "driver"
     cfg = load_recipe(recipe, ["actor_infer.world_size=2", "actor_train.backend=fsdp2"])
-    assert planned_path(cfg)[0] == "shared_memory"
-    assert planned_path(load_recipe(recipe, ["sync.path=broadcast"]))[0] == "broadcast (gloo)"
+    assert _path(cfg)[0] == "shared_memory"
+    assert _path(load_recipe(recipe, ["sync.path=broadcast"]))[0] == "broadcast (gloo)"
     with pytest.raises(ConfigError, match="sync.bucket_mb"):
         load_recipe(recipe, ["sync.bucket_mb=0"])
     with pytest.raises(ConfigError, match="sync.path"):
@@ -78,14 +84,14 @@ def test_recipe_keys_validate_and_the_plan_names_the_path() -> None:
         "actor_train.device=cuda",
         "actor_infer.device=cuda",
     ]
-    assert planned_path(load_recipe(recipe, two_nodes))[0] == "broadcast (nccl)"
+    assert _path(load_recipe(recipe, two_nodes))[0] == "broadcast (nccl)"
     one_gpu = ["actor_train.device=cuda", "actor_infer.device=cuda", "executor.num_gpus=1"]
-    assert planned_path(load_recipe(recipe, one_gpu))[0] == "same_process"  # local: one process
+    assert _path(load_recipe(recipe, one_gpu))[0] == "same_process"  # local: one process
     ray_one_gpu = [*one_gpu, "executor.type=ray"]  # colocated on one GPU, two processes
-    assert planned_path(load_recipe(recipe, ray_one_gpu))[0] == "shared_memory (cuda_ipc)"
+    assert _path(load_recipe(recipe, ray_one_gpu))[0] == "shared_memory (cuda_ipc)"
     error = r"shared_memory.*node 1 and actor_infer ranks on node\(s\) \[0\]"
     with pytest.raises(ConfigError, match=error):
-        planned_path(load_recipe(recipe, [*two_nodes, "sync.path=shared_memory"]))
+        _path(load_recipe(recipe, [*two_nodes, "sync.path=shared_memory"]))
 
 
 # ---- the real thing: trainer and inference ranks, gloo on CPU ------------------------------

@@ -8,6 +8,7 @@ import pytest
 
 from roll_core.config import validate
 from roll_core.config.agentic import AgenticConfig
+from roll_core.engine.plan import make_plan
 from roll_core.errors import ConfigError
 from roll_core.pipelines import agentic
 
@@ -28,7 +29,7 @@ def test_defaults_and_plan() -> None:
     c = cfg(rollout={"group_size": 4, "redundant_groups": 2})
     assert c.envs[0].name == "frozen_lake"
     assert c.rollout.mode == "trajectory" and c.rollout.async_generation_ratio == 0
-    roles = {r.role: r for r in agentic.plan(c)}
+    roles = {r.role: r for r in agentic.plan(c, make_plan(c))}
     assert roles["envs"].world_size == (3 + 2) * 4  # threads for every launched episode
     assert "12 episodes/step" in roles["actor_train"].detail
 

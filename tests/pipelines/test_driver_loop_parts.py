@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from roll_core.config.schema import SFTConfig
+from roll_core.engine.plan import make_plan
 from roll_core.errors import CheckpointError
 from roll_core.pipelines.common import TRAINER_STATE, DriverLoop
 from roll_core.runs import Run
@@ -53,7 +54,8 @@ def _cfg() -> SFTConfig:
 
 
 def _loop(run: Run, *, resume: bool) -> DriverLoop:
-    return DriverLoop(_cfg(), run, resume=resume)
+    cfg = _cfg()
+    return DriverLoop(cfg, run, plan=make_plan(cfg), resume=resume)
 
 
 @pytest.fixture

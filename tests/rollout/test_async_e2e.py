@@ -90,7 +90,7 @@ def test_async_recipe_errors_and_dry_run_plan(rl_recipe) -> None:
     """In process (no subprocess): the config errors and the plan's placement line."""
     from roll_core.config import load_recipe
     from roll_core.errors import ConfigError
-    from roll_core.pipelines.rlvr import plan
+    from roll_core.pipelines import plan
 
     with pytest.raises(ConfigError, match="only applies to async"):
         load_recipe(rl_recipe(partial_rollout=True))
