@@ -2,28 +2,8 @@
 
 Both pipelines build their roles (pipelines/roles.py `RLRoles`) and their rollout source
 (rollout/source.py: the RLVR schedulers, the agentic env manager), register what else they
-checkpoint with the DriverLoop, and call :func:`run_rl`::
-
-    start = loop.begin()                           # the registered parts restored on resume
-    hooks.before_first_sync(start)                 # agentic: the warm start
-    with source.paused(start): roles.sync(start)   # policy version `start` on the engines
-    for step in loop.steps(start, max_steps):
-        rollout = source.next_batch(step)          # scored, filtered, fresh enough groups
-        batch = source.to_batch(rollout.groups)    # exactly the generated token ids
-        batch += reference / old log-probs         # only if needed
-        batch += critic values                     # only for gae (PPO)
-        batch += hooks.advantages(batch)           # algorithms/, pure; GiGPO for agentic
-        batch = correct_rollout(batch)             # algorithm.rollout_correction
-        records.record(step, batch)                # tracking.rollout_records (roll view)
-        metrics = update_policy(roles, batch)      # critic first, ppo_epochs x mini_batches
-        with source.paused(step):                  # suspend -> sync -> resume at `step`
-            roles.turns.sync(roles.sync)           # colocated: offload / reload around it
-        loop.end_step(step, metrics)               # log, evaluate, checkpoint
-
-Colocated roles take turns around these calls (pipelines/turns.py): after the rollout the
-inference engine frees its memory and the training state comes back; after the update the
-optimizer state leaves, the inference weights come back, the sync runs, then the params
-leave and the KV cache comes back, as the recipe's `offload` switches choose.
+checkpoint with the DriverLoop, and call :func:`run_rl`. The loop's pseudo-code, with the
+turns colocated roles take around it, is in docs/internals.md ("The loop"): its one copy.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Where the RL loop's training batches come from: one protocol, three producers.
 
-`pipelines/rl_loop.py` runs rlvr and agentic as one loop over a :class:`RolloutSource`::
-
-    rollout = source.next_batch(step)        # scored, filtered, fresh enough groups
-    batch = source.to_batch(rollout.groups)  # exactly the generated token ids, masks
-    ...                                      # log-probs, advantages, update
-    with source.paused(step) as metrics:     # generation suspended (if any runs) ...
-        sync the weights                     # ... the caller updates the weights ...
-                                             # ... and it resumes at policy version `step`
+`pipelines/rl_loop.py` runs rlvr and agentic as one loop over a :class:`RolloutSource`
+(docs/internals.md "The loop"): `next_batch(step)` gives the step's scored, filtered, fresh
+enough groups, `to_batch(groups)` their exactly generated token ids and masks, and
+``with source.paused(step) as metrics:`` suspends generation while the caller updates the
+weights, then resumes it at policy version `step`.
 
 The adapters here are thin: the producers themselves are the RLVR schedulers
 (rollout/scheduler.py synchronous, rollout/async_scheduler.py asynchronous) and the agentic
