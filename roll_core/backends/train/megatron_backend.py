@@ -45,6 +45,7 @@ from roll_core.backends.train.megatron_model import (
     read_dims,
     transformer_config,
 )
+from roll_core.backends.train.megatron_routing import MegatronRouteReplay
 from roll_core.backends.train.schedules import lr_multiplier
 from roll_core.backends.train.sharded import (
     digest,
@@ -59,6 +60,7 @@ from roll_core.config.schema import MegatronConfig, OptimConfig
 from roll_core.convert.roll_megatron import RANK_FILE
 from roll_core.data import Batch
 from roll_core.errors import CheckpointError, ConfigError
+from roll_core.models.routing import ROUTES_KEY
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -136,6 +138,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             lora=spec.lora,
             megatron=spec.megatron,
             frozen=spec.frozen,
+            router_replay=spec.router_replay,
         )
 
     def _build(
@@ -155,6 +158,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         lora: Any = None,
         megatron: MegatronConfig | None = None,
         frozen: bool = False,
+        router_replay: str = "off",
     ) -> None:
         """``frozen``: log-prob passes only (the reference role): the chunks are not wrapped in
         megatron's DDP and get no optimizer or schedule; `log_probs` is all it serves."""
@@ -198,6 +202,9 @@ class MegatronTrainBackend(TorchTrainBackend):
             chunks = [c.to(self.device) for c in chunks]
         self.shards = ShardMap(self.dims, chunks)
         load_hf_weights(model_path, self.shards)
+        self.route_replay = self._route_replay(router_replay, chunks, recompute=recompute)
+        # what ActorTrain reads the agreement metrics from, as on the other backends
+        self.router_replay = self.route_replay  # type: ignore[assignment]
         if frozen:
             for chunk in chunks:
                 chunk.requires_grad_(False)
@@ -209,6 +216,25 @@ class MegatronTrainBackend(TorchTrainBackend):
         self._wrap(chunks, optim, total_steps, params_dtype)
 
     # ---- setup ------------------------------------------------------------------------------
+    def _route_replay(
+        self, mode: str, chunks: list[Any], *, recompute: bool
+    ) -> MegatronRouteReplay | None:
+        """`algorithm.router_replay` on megatron's routers (backends/train/megatron_routing.py);
+        None for ``off``."""
+        if mode == "off":
+            return None
+        if recompute:
+            raise ConfigError(
+                "algorithm.router_replay: r3 with model.gradient_checkpointing on the megatron "
+                "backend: megatron recomputes the routers in the backward, after later "
+                "micro-batches have set their routes, so it would replay the wrong ones.",
+                hint="Set model.gradient_checkpointing: false, or use actor_train.backend: "
+                "torch / fsdp2 / deepspeed (their recomputation replays the same routes).",
+            )
+        return MegatronRouteReplay(
+            chunks, num_layers=self.dims.num_layers, tp=self.layout.tp, sp=self.layout.sp
+        )
+
     def _init_parallel(self, opts: MegatronConfig) -> Layout:
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -347,6 +373,9 @@ class MegatronTrainBackend(TorchTrainBackend):
         def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
             mb, dummy = next(data_iterator)
             ids, pos, mask = self._inputs(mb, width)
+            if self.route_replay is not None:  # MoE routing replay: this micro-batch's routes
+                routes = mb.tensors.get(ROUTES_KEY)
+                self.route_replay.set(routes, rows=self.micro_batch_size, width=width)
             out = model(ids, pos, mask)
 
             def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
