@@ -632,9 +632,9 @@ class AlgorithmConfig(Strict):
         "and reference log-probs, the update) routes each token through those experts; the "
         "gate weights still come from the trainer's router logits, so the router keeps "
         "learning. Logs `router/agreement` (per layer too): how often the trainer's own "
-        "top-k agreed. Needs an MoE model, actor_infer.backend hf and actor_train.backend "
-        'torch, fsdp2 or deepspeed (docs/algorithms.md "Router replay"). `off`: each side '
-        "routes itself.",
+        "top-k agreed. Needs an MoE model and actor_infer.backend hf; every "
+        "actor_train.backend (megatron without model.gradient_checkpointing; "
+        'docs/algorithms.md "Router replay"). `off`: each side routes itself.',
     )
 
     @model_validator(mode="before")
