@@ -45,6 +45,11 @@ class SyncSettings:
     path: str = "auto"
     bucket_mb: float = 256.0
     timeout_s: float = 600.0
+    share: bool = False
+    """`same_process` only: the inference model takes the trainer's parameter storage instead
+    of a copy (one model in memory) where name, dtype, shape and device match. Only safe when
+    nothing generates while the trainer updates and nothing offloads (the role builder
+    decides: synchronous rollout, no offload)."""
 
     @property
     def bucket_bytes(self) -> int:
@@ -203,9 +208,10 @@ class WeightSync:
         sender = _worker(self.train, 0)
         receivers = [_worker(self.infer, r) for r in range(self.infer.world_size)]
         size = count = 0
+        share = self.settings.share
         for name, tensor in sender.sync_tensors(self.settings.bucket_bytes):
             for receiver in receivers:
-                receiver.load_sync_bucket([(name, tensor)])
+                receiver.load_sync_bucket([(name, tensor)], share=share)
             size += tensor.numel() * tensor.element_size()
             count += 1
         for receiver in receivers:

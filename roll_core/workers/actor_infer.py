@@ -118,9 +118,14 @@ class ActorInfer(Worker):
     def _load_bucket(self, items: list[tuple[str, Any]]) -> None:
         self._b().load_weights_bucket(items)  # type: ignore[attr-defined]
 
-    def load_sync_bucket(self, items: list[tuple[str, Any]]) -> None:
-        """`same_process` path: copy these tensors into the model in place."""
-        self._load_bucket(items)
+    def load_sync_bucket(self, items: list[tuple[str, Any]], *, share: bool = False) -> None:
+        """`same_process` path: copy these tensors into the model in place; `share`: take
+        their storage instead where the backend can (the hf engine: one model in memory)."""
+        backend: Any = self._b()
+        if share and hasattr(backend, "share_weights_bucket"):
+            backend.share_weights_bucket(items)
+        else:
+            self._load_bucket(items)
 
     def finish_sync(self, version: int) -> None:
         """Stamp the policy version of the weights now loaded."""

@@ -169,6 +169,48 @@ def assert_bitwise(infer: Cluster, expected: dict[str, torch.Tensor]) -> None:
         assert changed == len(got)
 
 
+def test_same_process_share_keeps_one_model() -> None:
+    """`sync.share` (synchronous rollout, no offload): after a sync the hf engine's parameters
+    are the trainer's own storage (one model in memory), the next update is the engine's
+    weights without a copy, generation equals the copying sync's bit for bit, and a
+    parameter the trainer replaced (a checkpoint load) is shared again at the next sync."""
+    from roll_core.backends.infer import Request, SamplingParams
+
+    ex = LocalExecutor()
+    try:
+        train = train_cluster(ex, "torch")
+        shared, copied = infer_cluster(ex, world_size=1), infer_cluster(ex, world_size=1)
+        one_step(train)
+        ws = attach_weight_sync(train, shared, SyncSettings(share=True))
+        ws.sync(version=1)
+        attach_weight_sync(train, copied, SyncSettings()).sync(version=1)
+        trainer = train.handles[0].worker.backend.model
+        own = {n: p.data_ptr() for n, p in trainer.named_parameters()}
+        engine = infer_weights(shared)
+        assert all(engine[n].data_ptr() == ptr for n, ptr in own.items())
+        head = shared.handles[0].worker.backend.model.lm_head.weight  # tied: the embedding
+        assert head.data_ptr() in own.values()
+        assert all(infer_weights(copied)[n].data_ptr() != ptr for n, ptr in own.items())
+        one_step(train)  # the update is the engine's weights at once
+        assert_bitwise(shared, train.named_weights())
+        ws.sync(version=2)
+        attach_weight_sync(train, copied, SyncSettings()).sync(version=2)
+        params = SamplingParams(max_new_tokens=6, temperature=1.0)
+        reqs = [Request(i, [5, 6, 7, 8 + i], seed=i) for i in range(3)]
+        a, b = (c.handles[0].worker.backend.generate(reqs, params) for c in (shared, copied))
+        assert [(c.response_ids, c.log_probs) for c in a] == [
+            (c.response_ids, c.log_probs) for c in b
+        ]
+        name = "model.layers.0.mlp.up_proj.weight"  # the trainer replaces one parameter
+        module = trainer.get_submodule(name.rsplit(".", 1)[0])
+        module.weight = torch.nn.Parameter(module.weight.detach().clone())
+        assert infer_weights(shared)[name].data_ptr() != module.weight.data_ptr()
+        ws.sync(version=3)
+        assert infer_weights(shared)[name].data_ptr() == module.weight.data_ptr()
+    finally:
+        ex.shutdown()
+
+
 @pytest.mark.parametrize(
     ("path", "lora", "bucket_mb", "expect"),
     [

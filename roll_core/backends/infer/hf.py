@@ -21,7 +21,7 @@ import math
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -277,6 +277,24 @@ class HFInferBackend:
                 raise KeyError(f"weight sync: the inference model has no tensor {name!r}")
             target.copy_(torch.as_tensor(value), non_blocking=False)
 
+    def share_weights_bucket(self, items: list[tuple[str, Any]]) -> None:
+        """The `same_process` sync with `sync.share`: each model tensor of that name takes the
+        trainer's tensor's storage (no copy: the trainer's updates are the engine's weights,
+        one model in memory) when dtype, shape and device match; the others are copied as
+        :meth:`load_weights_bucket` does. A tensor already sharing is left alone, so a
+        trainer that replaced a parameter (a checkpoint load) is shared again."""
+        if self._targets is None:
+            self._targets = self.model.state_dict(keep_vars=True)  # tied: under both names
+        copied = []
+        for name, value in items:
+            target = self._targets.get(name)
+            if not _same_layout(target, value):
+                copied.append((name, value))
+            elif target.data_ptr() != value.data_ptr():
+                target.data = value  # the trainer's storage (tied names: one Parameter)
+        if copied:
+            self.load_weights_bucket(copied)
+
     def finish_sync(self, version: int) -> None:
         """The weights loaded since the last call are policy `version`."""
         self.version = version
@@ -426,3 +444,13 @@ def neutral_generation(model: Any, eos: int | list[int] | None, pad: int | None)
     the one it reports log-probs for and the trainer trains. roll's SamplingParams are the
     only sampling settings."""
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+
+
+def _same_layout(target: Any, value: Any) -> TypeGuard[torch.Tensor]:
+    """Whether `value` can stand in for the model tensor `target` as it is (dtype, shape,
+    device)."""
+    return (
+        isinstance(target, torch.Tensor)
+        and isinstance(value, torch.Tensor)
+        and (target.dtype, target.shape, target.device) == (value.dtype, value.shape, value.device)
+    )
