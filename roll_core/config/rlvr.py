@@ -442,8 +442,9 @@ class SyncConfig(Strict):
 
     path: Literal["auto", "broadcast", "shared_memory", "driver"] = Field(
         default="auto",
-        description="`auto`: in-place copies when trainer and inference ranks are objects of "
-        "one process (executor local, torch + hf), else shared memory when every rank is on "
+        description="`auto`: when trainer and inference ranks are objects of one process "
+        "(executor local, torch + hf) the engine reads the trainer's parameters (one model "
+        "in memory; in-place copies under async rollout or offload), else shared memory when every rank is on "
         "one host (CUDA IPC when all are on GPUs), else `broadcast` (gloo on CPU, NCCL on "
         "GPU). `shared_memory` needs one host. `driver`: the fallback that gathers the "
         "weights into the driver and sends them from there.",

@@ -10,10 +10,13 @@ recomputes it. An impossible plan is a ConfigError here, before anything starts.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from roll_core.config.rlvr import RLConfig
+from roll_core.config.agentic import AgenticConfig
+from roll_core.config.recipes import RLRecipe
+from roll_core.config.rlvr import RLVRConfig
 from roll_core.config.schema import RunConfig
 from roll_core.engine.colocation import OffloadChoice, resolve_offload
 from roll_core.engine.resource_plan import GpuPlan, gpu_plan
@@ -26,6 +29,9 @@ class SyncPlan:
 
     path: str
     note: str
+    share: bool = False
+    """`same_process` with a synchronous rollout and nothing offloaded: the hf engine takes
+    the trainer's parameter storage (one model in memory; engine/weight_sync.py)."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,44 @@ def make_plan(cfg: RunConfig) -> Plan:
     """The plan of a validated recipe (loads no model); ConfigError for one that cannot run."""
     gp = gpu_plan(cfg)
     per_node = cfg.executor.gpus_per_node
-    if not isinstance(cfg, RLConfig):
+    if not isinstance(cfg, RLVRConfig | AgenticConfig):
         return Plan(gpu=gp, gpus_per_node=per_node)
+    return _rl_plan(cfg, gp, per_node)
+
+
+def _rl_plan(cfg: RLRecipe, gp: GpuPlan | None, per_node: int) -> Plan:
+    """The RL parts: the sync path, the colocated offload, whether one model serves both."""
     path, note = planned_path(cfg, gp)
     offload = resolve_offload(cfg, gp)
-    return Plan(gpu=gp, gpus_per_node=per_node, offload=offload, sync=SyncPlan(path, note))
+    share = (
+        path == "same_process"
+        and cfg.actor_infer.backend == "hf"
+        and cfg.rollout.async_generation_ratio == 0
+        and not offload.active
+    )
+    if share:
+        note = "the engine reads the trainer's parameters (one model in memory); " + note
+        gp = _without_engine_weights(gp)
+    elif path == "same_process":
+        note = "in-place copies (async rollout or offload: the engine keeps its own); " + note
+    sync = SyncPlan(path, note, share)
+    return Plan(gpu=gp, gpus_per_node=per_node, offload=offload, sync=sync)
+
+
+def _without_engine_weights(gp: GpuPlan | None) -> GpuPlan | None:
+    """The memory estimate when actor_infer holds no weights of its own (`SyncPlan.share`):
+    its `params` are actor_train's, counted there. The offload choice was made with them
+    counted twice and moved nothing, so it stands."""
+    if gp is None:
+        return None
+    memory = [
+        dataclasses.replace(
+            mem,
+            roles={
+                role: {k: v for k, v in parts.items() if (role, k) != ("actor_infer", "params")}
+                for role, parts in mem.roles.items()
+            },
+        )
+        for mem in gp.memory
+    ]
+    return dataclasses.replace(gp, memory=memory)

@@ -177,6 +177,7 @@ class WeightSync:
             "backend": self.backend,
             "ranks": self.ranks,
             "bucket_mb": self.settings.bucket_mb,
+            "shared": self.path == "same_process" and self.settings.share,
         }
 
     # ---- one sync ---------------------------------------------------------------------------
@@ -315,7 +316,7 @@ def planned_path(cfg: RLConfig, gp: GpuPlan | None) -> tuple[str, str]:
         and infer.backend == "hf"
     )
     if s.path == "auto" and in_process:
-        return "same_process", "in-place copies, trainer and inference in the driver; " + note
+        return "same_process", "trainer and inference in the driver; " + note
     if one_host is None:
         choice = shared if s.path == "shared_memory" else f"{shared} if one host, else {bcast}"
         return choice, "decided at the start from where the ranks run; " + note

@@ -284,8 +284,9 @@ def record_weight_sync(roles: RLRoles, loop: Any) -> None:
     (path, what sync.path asked for, group backend, ranks, bucket size; docs/scaling.md)."""
     info = roles.weight_sync.describe()
     loop.run.update_meta(weight_sync=info)
+    shared = "the engine reads the trainer's parameters, one model in memory"
     how = {
-        "same_process": "in-place copies, trainer and inference in the driver",
+        "same_process": shared if info.get("shared") else "in-place copies",
         "driver": "rank 0 gathers every weight, the driver sends them",
     }.get(info["path"], f"{info['backend']} group of {info['ranks']} ranks")
     loop.console_note(

@@ -444,9 +444,8 @@ def build_rl_roles(
         if cluster is not None:
             cluster.setup()
     s = cfg.sync
-    # one model copy in one process: the engine reads the trainer's parameters where nothing
-    # generates during the update (synchronous rollout) and nothing offloads (issue 44)
-    share = cfg.rollout.async_generation_ratio == 0 and not choice.active
+    # one model in one process (the plan's choice): the engine reads the trainer's parameters
+    share = plan.rl()[1].share
     settings = SyncSettings(path=s.path, bucket_mb=s.bucket_mb, timeout_s=s.timeout_s, share=share)
     sync = attach_weight_sync(train, infer, settings)
     turns = Turns(choice, train=train, infer=infer)  # colocated roles take turns

@@ -96,7 +96,7 @@ def test_train_agentic_two_steps_mixed_envs(roll, tmp_path: Path) -> None:
     assert "eval/success_rate" in meta["metrics"] and "rollout/success_rate" in meta["metrics"]
     # the weight-sync path the run took (local executor, torch + hf): console and meta.json
     assert meta["weight_sync"]["path"] == "same_process"
-    assert "weight sync: same_process (in-place copies" in res.stderr
+    assert "weight sync: same_process (the engine reads the trainer's parameters" in res.stderr
 
 
 @pytest.mark.slow

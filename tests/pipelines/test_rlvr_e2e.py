@@ -81,7 +81,7 @@ def test_rlvr_runs_and_logs_the_promised_metrics(roll, rl_recipe, tmp_path: Path
     # 16 eval samples scored after steps 0 and 3 do not leak into steps 1 and 4 (32 before)
     assert [r["reward/math/count"] for r in logged[1:]] == [16.0] * 6
     assert (run / "final" / "model.safetensors").exists()
-    # the sync path the run took (local executor, torch + hf: in-place copies), not only the
+    # the sync path the run took (local executor, torch + hf: one model), not only the
     # dry run's plan: on the console at the start and in meta.json
     sync = json.loads((run / "meta.json").read_text())["weight_sync"]
     assert sync == {
@@ -90,8 +90,9 @@ def test_rlvr_runs_and_logs_the_promised_metrics(roll, rl_recipe, tmp_path: Path
         "backend": None,
         "ranks": 2,
         "bucket_mb": 256,
+        "shared": True,
     }
-    assert "weight sync: same_process (in-place copies" in res.stderr
+    assert "weight sync: same_process (the engine reads the trainer's parameters" in res.stderr
 
 
 def test_rlvr_rollout_correction_logs_its_metrics(roll, rl_recipe, tmp_path: Path) -> None:
