@@ -12,8 +12,8 @@ import pytest
 
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import encode_prompt
-from roll_core.errors import ConfigError, DataError
 from roll_core.data.prompts import load_prompts
+from roll_core.errors import ConfigError, DataError
 
 QUESTION = "What is 2 + 3?"
 START, END = 257, 258  # <|im_start|>, <|im_end|> of the built-in tokenizer
