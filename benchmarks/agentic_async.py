@@ -64,7 +64,7 @@ import yaml
 
 from roll_core.envs import EnvOptions, FrozenLakeEnv, TextEnv, Transition
 from roll_core.envs.frozen_lake import FrozenLakeOptions
-from roll_core.pipelines.agentic import DEMO_SEED_START
+from roll_core.pipelines.warm_start import DEMO_SEED_START
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLL = str(Path(sys.executable).with_name("roll"))

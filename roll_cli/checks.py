@@ -8,7 +8,7 @@ names and paths a run would trip over, found without loading a model.
   does not exist yet is a warning (an earlier command, e.g. the SFT warm start, may create it);
 * every agentic env is built and reset once, and every agent program loaded and its
   ``make_task`` called on seed 0 (with the recipe's options), as the run does before it
-  starts (``roll_core.pipelines.agentic.check_env``): their errors are told as theirs;
+  starts (``roll_core.pipelines.checks.agentic.check_env``): their errors are told as theirs;
 * the sequence the recipe asks for must fit the model's context (``max_position_embeddings``):
   a longer one is a warning, since positions past the context are untrained.
 * the GPU memory estimate (``--dry-run``'s memory rows): a GPU whose role needs more than
@@ -82,7 +82,7 @@ def check_recipe(cfg: Any, plan: Plan | None = None) -> list[str]:
         if key == "model.path":
             warnings += context_warnings(cfg, summary.get("context"))
     for entry in getattr(cfg, "envs", None) or []:
-        from roll_core.pipelines.agentic import check_env
+        from roll_core.pipelines.checks.agentic import check_env
 
         check_env(entry, cfg.rollout.step_timeout_s)  # the env's / agent's error, told as such
     return warnings + staleness_warnings(cfg) + memory_warnings(plan or make_plan(cfg))

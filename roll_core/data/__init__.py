@@ -1,5 +1,5 @@
 """Data: the Batch type, chat-template rendering, dataset sources, SFT tokenisation and masks, the resumable loader,
-the tiny arithmetic and image data sets, and the per-sample vision inputs of VLMs (vision.py).
+the prompts of `roll train rlvr` (prompts.py), the tiny arithmetic and image data sets, and the per-sample vision inputs of VLMs (vision.py).
 
 Nothing here imports ``roll_core.engine``, Ray or the CLI; everything runs on CPU in tests.
 """
@@ -14,6 +14,13 @@ from roll_core.data.chat import (
     render_chat,
 )
 from roll_core.data.loader import StatefulLoader
+from roll_core.data.prompts import (
+    Prompt,
+    PromptStream,
+    encode_text_prompt,
+    load_prompts,
+    prompts_note,
+)
 from roll_core.data.sft import (
     build_sft_dataset,
     collate_sft,
@@ -36,6 +43,8 @@ __all__ = [
     "BUILDERS",
     "PROMPT_TEMPLATE",
     "Batch",
+    "Prompt",
+    "PromptStream",
     "VisionInputs",
     "StatefulLoader",
     "arith_row",
@@ -47,11 +56,14 @@ __all__ = [
     "encode_messages",
     "encode_prompt",
     "encode_prompt_response",
+    "encode_text_prompt",
     "image_message",
     "is_local_path",
+    "load_prompts",
     "load_rows",
     "make_arith_rows",
     "prompt_turns",
+    "prompts_note",
     "read_images",
     "render_chat",
     "require_columns",

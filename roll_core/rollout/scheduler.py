@@ -29,20 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_core.backends.infer import Completion, Request, SamplingParams
-from roll_core.data.vision import VisionInputs
+from roll_core.data.prompts import Prompt
 from roll_core.errors import RollError
 from roll_core.rollout.router import Router
-
-
-@dataclass
-class Prompt:
-    """One dataset row ready for generation."""
-
-    index: int
-    prompt_ids: list[int]
-    row: dict[str, Any]
-    vision: VisionInputs | None = None
-    """The row's images (vision-language models), made once when the data is loaded."""
 
 
 @dataclass

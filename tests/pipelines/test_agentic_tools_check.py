@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from roll_core.config.agentic import AgenticConfig
 from roll_core.envs import TextEnv, Transition
 from roll_core.errors import ConfigError
-from roll_core.pipelines.agentic import check_chat_format, template_policy
+from roll_core.pipelines.checks.agentic import check_chat_format, template_policy
 
 
 class BadSchema(TextEnv):

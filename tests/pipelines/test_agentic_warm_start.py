@@ -10,12 +10,9 @@ from roll_core.config.agentic import AgenticConfig
 from roll_core.envs import make_env
 from roll_core.errors import ConfigError
 from roll_core.models import load_tokenizer, materialize_builtin
-from roll_core.pipelines.agentic import (
-    AgenticSetup,
-    check_warm_start,
-    demonstrations,
-    env_specs,
-)
+from roll_core.pipelines.agentic import AgenticSetup, env_specs
+from roll_core.pipelines.checks.agentic import check_warm_start
+from roll_core.pipelines.warm_start import demonstrations
 
 SOKOBAN = {"width": 6, "height": 6, "max_steps": 6}
 

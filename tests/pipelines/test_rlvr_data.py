@@ -12,8 +12,8 @@ import pytest
 
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import encode_prompt
+from roll_core.data.prompts import load_prompts
 from roll_core.errors import ConfigError, DataError
-from roll_core.pipelines.rlvr import _prompts
 
 QUESTION = "What is 2 + 3?"
 START, END = 257, 258  # <|im_start|>, <|im_end|> of the built-in tokenizer
@@ -74,7 +74,7 @@ def test_verl_layout_prompts_are_rendered_as_conversations(tokenizer, tmp_path: 
         [verl_row(0, turns, "5"), verl_row(1, turns[1:], "7"), verl_row(2, [], "9")],
     )
     cfg = config(path, answer_key="reward_model.ground_truth")
-    prompts, stats = _prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
+    prompts, stats = load_prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
     assert stats["rows"] == 3 and stats["dropped_empty"] == 1  # the row with no turns
     # [system S, user Q] renders exactly as the text prompt Q with system_prompt S
     assert prompts[0].prompt_ids == encode_prompt(tokenizer, QUESTION, system="S")
@@ -90,7 +90,7 @@ def test_system_prompt_goes_before_a_conversation_without_one(tokenizer, tmp_pat
     own = [{"role": "system", "content": "own"}, *turns]
     path = write_parquet(tmp_path / "t.parquet", [verl_row(0, turns), verl_row(1, own)])
     cfg = config(path, answer_key="reward_model.ground_truth", system_prompt="Be brief.")
-    prompts, _ = _prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
+    prompts, _ = load_prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
     assert prompts[0].prompt_ids == encode_prompt(tokenizer, QUESTION, system="Be brief.")
     assert prompts[1].prompt_ids == chatml_ids(("system", "own"), ("user", QUESTION))  # its own
 
@@ -114,7 +114,7 @@ def test_bad_conversations_name_the_row_and_column(
     )
     cfg = config(str(path), answer_key="reward_model.ground_truth")
     with pytest.raises(error) as err:
-        _prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
+        load_prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
     assert says in err.value.message and str(path) in err.value.message
 
 
@@ -122,14 +122,14 @@ def test_conversations_need_a_chat_template(tokenizer, tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "t.parquet", [verl_row(0, [{"role": "user", "content": "q"}])])
     cfg = config(path, answer_key="reward_model.ground_truth", chat_template="none")
     with pytest.raises(ConfigError, match="holds conversations .* data.chat_template is none"):
-        _prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
+        load_prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
 
 
 def test_missing_ground_truth_field_is_named(tokenizer, tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "t.parquet", [verl_row(0, [{"role": "user", "content": "q"}])])
     cfg = config(path, answer_key="reward_model.answer")
     with pytest.raises(DataError, match="no field 'reward_model.answer'.*'style', 'ground_truth'"):
-        _prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
+        load_prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
 
 
 # -- item 14: the reward domain of each row, known before the run ----------------------------
@@ -151,7 +151,7 @@ def test_one_reward_domain_is_the_default(tmp_path: Path) -> None:
 
 
 def test_rows_without_a_domain_are_a_validate_error_with_several_domains(tmp_path) -> None:
-    from roll_core.pipelines.rlvr import check_data_domains
+    from roll_core.pipelines.checks.rlvr import check_data_domains
 
     path = write_parquet(tmp_path / "t.parquet", [verl_row(0, [{"role": "user", "content": "q"}])])
     base = {

@@ -167,7 +167,7 @@ def test_shape_checks_find_the_rewritten_history(qwen_real, kind: str) -> None:
 
 
 def test_template_policy_names_the_shapes(qwen_real) -> None:
-    from roll_core.pipelines.agentic import template_policy
+    from roll_core.pipelines.checks.agentic import template_policy
 
     chat = ChatFormat(tokenizer(qwen_real, "qwen3"))
     chat.check_shapes(env().tools)

@@ -43,7 +43,7 @@ assistant turns with and without reasoning, assistant tool calls, tool results) 
 trace builds them and as the template renders the whole conversation, and says for each shape
 whether they are the same ids. Where they differ the template rewrites history; the trace is
 still exact (it never re-renders), and the run's log names the shapes (see
-``roll_core.pipelines.agentic.template_policy`` and docs/agentic.md).
+``roll_core.pipelines.checks.agentic.template_policy`` and docs/agentic.md).
 """
 
 from __future__ import annotations
