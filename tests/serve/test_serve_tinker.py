@@ -160,7 +160,10 @@ def test_stop_tokens_and_greedy(service) -> None:
 
 
 def test_save_load_listing_and_restart(service, server: Server, ckpt_dir: Path) -> None:
-    tc = service.create_lora_training_client(base_model="roll/tiny-qwen3", rank=4).result()
+    meta = {"renderer_name": "qwen3"}  # what tinker-cookbook's loops attach
+    tc = service.create_lora_training_client(
+        base_model="roll/tiny-qwen3", rank=4, user_metadata=meta
+    ).result()
     data = [_datum(t) for t in SFT]
     tc.forward_backward(data, "cross_entropy").result()
     tc.optim_step(ADAM).result()
@@ -176,6 +179,17 @@ def test_save_load_listing_and_restart(service, server: Server, ckpt_dir: Path) 
     listed = rest.list_checkpoints(tc.model_id).result().checkpoints
     assert [c.tinker_path for c in listed] == [saved]
     assert listed[0].checkpoint_type == "training"
+    # the training run, as the cookbook reads it to check a checkpoint's renderer
+    run = rest.get_training_run_by_tinker_path(saved).result()
+    assert (run.training_run_id, run.base_model, run.lora_rank) == (
+        tc.model_id,
+        "roll/tiny-qwen3",
+        4,
+    )
+    assert run.user_metadata == meta and run.last_checkpoint is not None
+    assert run.last_checkpoint.tinker_path == saved and run.last_sampler_checkpoint is None
+    with pytest.raises(tinker.NotFoundError, match="unknown training run"):
+        rest.get_training_run("sess-nope:train:0").result()
 
     # a second server on the same checkpoints_dir builds the model from the checkpoint
     other = Server(ckpt_dir, ckpt_dir.parent / "cache2")
@@ -183,6 +197,8 @@ def test_save_load_listing_and_restart(service, server: Server, ckpt_dir: Path) 
         fresh = tinker.ServiceClient(base_url=other.url, api_key="tml-local")
         restored = fresh.create_training_client_from_state(saved).result()
         np.testing.assert_allclose(_logprobs(restored, SFT[0]), before, atol=1e-6)
+        other_rest = tinker.RestClient(base_url=other.url, api_key="tml-local")
+        assert other_rest.get_training_run(tc.model_id).result().user_metadata == meta
     finally:
         assert other.stop(signal.SIGTERM) == 130
         assert "stopped: roll serve stopped (SIGTERM)" in other.proc.stderr.read()
