@@ -215,18 +215,18 @@ def test_damaged_meta_is_an_error_for_that_run_only(roll, whole_run: Path, tmp_p
     assert "Repair meta.json by hand" in err
 
 
-def test_deleted_latest_pointer_is_said(roll, short_recipe, tmp_path: Path) -> None:
+def test_deleted_latest_pointer_is_said(roll, whole_run: Path, tmp_path: Path) -> None:
+    # a copy of the module's finished run (checkpoints step-4 and step-6; its own 4-step run
+    # here cost one more `roll` launch), resumed for 2 more steps each time
     runs = tmp_path / "runs"
-    res = roll("sft", str(short_recipe), "--run-id", "no-latest-07", "trainer.max_steps=4")
-    assert res.returncode == 0, res.stderr
-    run_dir = runs / "no-latest-07"
+    run_dir = Path(shutil.copytree(whole_run, runs / whole_run.name))
     (run_dir / "checkpoints" / "latest").unlink()
-    res = roll("resume", "no-latest-07", "trainer.max_steps=6", "--runs-dir", str(runs))
+    res = roll("resume", run_dir.name, "trainer.max_steps=8", "--runs-dir", str(runs))
     assert res.returncode == 0, res.stderr
     err = " ".join(res.stderr.split())
-    assert "checkpoints/latest is missing; using the newest complete checkpoint, step-000004" in err
+    assert "checkpoints/latest is missing; using the newest complete checkpoint, step-000006" in err
     (run_dir / "checkpoints" / "latest").write_text("")
-    res = roll("resume", "no-latest-07", "trainer.max_steps=8", "--runs-dir", str(runs))
+    res = roll("resume", run_dir.name, "trainer.max_steps=10", "--runs-dir", str(runs))
     assert res.returncode == 0, res.stderr
     assert "checkpoints/latest is empty" in " ".join(res.stderr.split())
 
