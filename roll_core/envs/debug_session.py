@@ -43,8 +43,6 @@ from roll_core.envs.registry import (
 )
 from roll_core.errors import UsageError
 
-POLICIES = ("human", "random", "expert", "model")
-
 
 class EpisodeView(Protocol):
     """What shows the episodes as they are played (the terminal printer of the CLI)."""
