@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from roll_cli.common import Debug, RunsDir, handle_errors
+
+if TYPE_CHECKING:
+    from roll_core.evaluation import EvalResult
 
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -36,63 +39,86 @@ System = Annotated[
 ]
 
 
+DataArg = Annotated[
+    str | None,
+    typer.Option("--data", help="Dataset file or directory (jsonl/json/csv/parquet)."),
+]
+
+RewardArg = Annotated[
+    str | None,
+    typer.Option(
+        "--reward",
+        help="Reward name (math, format, code, choice, ...) or pkg.module:function "
+        "(default: an RLVR run's own rewards, else math).",
+    ),
+]
+
+NArg = Annotated[int, typer.Option("--n", help="Samples per prompt (pass@k up to k = n).")]
+
+TemperatureArg = Annotated[
+    float | None,
+    typer.Option("--temperature", help="0: greedy (default for --n 1; else 1.0)."),
+]
+
+PromptKeyArg = Annotated[
+    str | None, typer.Option("--prompt-key", help="Prompt column (default: prompt).")
+]
+
+AnswerKeyArg = Annotated[
+    str | None, typer.Option("--answer-key", help="Reference answer column (default: answer).")
+]
+
+MaxRowsArg = Annotated[
+    int | None, typer.Option("--max-rows", help="Evaluate the first N rows only.")
+]
+
+BatchSizeArg = Annotated[int, typer.Option("--batch-size", help="Requests per generate call.")]
+
+OutPathArg = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        help="Per-row JSONL (default: RUN/eval/DATA.jsonl, or ./eval-MODEL-DATA.jsonl).",
+    ),
+]
+
+EnvArg = Annotated[
+    str | None,
+    typer.Option(
+        "--env",
+        help="Evaluate in an env instead of on a dataset: its episodes played by the model "
+        "(e.g. swe; a run's own options of that env and its eval_options by default).",
+    ),
+]
+
+EnvOptionArg = Annotated[
+    list[str] | None,
+    typer.Option("--env-option", help="With --env: an env option name=value (repeatable)."),
+]
+
+EpisodesArg = Annotated[int, typer.Option("--episodes", help="With --env: episodes to play.")]
+
+
 @handle_errors
 def eval_command(
     model_or_run: ModelOrRun,
-    data: Annotated[
-        str | None,
-        typer.Option("--data", help="Dataset file or directory (jsonl/json/csv/parquet)."),
-    ] = None,
-    reward: Annotated[
-        str | None,
-        typer.Option(
-            "--reward",
-            help="Reward name (math, format, code, choice, ...) or pkg.module:function "
-            "(default: an RLVR run's own rewards, else math).",
-        ),
-    ] = None,
-    n: Annotated[int, typer.Option("--n", help="Samples per prompt (pass@k up to k = n).")] = 1,
-    temperature: Annotated[
-        float | None,
-        typer.Option("--temperature", help="0: greedy (default for --n 1; else 1.0)."),
-    ] = None,
+    data: DataArg = None,
+    reward: RewardArg = None,
+    n: NArg = 1,
+    temperature: TemperatureArg = None,
     top_p: TopP = 1.0,
     max_new_tokens: MaxNewTokens = None,
-    prompt_key: Annotated[
-        str | None, typer.Option("--prompt-key", help="Prompt column (default: prompt).")
-    ] = None,
-    answer_key: Annotated[
-        str | None, typer.Option("--answer-key", help="Reference answer column (default: answer).")
-    ] = None,
+    prompt_key: PromptKeyArg = None,
+    answer_key: AnswerKeyArg = None,
     system: System = None,
-    max_rows: Annotated[
-        int | None, typer.Option("--max-rows", help="Evaluate the first N rows only.")
-    ] = None,
+    max_rows: MaxRowsArg = None,
     backend: Backend = "hf",
     seed: Seed = 0,
-    batch_size: Annotated[
-        int, typer.Option("--batch-size", help="Requests per generate call.")
-    ] = 64,
-    out_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            help="Per-row JSONL (default: RUN/eval/DATA.jsonl, or ./eval-MODEL-DATA.jsonl).",
-        ),
-    ] = None,
-    env: Annotated[
-        str | None,
-        typer.Option(
-            "--env",
-            help="Evaluate in an env instead of on a dataset: its episodes played by the model "
-            "(e.g. swe; a run's own options of that env and its eval_options by default).",
-        ),
-    ] = None,
-    env_option: Annotated[
-        list[str] | None,
-        typer.Option("--env-option", help="With --env: an env option name=value (repeatable)."),
-    ] = None,
-    episodes: Annotated[int, typer.Option("--episodes", help="With --env: episodes to play.")] = 32,
+    batch_size: BatchSizeArg = 64,
+    out_path: OutPathArg = None,
+    env: EnvArg = None,
+    env_option: EnvOptionArg = None,
+    episodes: EpisodesArg = 32,
     runs_dir: RunsDir = Path("runs"),
     debug: Debug = False,
 ) -> None:
@@ -141,6 +167,11 @@ def eval_command(
             runs_dir=runs_dir,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
+    _print_eval_result(result)
+
+
+def _print_eval_result(result: EvalResult) -> None:
+    """The metrics line, reward warnings and where the per-row results were written."""
     s, m = result.settings, result.metrics
     sampling = "greedy" if s.temperature == 0 else f"n={s.n}, temperature={s.temperature:g}"
     out.print(f"model: {result.model.label}  data: {s.data} ({int(m['prompts'])} rows, {sampling})")

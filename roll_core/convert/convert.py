@@ -425,31 +425,13 @@ def hf_to_mcore(
     check_dims(spec, dims)
     _check_parallel(dims, tp, pp, ep)
     steps = plan(dims)
-    with io_errors(f"reading {src}"):
-        main_dtype = out_dtype or reader.dtype_of("model.embed_tokens.weight")
-        params = [
-            ParamSpec(
-                k.mcore,
-                layer,
-                mcore_shape(k.mcore, dims),
-                e,
-                out_dtype or reader.dtype_of(hf_names(k, layer, e)[0]),
-            )  # fmt: skip
-            for k, layer, e in steps
-        ]
+    main_dtype, params = _param_specs(src, reader, dims, steps, out_dtype)
     args = args_from_dims(
         dims, tp=tp, pp=pp, transformer_impl=transformer_impl, dtype=_dtype_name(main_dtype),
         divisible_by=make_vocab_size_divisible_by, ep=ep,
     )  # fmt: skip
     produce = _producer(reader, dims, {k.mcore: k for k, _, _ in steps})
-    done = 0
-
-    def on_tensor(label: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, len(params), label)
-
+    on_tensor = _tensor_counter(len(params), progress)
     with staging(dst) as tmp, io_errors(f"converting {src} into {dst}"):
         it_dir = tmp / "release"
         extras = extra_states(dims, transformer_impl)
@@ -467,17 +449,56 @@ def hf_to_mcore(
         write_latest(tmp)
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         publish(tmp, dst)
+    notes = _padding_notes(dims)
+    return ConvertResult(
+        dst, spec.name, fmt, tp, pp, dims.num_layers, len(params),
+        sum(int(torch.Size(p.shape).numel()) for p in params),
+        _dtypes_written(main_dtype, {p.dtype for p in params if p.dtype}), files, notes, ep,
+    )  # fmt: skip
+
+
+def _param_specs(
+    src: Path, reader: HFReader, dims: ModelDims, steps: list[Step], out_dtype: torch.dtype | None
+) -> tuple[torch.dtype, list[ParamSpec]]:
+    """The checkpoint's main dtype and one :class:`ParamSpec` per tensor to write (Megatron
+    name, layer, shape, expert, dtype), in the order of ``steps``."""
+    with io_errors(f"reading {src}"):
+        main_dtype = out_dtype or reader.dtype_of("model.embed_tokens.weight")
+        params = [
+            ParamSpec(
+                k.mcore,
+                layer,
+                mcore_shape(k.mcore, dims),
+                e,
+                out_dtype or reader.dtype_of(hf_names(k, layer, e)[0]),
+            )  # fmt: skip
+            for k, layer, e in steps
+        ]
+    return main_dtype, params
+
+
+def _tensor_counter(total: int, progress: ProgressFn | None) -> Callable[[str], None]:
+    """A callback counting the tensors written, reporting each to ``progress``."""
+    done = 0
+
+    def on_tensor(label: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, label)
+
+    return on_tensor
+
+
+def _padding_notes(dims: ModelDims) -> list[str]:
+    """What the user should know about the vocabulary padding (nothing when unpadded)."""
     notes = []
     if dims.padded_vocab_size != dims.vocab_size:
         notes.append(
             f"vocabulary padded from {dims.vocab_size} to {dims.padded_vocab_size} rows (zeros); "
             "mcore2hf removes the padding again."
         )
-    return ConvertResult(
-        dst, spec.name, fmt, tp, pp, dims.num_layers, len(params),
-        sum(int(torch.Size(p.shape).numel()) for p in params),
-        _dtypes_written(main_dtype, {p.dtype for p in params if p.dtype}), files, notes, ep,
-    )  # fmt: skip
+    return notes
 
 
 def _check_options(fmt: str, transformer_impl: str, sizes: tuple[int, ...]) -> None:

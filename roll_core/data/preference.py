@@ -144,39 +144,15 @@ def build_preference_dataset(
         chosen, rejected = row[chosen_key], row[rejected_key]
         for key, value in ((chosen_key, chosen), (rejected_key, rejected)):
             _require_value(value, key, index, what)
+        keys = (prompt_key, chosen_key, rejected_key)
         if fmt == "prompt_response":
-            _require_value(prompt, prompt_key, index, what)
-            prompt, chosen, rejected = (
-                _text(v, k, index)
-                for v, k in ((prompt, prompt_key), (chosen, chosen_key), (rejected, rejected_key))
-            )
-            if chosen.strip() == rejected.strip():
-                stats["skipped_identical"] += 1
-                continue
-            pair = {
-                "chosen": encode_prompt_response(tokenizer, prompt, chosen),
-                "rejected": encode_prompt_response(tokenizer, prompt, rejected),
-            }
+            made = _text_pair(tokenizer, (prompt, chosen, rejected), keys, index, what)
         else:
-            conv_c, conv_r = (
-                _conversation(prompt, conv, key, index)
-                for conv, key in ((chosen, chosen_key), (rejected, rejected_key))
-            )
-            if conv_c[:-1] != conv_r[:-1]:
-                raise DataError(
-                    f"Row {index} of {what}: the {chosen_key!r} and {rejected_key!r} "
-                    "conversations differ before their last message, so they do not answer "
-                    "the same prompt.",
-                    hint="Put the shared turns in both conversations (or in the prompt column) "
-                    "and make only the last assistant message differ.",
-                )
-            if conv_c[-1]["content"].strip() == conv_r[-1]["content"].strip():
-                stats["skipped_identical"] += 1
-                continue
-            pair = {
-                "chosen": _last_turn(tokenizer, conv_c),
-                "rejected": _last_turn(tokenizer, conv_r),
-            }
+            made = _messages_pair(tokenizer, (prompt, chosen, rejected), keys, index, what)
+        if made is None:  # chosen == rejected
+            stats["skipped_identical"] += 1
+            continue
+        pair = made
         longest = max(len(pair["chosen"]["input_ids"]), len(pair["rejected"]["input_ids"]))
         stats["longest"] = max(stats["longest"], longest)
         if longest > max_length:
@@ -194,6 +170,62 @@ def build_preference_dataset(
             else "Point the recipe at pairs whose chosen and rejected responses differ.",
         )
     return pairs, stats
+
+
+def _text_pair(
+    tokenizer: PreTrainedTokenizerBase,
+    values: tuple[Any, Any, Any],
+    keys: tuple[str, str, str],
+    index: int,
+    what: str,
+) -> Pair | None:
+    """Row ``index`` in the prompt_response format (``values``: prompt, chosen, rejected,
+    from the columns ``keys``) encoded; None when chosen and rejected are the same text."""
+    prompt_key, chosen_key, rejected_key = keys
+    prompt, chosen, rejected = values
+    _require_value(prompt, prompt_key, index, what)
+    prompt, chosen, rejected = (
+        _text(v, k, index)
+        for v, k in ((prompt, prompt_key), (chosen, chosen_key), (rejected, rejected_key))
+    )
+    if chosen.strip() == rejected.strip():
+        return None
+    return {
+        "chosen": encode_prompt_response(tokenizer, prompt, chosen),
+        "rejected": encode_prompt_response(tokenizer, prompt, rejected),
+    }
+
+
+def _messages_pair(
+    tokenizer: PreTrainedTokenizerBase,
+    values: tuple[Any, Any, Any],
+    keys: tuple[str, str, str],
+    index: int,
+    what: str,
+) -> Pair | None:
+    """Row ``index`` in the messages format (``values``: prompt or None, chosen and rejected
+    conversations, from the columns ``keys``) encoded as its last turns; None when the last
+    messages are the same text."""
+    _, chosen_key, rejected_key = keys
+    prompt, chosen, rejected = values
+    conv_c, conv_r = (
+        _conversation(prompt, conv, key, index)
+        for conv, key in ((chosen, chosen_key), (rejected, rejected_key))
+    )
+    if conv_c[:-1] != conv_r[:-1]:
+        raise DataError(
+            f"Row {index} of {what}: the {chosen_key!r} and {rejected_key!r} "
+            "conversations differ before their last message, so they do not answer "
+            "the same prompt.",
+            hint="Put the shared turns in both conversations (or in the prompt column) "
+            "and make only the last assistant message differ.",
+        )
+    if conv_c[-1]["content"].strip() == conv_r[-1]["content"].strip():
+        return None
+    return {
+        "chosen": _last_turn(tokenizer, conv_c),
+        "rejected": _last_turn(tokenizer, conv_r),
+    }
 
 
 def prompt_ids(

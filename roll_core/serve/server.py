@@ -143,7 +143,7 @@ def _handler(service: TinkerService) -> type[BaseHTTPRequestHandler]:
             if (method, path) == ("POST", "/api/v1/forward_backward"):
                 return service.forward_backward(raw)
             if (method, path) == ("POST", "/api/v1/retrieve_future"):
-                return self._retrieve(_json(raw))
+                return _retrieve(service, _json(raw))
             fn = routes.get((method, path))
             if fn is not None:
                 return fn() if method == "GET" else fn(_json(raw))
@@ -160,16 +160,6 @@ def _handler(service: TinkerService) -> type[BaseHTTPRequestHandler]:
                 raise NotFound(f"{path} is not served by roll serve ({UNSUPPORTED[path]})")
             raise NotFound(f"{method} {path} is not a route of roll serve (see docs/serve.md)")
 
-        def _retrieve(self, body: dict[str, Any]) -> Any:
-            rid = str(body.get("request_id"))
-            try:
-                result = service.futures.retrieve(rid)
-            except KeyError:
-                raise NotFound(f"unknown request_id {rid!r}") from None
-            if result is None:
-                return {"type": "try_again", "request_id": rid, "queue_state": "active"}
-            return result
-
         def _send(self, status: int, answer: Any) -> None:
             if isinstance(answer, bytes):
                 data, ctype = answer, PROTO
@@ -185,6 +175,18 @@ def _handler(service: TinkerService) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
 
     return Handler
+
+
+def _retrieve(service: TinkerService, body: dict[str, Any]) -> Any:
+    """A future's result, or ``try_again`` while it is still running."""
+    rid = str(body.get("request_id"))
+    try:
+        result = service.futures.retrieve(rid)
+    except KeyError:
+        raise NotFound(f"unknown request_id {rid!r}") from None
+    if result is None:
+        return {"type": "try_again", "request_id": rid, "queue_state": "active"}
+    return result
 
 
 def _json(raw: bytes) -> dict[str, Any]:

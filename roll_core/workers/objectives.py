@@ -81,7 +81,7 @@ def rl(
     of the mini-batch's tokens, so their sums over micro-batches are mini-batch means (`*_max`
     metrics are maxima: left unweighted, combined by max).
     """
-    from roll_core.algorithms import kl_loss, policy_loss
+    from roll_core.algorithms import policy_loss
 
     algo = algorithm
     t = mb.tensors
@@ -111,17 +111,9 @@ def rl(
         **loss_kwargs,
         **globals_,
     )
-    kl = algo.kl
-    if kl.coef > 0 and kl.use_as == "loss" and "ref_log_probs" in t:
-        term, kl_metrics = kl_loss(
-            log_probs=log_probs,
-            ref_log_probs=t["ref_log_probs"],
-            response_mask=mask,
-            coef=kl.coef,
-            estimator=kl.estimator,
-            **agg,
-        )
-        loss = loss + term
+    kl_term, kl_metrics = _kl_term(log_probs, t, mask, algo, agg)
+    if kl_term is not None:
+        loss = loss + kl_term
         metrics |= kl_metrics
     if "divergence" in per_position:  # on-policy distillation, mode full
         term, distill_metrics = _full_distill_term(
@@ -134,9 +126,7 @@ def rl(
         loss = loss + bonus
     metrics |= ent_metrics
     if "old_log_probs" not in t:  # the train/infer gap, measured on this forward instead
-        gap = (old_log_probs - t["behaviour_log_probs"]).abs()
-        metrics["train_infer/logprob_diff"] = float((gap * mask).sum() / mask.sum().clamp(min=1))
-        metrics["train_infer/logprob_diff_max"] = float((gap * mask).max()) if gap.numel() else 0.0
+        metrics |= _train_infer_gap(old_log_probs, t["behaviour_log_probs"], mask)
     share = float(mask.sum()) / max(1.0, float(mb.meta["response_tokens"]))
     # means become this micro-batch's share of the global mean; maxima stay as they are, and
     # so do the loss terms, already this micro-batch's share (normalised by the global counts):
@@ -144,6 +134,42 @@ def rl(
     return loss, {
         k: float(v) * (1.0 if is_max_metric(k) or k in LOSS_SHARE_METRICS else share)
         for k, v in metrics.items()
+    }
+
+
+def _kl_term(
+    log_probs: torch.Tensor,
+    tensors: dict[str, torch.Tensor],
+    mask: torch.Tensor,
+    algo: AlgorithmConfig,
+    agg: dict[str, Any],
+) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    """The KL-to-reference loss term and its metrics when the recipe puts KL in the loss
+    (``kl.use_as: loss``, ``kl.coef > 0``) and the batch has reference log-probs; else None."""
+    from roll_core.algorithms import kl_loss
+
+    kl = algo.kl
+    if kl.coef > 0 and kl.use_as == "loss" and "ref_log_probs" in tensors:
+        term, kl_metrics = kl_loss(
+            log_probs=log_probs,
+            ref_log_probs=tensors["ref_log_probs"],
+            response_mask=mask,
+            coef=kl.coef,
+            estimator=kl.estimator,
+            **agg,
+        )
+        return term, kl_metrics
+    return None, {}
+
+
+def _train_infer_gap(
+    old_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """Mean and max |train - inference| log-prob over the response tokens."""
+    gap = (old_log_probs - behaviour_log_probs).abs()
+    return {
+        "train_infer/logprob_diff": float((gap * mask).sum() / mask.sum().clamp(min=1)),
+        "train_infer/logprob_diff_max": float((gap * mask).max()) if gap.numel() else 0.0,
     }
 
 

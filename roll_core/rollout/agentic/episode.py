@@ -187,29 +187,10 @@ def play_episode(
         t1 = time.perf_counter()
         result = env_call(env.step, action)
         env_s = time.perf_counter() - t1
-        if s.mode != "step":  # step mode's prompt is a window, not the trace
-            traj.trace.add_routes(completion.routed_experts, prompt)
-        traj.trace.add_generated(completion.response_ids, completion.log_probs)
-        traj.turns.append(
-            Turn(
-                prompt_ids=prompt,
-                response_ids=list(completion.response_ids),
-                log_probs=list(completion.log_probs),
-                finish_reason=completion.finish_reason,
-                policy_version=completion.policy_version,
-                action=action,
-                reward=float(result.reward),
-                state_key=key,
-                action_is_valid=bool(result.info.get("action_is_valid", True)),
-                gen_s=gen_s,
-                env_s=env_s,
-                vision=vision,
-                routed_experts=completion.routed_experts,
-            )
-        )
-        traj.episode_return += float(result.reward)
-        traj.success = bool(result.info.get("success", False))
-        traj.env_metrics = env_numbers(result.info) or traj.env_metrics
+        _record_turn(
+            traj, completion, result, prompt=prompt, vision=vision, action=action, key=key,
+            gen_s=gen_s, env_s=env_s, step_mode=s.mode == "step",
+        )  # fmt: skip
         if result.terminated or result.truncated:
             traj.status = "done" if result.terminated else "truncated"
             return traj
@@ -225,6 +206,47 @@ def play_episode(
             traj.status = "context"  # the next turn would not fit: end on the last response
             return traj
         traj.trace.add_context(reply, reply_vision)
+
+
+def _record_turn(
+    traj: Trajectory,
+    completion: Completion,
+    result: Any,
+    *,
+    prompt: list[int],
+    vision: VisionInputs | None,
+    action: str,
+    key: str,
+    gen_s: float,
+    env_s: float,
+    step_mode: bool,
+) -> None:
+    """Add the turn just played to ``traj``: its generated tokens to the trace (with the
+    routed experts, outside step mode), the :class:`Turn`, the return, success and the env's
+    episode metrics."""
+    if not step_mode:  # step mode's prompt is a window, not the trace
+        traj.trace.add_routes(completion.routed_experts, prompt)
+    traj.trace.add_generated(completion.response_ids, completion.log_probs)
+    traj.turns.append(
+        Turn(
+            prompt_ids=prompt,
+            response_ids=list(completion.response_ids),
+            log_probs=list(completion.log_probs),
+            finish_reason=completion.finish_reason,
+            policy_version=completion.policy_version,
+            action=action,
+            reward=float(result.reward),
+            state_key=key,
+            action_is_valid=bool(result.info.get("action_is_valid", True)),
+            gen_s=gen_s,
+            env_s=env_s,
+            vision=vision,
+            routed_experts=completion.routed_experts,
+        )
+    )
+    traj.episode_return += float(result.reward)
+    traj.success = bool(result.info.get("success", False))
+    traj.env_metrics = env_numbers(result.info) or traj.env_metrics
 
 
 def env_numbers(info: Any) -> dict[str, float]:
