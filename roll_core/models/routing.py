@@ -203,27 +203,18 @@ class RouterReplay:
                 return None
             logits, weights, own = output
             recorded = self._routes[..., layer, :].reshape(-1, own.shape[-1]).to(own.device)
-            if recorded.shape[0] != own.shape[0]:
-                raise RuntimeError(
-                    f"router replay: {recorded.shape[0]} recorded tokens for a forward of "
-                    f"{own.shape[0]}"
+            indices, matched, counted = replayed_indices(own, recorded)
+            if self.matched is None or self.counted is None:
+                self.matched = torch.zeros(
+                    len(self.routers), dtype=torch.float64, device=own.device
                 )
-            known = recorded[:, 0] != NO_ROUTE
-            with torch.no_grad():
-                # NO_ROUTE never equals an expert id: unrecorded tokens match nothing
-                same = (own.unsqueeze(-1) == recorded.long().unsqueeze(-2)).any(-1)
-                if self.matched is None or self.counted is None:
-                    self.matched = torch.zeros(
-                        len(self.routers), dtype=torch.float64, device=own.device
-                    )
-                    self.counted = torch.zeros(
-                        len(self.routers), dtype=torch.float64, device=own.device
-                    )
-                self.matched[layer] += same.sum()
-                self.counted[layer] += known.sum() * own.shape[-1]
+                self.counted = torch.zeros(
+                    len(self.routers), dtype=torch.float64, device=own.device
+                )
+            self.matched[layer] += matched
+            self.counted[layer] += counted
             if not self.replay:
                 return None
-            indices = torch.where(known[:, None], recorded.long(), own)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float)
             gates = probs.gather(-1, indices)
             if getattr(module, "norm_topk_prob", True):
@@ -231,6 +222,27 @@ class RouterReplay:
             return logits, gates.to(weights.dtype), indices.to(own.dtype)
 
         return hook
+
+
+def replayed_indices(
+    own: torch.Tensor, recorded: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A router's top-k under replay: ``(indices, matched, counted)`` for `own` (``[N, K]``,
+    the router's choice) and `recorded` (``[N, K]``, NO_ROUTE rows: no record): the recorded
+    experts of every token that has a record, `own` elsewhere; the (token, choice) pairs of
+    the record the router's own top-k chose too, and the pairs recorded (both tensors, on
+    the router's device: no host sync in the forward)."""
+    if recorded.shape[0] != own.shape[0]:
+        raise RuntimeError(
+            f"router replay: {recorded.shape[0]} recorded tokens for a forward of {own.shape[0]}"
+        )
+    recorded = recorded.long()
+    known = recorded[:, 0] != NO_ROUTE
+    with torch.no_grad():
+        # NO_ROUTE never equals an expert id: unrecorded tokens match nothing
+        same = (own.unsqueeze(-1) == recorded.unsqueeze(-2)).any(-1)
+        matched, counted = same.sum(), known.sum() * own.shape[-1]
+    return torch.where(known[:, None], recorded, own), matched, counted
 
 
 def extend_routes(old: torch.Tensor | None, new: torch.Tensor | None) -> torch.Tensor | None:
@@ -285,6 +297,7 @@ __all__ = [
     "REPLAY_ROUTERS",
     "ROUTES_KEY",
     "extend_routes",
+    "replayed_indices",
     "routes_tensor",
     "RouteRecorder",
     "RouterReplay",

@@ -600,13 +600,9 @@ def check_router_replay(cfg: RunConfig) -> None:
             hint="Set actor_infer.backend: hf, or algorithm.router_replay: off.",
         )
     if cfg.actor_train.backend == "megatron" and cfg.model.gradient_checkpointing:
-        raise ConfigError(
-            "algorithm.router_replay: r3 with model.gradient_checkpointing on the megatron "
-            "backend: megatron recomputes the routers in the backward, after later "
-            "micro-batches have set their routes, so it would replay the wrong ones.",
-            hint="Set model.gradient_checkpointing: false, or use actor_train.backend: "
-            "torch / fsdp2 / deepspeed (their recomputation replays the same routes).",
-        )
+        from roll_core.backends.train.megatron_routing import recompute_error
+
+        raise recompute_error()
     try:
         config = model_config(cfg.model.path)
     except (ModelError, OSError, ValueError):  # a missing model is reported by its own check

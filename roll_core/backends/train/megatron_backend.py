@@ -45,7 +45,7 @@ from roll_core.backends.train.megatron_model import (
     read_dims,
     transformer_config,
 )
-from roll_core.backends.train.megatron_routing import MegatronRouteReplay
+from roll_core.backends.train.megatron_routing import MegatronRouteReplay, recompute_error
 from roll_core.backends.train.schedules import lr_multiplier
 from roll_core.backends.train.sharded import (
     digest,
@@ -224,13 +224,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         if mode == "off":
             return None
         if recompute:
-            raise ConfigError(
-                "algorithm.router_replay: r3 with model.gradient_checkpointing on the megatron "
-                "backend: megatron recomputes the routers in the backward, after later "
-                "micro-batches have set their routes, so it would replay the wrong ones.",
-                hint="Set model.gradient_checkpointing: false, or use actor_train.backend: "
-                "torch / fsdp2 / deepspeed (their recomputation replays the same routes).",
-            )
+            raise recompute_error()
         return MegatronRouteReplay(
             chunks, num_layers=self.dims.num_layers, tp=self.layout.tp, sp=self.layout.sp
         )

@@ -30,7 +30,18 @@ import torch
 import torch.distributed as dist
 
 from roll_core.errors import ConfigError
-from roll_core.models.routing import NO_ROUTE
+from roll_core.models.routing import NO_ROUTE, replayed_indices
+
+
+def recompute_error() -> ConfigError:
+    """Replay with megatron's activation recomputation (see the module docstring)."""
+    return ConfigError(
+        "algorithm.router_replay: r3 with model.gradient_checkpointing on the megatron "
+        "backend: megatron recomputes the routers in the backward, after later "
+        "micro-batches have set their routes, so it would replay the wrong ones.",
+        hint="Set model.gradient_checkpointing: false, or use actor_train.backend: "
+        "torch / fsdp2 / deepspeed (their recomputation replays the same routes).",
+    )
 
 
 class MegatronRouteReplay:
@@ -101,18 +112,10 @@ class MegatronRouteReplay:
         """The indices a router of `layer` uses for `scores` (None: its own)."""
         if self._flat is None:
             return None
-        recorded = self._flat[:, layer, :].to(own.device)
-        if recorded.shape[0] != own.shape[0]:
-            raise RuntimeError(
-                f"router replay: {recorded.shape[0]} recorded tokens for a forward of "
-                f"{own.shape[0]}"
-            )
-        known = recorded[:, 0] != NO_ROUTE
-        with torch.no_grad():
-            same = (own.unsqueeze(-1) == recorded.unsqueeze(-2)).any(-1)
-            self.matched[layer] += float(same.sum())
-            self.counted[layer] += float(known.sum()) * own.shape[-1]
-        return torch.where(known[:, None], recorded, own)
+        indices, matched, counted = replayed_indices(own, self._flat[:, layer, :].to(own.device))
+        self.matched[layer] += float(matched)
+        self.counted[layer] += float(counted)
+        return indices
 
 
 class _LayerReplay:
