@@ -167,7 +167,7 @@ def launch(
     """Create a run directory for `cfg` and run its pipeline. `plan`: the recipe's
     `make_plan` when the caller made it already (the CLI, which checks it first); a launch
     computes it once and every role, turn and sync reads it from there."""
-    plan = plan or make_plan(cfg)
+    plan = make_plan(cfg) if plan is None else plan
     checked_rows(cfg, plan)
     setup = _prepare(cfg)
     run = Run.create(

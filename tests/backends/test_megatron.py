@@ -541,7 +541,10 @@ def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> 
     model's fused expert tensors, so the behaviour log-probs equal the trainer's; the KL
     reference runs on the same EP=2 layout. actor_train offloads its optimizer, grads and
     params between the colocated turns (CPU: both roles share the host): the bytes move every
-    turn and the reloaded weights still give the trainer's log-probs."""
+    turn and the reloaded weights still give the trainer's log-probs. MoE routing replay is on
+    (`algorithm.router_replay: r3`): the hf engine's recorded routes reach both megatron roles
+    (the update and the EP=2 reference) through the CLI's batches; at fp32 they are the
+    trainer's own choices (agreement 1), so nothing above moves."""
     import json
 
     model = tiny_qwen3_moe(tmp_path / "moe")
@@ -553,7 +556,7 @@ def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> 
         "actor_train.world_size=2", "actor_train.megatron.ep=2", "actor_train.packing=false",
         "actor_train.num_threads=1", "trainer.micro_batch_size=8",
         "actor_train.offload.optimizer=true", "actor_train.offload.grads=true",
-        "actor_train.offload.params=true", "--run-id", "mgt-moe",
+        "actor_train.offload.params=true", "algorithm.router_replay=r3", "--run-id", "mgt-moe",
         timeout=900,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -566,6 +569,9 @@ def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> 
     assert steps[0]["actor/kl_loss"] < 1e-7, steps[0]
     assert all(s["offload/actor_train_bytes"] > 0 for s in steps), steps
     assert all(s["reload/actor_train_bytes"] > 0 for s in steps), steps
+    agreement = [s["router/agreement"] for s in steps if "router/agreement" in s]
+    assert agreement == [1.0, 1.0], steps  # reported once per step (rank 0), every layer
+    assert all(s["router/agreement_layer03"] == 1.0 for s in steps if "router/agreement" in s)
 
 
 @pytest.mark.slow
