@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -351,10 +352,17 @@ class LocalSandbox:
 
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:
+        """Kill the supervisor's process group and wait until it is gone: PID 1 of the
+        command's namespace is in it and exits only after every process of the namespace
+        (SIGKILLed by the kernel when it dies) has, so nothing of the command outlives this
+        call (bounded: a group member that does not die within 10 s is left)."""
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     # -- files ----------------------------------------------------------------------------
 
@@ -446,6 +454,25 @@ class LocalSandbox:
         with contextlib.suppress(Exception):
             if not self._closed:
                 self.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a member that is not a zombie."""
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        return False  # no member at all: the usual case, at no cost
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat_line = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat_line[stat_line.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def _parse(out: bytes, nonce: str) -> ExecResult:
