@@ -108,10 +108,12 @@ def _run_training(
     pipeline: str, recipe: Path, overrides: list[str] | None, dry_run: bool, run_id: str | None
 ) -> None:
     from roll_core.config import load_recipe
+
+    # the recipe first: its errors come before the engine's imports (torch, datasets)
+    cfg = load_recipe(recipe, overrides or [], expected=pipeline)
     from roll_core.engine.plan import make_plan
     from roll_core.pipelines import launch
 
-    cfg = load_recipe(recipe, overrides or [], expected=pipeline)
     if dry_run:
         _print_plan(cfg)
         return
