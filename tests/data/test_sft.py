@@ -167,3 +167,18 @@ def test_collate_right_pads() -> None:
     assert all(t.dtype == torch.long for t in batch.tensors.values())
     with pytest.raises(ValueError, match="Example 0"):
         collate_sft([{"input_ids": [1, 2], "loss_mask": [1]}], pad_id=PAD)
+
+
+def test_tokenize_text_equals_the_tokenizer_call_and_respects_a_truncating_backend(
+    tokenizer,
+) -> None:
+    from roll_core.data.sft import tokenize_text
+
+    text = "<|im_start|>user\nhé 😀<|im_end|>\n"
+    expected = [START, *b("user\nhé 😀"), END, *b("\n")]
+    assert tokenize_text(tokenizer, text) == expected  # the backend, asked directly
+    assert list(tokenizer(text, add_special_tokens=False)["input_ids"]) == expected
+    truncating = copy.deepcopy(tokenizer)
+    truncating._tokenizer.enable_truncation(max_length=3)  # tokenizer.json may set it
+    # the direct path would truncate to 3; the tokenizer's own call does not
+    assert tokenize_text(truncating, text) == expected
