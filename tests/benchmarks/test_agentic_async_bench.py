@@ -50,6 +50,7 @@ def success_rows(stdout: str) -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a benchmark's table; every arm's recipe is validated by default
 def test_agentic_benchmark_on_frozenlake_prints_success_per_arm() -> None:
     res = subprocess.run(
         [

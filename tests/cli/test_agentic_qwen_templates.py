@@ -70,7 +70,11 @@ def test_validate_checks_the_template_for_the_mode(roll, tmp_path: Path, qwen_re
     [
         ("qwen3", {"mode": "step", "history_window": 0}),
         # the model ships Qwen2.5's template; rollout.chat_template replaces it with Qwen3's
-        ("qwen3-tpl2.5", {"mode": "trajectory", "chat_template": str(TEMPLATES["qwen3"])}),
+        pytest.param(  # extended: the second real template run (the first runs by default)
+            "qwen3-tpl2.5",
+            {"mode": "trajectory", "chat_template": str(TEMPLATES["qwen3"])},
+            marks=pytest.mark.extended,
+        ),
     ],
 )
 def test_train_agentic_real_qwen3(roll, tmp_path: Path, qwen_real, kind, rollout) -> None:

@@ -120,6 +120,7 @@ def test_bad_input_exits_2_with_one_message(roll, tmp_path: Path, args, message)
 @pytest.mark.skipif(
     __import__("importlib").util.find_spec("vllm") is None, reason="vLLM is not installed"
 )
+@pytest.mark.extended  # vLLM generation against HF is checked by tests/backends/test_vllm*.py
 def test_vllm_backend_gives_the_hf_greedy_answers(roll, tmp_path: Path) -> None:
     common = ["eval", "builtin:tiny-qwen3", "--data", DATA, "--max-rows", "4"]
     common += ["--max-new-tokens", "4", "--reward", "format"]

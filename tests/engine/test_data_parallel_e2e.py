@@ -72,6 +72,7 @@ def test_rlvr_two_train_ranks_one_infer_rank_on_ray(roll, tmp_path: Path) -> Non
     assert (run / "final" / "model.safetensors").exists()
 
 
+@pytest.mark.extended  # DeepSpeed data parallel; bit-for-bit resume runs by default on torch
 def test_sft_two_deepspeed_ranks_resume_bit_for_bit(roll, tiny_recipe, tmp_path: Path) -> None:
     pytest.importorskip("deepspeed", reason="needs the deepspeed extra")
     # 2 steps, stopped after the first: the resume restores Adam's moments, the data position
@@ -109,7 +110,12 @@ def test_sft_two_deepspeed_ranks_resume_bit_for_bit(roll, tiny_recipe, tmp_path:
 
 @pytest.mark.parametrize(
     "backend, options",
-    [("fsdp2", {}), ("deepspeed", {"deepspeed": {"zero_stage": 3}})],
+    [
+        ("fsdp2", {}),
+        pytest.param(  # extended: ZeRO-3 generation (fsdp2's runs by default)
+            "deepspeed", {"deepspeed": {"zero_stage": 3}}, marks=pytest.mark.extended
+        ),
+    ],
     ids=["fsdp2", "deepspeed-zero3"],
 )
 def test_sharded_backends_evaluate_exact_match(

@@ -107,6 +107,7 @@ def test_local_subprocess_rank_killed(cli_env, tiny_recipe, roll, tmp_path: Path
     assert json.loads((run_dir / "meta.json").read_text())["status"] == "finished"
 
 
+@pytest.mark.extended  # a second kill scenario, on megatron
 def test_driver_killed_takes_its_ranks_and_the_megatron_run_resumes(
     cli_env, tiny_recipe, roll, tmp_path: Path
 ) -> None:

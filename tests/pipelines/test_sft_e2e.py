@@ -120,6 +120,7 @@ def test_sigkill_then_resume_is_bitwise_identical(
     assert_same_weights(final_weights(run_dir), final_weights(baseline))
 
 
+@pytest.mark.extended  # a second kill point; SIGKILL then bit-for-bit resume runs by default
 def test_kill_during_checkpoint_save(baseline, roll, tiny_recipe, cli_env, tmp_path) -> None:
     recipe = tiny_recipe()
     run_dir = tmp_path / "runs" / "kill-save-02"

@@ -193,6 +193,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a real vLLM server (a scripted one by default)
 def test_judge_against_a_local_vllm_server(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed (the `cpu` extra installs it)")
     requests = pytest.importorskip("requests")

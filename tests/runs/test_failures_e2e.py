@@ -98,6 +98,7 @@ def test_kill_before_final_export_is_finished_by_resume(
     assert res.returncode == 2 and "nothing to resume" in res.stderr
 
 
+@pytest.mark.extended  # a third kill point of the same resume machinery
 def test_kill_before_prune_then_resume_keeps_keep_last_and_normal_file_modes(
     roll, short_recipe, tmp_path: Path
 ) -> None:
@@ -235,6 +236,7 @@ def _used(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+@pytest.mark.extended  # a second full-disk point; the metrics-write one runs by default
 def test_full_disk_at_checkpoint_and_export_then_resume_is_bitwise(
     roll, short_recipe, whole_run: Path, small_fs, tmp_path: Path
 ) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.extended]  # a cluster shape
 
 
 @pytest.fixture
