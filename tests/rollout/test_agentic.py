@@ -351,7 +351,7 @@ def test_async_ratio_keeps_generating_and_drops_stale_groups(tokenizer: Any) -> 
         assert first.metrics["rollout/staleness_max"] == 0
         time.sleep(0.3)  # "training": groups keep being generated meanwhile
         with mgr.lock:
-            ahead = len(mgr.completed) + len(mgr.active)
+            ahead = len(mgr.completed) + len(mgr.active) + len(mgr.ready[spec.tag])
         assert ahead >= 2  # ratio 1: one step's worth of groups ahead
         # three weight syncs while those groups waited: they are now 3 versions old > ratio 1
         for version in (1, 2, 3):

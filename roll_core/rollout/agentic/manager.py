@@ -67,6 +67,7 @@ from roll_core.rollout.agentic.episode import (
     Trajectory,
     play_episode,
 )
+from roll_core.rollout.buffer import FreshnessBuffer
 from roll_core.rollout.router import Router, RouterClosed
 
 
@@ -123,6 +124,11 @@ class _Group:
     abandoned: bool = False  # a redundant group a sync step did not need: never handed out
 
 
+def _group_version(group: _Group) -> int:
+    """A group's policy version: the oldest weights that produced any of its turns."""
+    return min(t.min_version for t in group.kept)
+
+
 @dataclass
 class AgenticResult:
     groups: list[list[Trajectory]]
@@ -169,6 +175,13 @@ class EnvRolloutManager:
         self.fault_notes: list[str] = []  # the first faults of each env, to be shown
         self._faults_noted: dict[str, int] = {}
         self.version = 0
+        # complete training groups waiting for a step, per env: the one staleness bound of
+        # the RL pipelines (rollout/buffer.py; rlvr's async scheduler holds its groups in one)
+        self.ready: dict[str, FreshnessBuffer[_Group]] = {
+            spec.tag: FreshnessBuffer(settings.async_generation_ratio, version_of=_group_version)
+            for spec in specs
+        }
+        self._stale_seen = 0
         self.running: dict[int, _Episode] = {}
         self.barrier = _TurnBarrier() if settings.turn_barrier else None
         self.endpoint = (  # agent programs call the policy through it (bring your own agent)
@@ -186,12 +199,11 @@ class EnvRolloutManager:
         """``groups_per_step`` complete groups of every env spec (blocks until they are ready)."""
         start = time.perf_counter()
         busy0, calls0 = self.router.active_seconds(), self.router.stats["calls"]
-        stale = 0
         want = {spec.tag: spec.groups_per_step for spec in self.specs}
         taken: dict[str, list[_Group]] = {tag: [] for tag in want}
         dropped = 0
-        surplus: list[_Group] = []
         extra_budget = {tag: 2 * n + 2 for tag, n in want.items()}
+        self._take_ready(want, taken)  # groups an earlier step left (async), oldest first
         self._top_up(want, taken)
         while any(len(taken[t]) < want[t] for t in want):
             with self.cond:
@@ -207,19 +219,13 @@ class EnvRolloutManager:
                     extra_budget[tag] -= 1
                     if extra_budget[tag] < 0:
                         raise self._fault_stop(tag, dropped)
-                elif (
-                    min(t.min_version for t in group.kept)
-                    < self.version - self.s.async_generation_ratio
-                ):
-                    stale += 1
-                elif len(taken[tag]) < want[tag]:
-                    taken[tag].append(group)
-                else:
-                    surplus.append(group)  # ahead of need (async): kept for a later step
+                else:  # a stale one is dropped (and counted) here; the rest wait in line
+                    self.ready[tag].put(group)
+            self._take_ready(want, taken)  # what is beyond need stays for a later step
             self._top_up(want, taken)
-        with self.lock:
-            self.completed = surplus + self.completed
         redundant = self._abandon_unneeded() if self.s.async_generation_ratio == 0 else 0
+        stale_total = sum(b.dropped_stale for b in self.ready.values())
+        stale, self._stale_seen = stale_total - self._stale_seen, stale_total
         for (
             tag
         ) in want:  # keep the batch in launch order (reproducible: deterministic, chunk_size 1)
@@ -264,6 +270,8 @@ class EnvRolloutManager:
 
     def resume(self, version: int) -> None:
         self.version = version
+        for ready in self.ready.values():
+            ready.advance(version)  # groups too old for the next step are dropped (counted)
         self.router.resume()
 
     def state_dict(self) -> dict[str, Any]:
@@ -295,7 +303,15 @@ class EnvRolloutManager:
                     self._cancel(ep)
             finished = [g for g in self.completed if g.counted]
             self.completed = [g for g in self.completed if not g.counted]
-        return len(running) + len(finished)
+        waiting = sum(len(ready.take_all()) for ready in self.ready.values())
+        return len(running) + len(finished) + waiting
+
+    def _take_ready(self, want: dict[str, int], taken: dict[str, list[_Group]]) -> None:
+        """Move the oldest waiting groups of each env into `taken`, up to what it wants."""
+        for tag, ready in self.ready.items():
+            n = min(len(ready), want[tag] - len(taken[tag]))
+            if n > 0:
+                taken[tag].extend(ready.get(n))
 
     # ---- launching ------------------------------------------------------------------------------
     def _top_up(self, want: dict[str, int], taken: dict[str, list[_Group]]) -> None:
@@ -304,7 +320,7 @@ class EnvRolloutManager:
         ahead = self.s.async_generation_ratio
         for spec in self.specs:
             with self.lock:
-                have = sum(
+                have = len(self.ready[spec.tag]) + sum(
                     1
                     for g in self.active + self.completed
                     if g.spec.tag == spec.tag and not g.failed and not g.abandoned
