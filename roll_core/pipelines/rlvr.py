@@ -37,7 +37,7 @@ from roll_core.pipelines.rl_iteration import sampling_params
 from roll_core.pipelines.rl_loop import RLHooks, run_rl
 from roll_core.rollout.async_scheduler import AsyncRolloutScheduler, check_prefix_support
 from roll_core.rollout.rewards import RewardStage
-from roll_core.rollout.router import rollout_mode
+from roll_core.rollout.router import Router, rollout_mode
 from roll_core.rollout.scheduler import RolloutScheduler
 from roll_core.rollout.source import AsyncRLVRSource, RLVRSource
 from roll_core.rollout.validation import score_prompts
@@ -132,7 +132,7 @@ def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
 
 
 def validate(
-    cfg: RLVRConfig, setup: RLVRSetup, rl: roles.RLRoles, rewards: RewardStage
+    cfg: RLVRConfig, setup: RLVRSetup, router: Router, rewards: RewardStage
 ) -> dict[str, float]:
     params = SamplingParams(
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
@@ -141,7 +141,7 @@ def validate(
     )
     chunk = max(cfg.rollout.chunk_size, 32)
     scored = score_prompts(
-        rl.actor_infer, setup.eval, params, rewards.score_sample, seed=cfg.seed, chunk=chunk
+        router, setup.eval, params, rewards.score_sample, seed=cfg.seed, chunk=chunk
     )
     return rewards.eval_metrics(scored, prefix="eval")
 
@@ -164,7 +164,7 @@ def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]
             roles.rl_roles(cfg, loop, **paths) as rl,
             closing(_source(cfg, setup, rl, stream, rewards)) as source,
         ):
-            evaluate = functools.partial(validate, cfg, setup, rl, eval_rewards)
+            evaluate = functools.partial(validate, cfg, setup, source.router, eval_rewards)
             hooks = RLHooks(
                 evaluate=evaluate if setup.eval else None,
                 eval_at_start=bool(cfg.eval.every_steps and setup.eval),

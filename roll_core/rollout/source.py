@@ -40,6 +40,7 @@ from roll_core.rollout.agentic import (
 from roll_core.rollout.agentic.batch import DROPPED_NO_GENERATED, DROPPED_TOO_LONG
 from roll_core.rollout.async_scheduler import AsyncRolloutScheduler
 from roll_core.rollout.batch import build_rl_batch
+from roll_core.rollout.router import Router
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler
 
 ASYNC_STATE_FILE = "async_rollout.pt"
@@ -104,6 +105,11 @@ class RLVRSource:
         self.prompts = prompts  # the training prompts by index (restoring held groups)
         self.pad_id = pad_id
         self._step_metrics = step_metrics
+
+    @property
+    def router(self) -> Router:
+        """The router every generation request of the run goes through (validation too)."""
+        return self.scheduler.router
 
     def next_batch(self, step: int) -> Rollout:
         result = self.scheduler.next_batch(step)

@@ -1,8 +1,12 @@
 """Held-out prompts of `roll train rlvr`, generated once and scored: validation's samples.
 
-Each prompt is one request (seed ``seed + prompt.index``), sent in chunks of ``chunk``
-requests round-robin over the inference ranks; the samples come back in prompt order, each
-scored by ``score`` (the reward stage of validation) on the driver."""
+Each prompt is one request (seed ``seed + prompt.index``), sent through the rollout's
+router like every training request: in deterministic mode as fixed chunks of ``chunk``
+requests (the same chunks whatever the ranks' load, so the same answers), in streaming mode
+one by one to the least loaded rank, next to whatever the rollout has in flight (async). A
+rank that dies is handled as for training requests. Validation requests carry negative ids
+(``-1 - prompt.index``), apart from the training ones (1, 2, ...). The samples come back in
+prompt order, each scored by ``score`` (the reward stage of validation) on the driver."""
 
 from __future__ import annotations
 
@@ -11,12 +15,12 @@ from typing import Any
 
 from roll_core.backends.infer import Request, SamplingParams
 from roll_core.data.prompts import Prompt
-from roll_core.engine import Cluster
+from roll_core.rollout.router import Router
 from roll_core.rollout.scheduler import Sample
 
 
 def score_prompts(
-    infer: Cluster,
+    router: Router,
     prompts: list[Prompt],
     params: SamplingParams,
     score: Callable[[Sample], tuple[float, dict[str, Any]]],
@@ -26,13 +30,13 @@ def score_prompts(
 ) -> list[Sample]:
     """One scored sample per prompt of ``prompts`` (see the module docstring)."""
     futures = []
-    for k, i in enumerate(range(0, len(prompts), chunk)):
+    for i in range(0, len(prompts), chunk):
         reqs = [
-            Request(p.index, p.prompt_ids, seed=seed + p.index, vision=p.vision)
+            Request(-1 - p.index, p.prompt_ids, seed=seed + p.index, vision=p.vision)
             for p in prompts[i : i + chunk]
         ]
-        futures.append(infer.at(k % infer.world_size).generate(reqs, params))
-    completions = [c for f in futures for c in f.result()]
+        futures += router.submit_batch(reqs, params)
+    completions = [f.result() for f in futures]
     scored = []
     for p, c in zip(prompts, completions, strict=True):
         sample = Sample(
