@@ -353,7 +353,14 @@ def routed_sft_batch(layers: int, experts: int, k: int) -> Batch:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [{"ep": 2}, {"tp": 2, "sp": True}], ids=["ep2", "tp2-sp"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param({"ep": 2}, id="ep2"),
+        # extended: the TP+SP replay (the EP one runs by default)
+        pytest.param({"tp": 2, "sp": True}, id="tp2-sp", marks=pytest.mark.extended),
+    ],
+)
 def test_router_replay_equals_torch(layout: dict[str, Any], tmp_path: Path) -> None:
     """`algorithm.router_replay: r3` on megatron (EP=2; TP=2 with sequence parallelism, where
     each rank routes half of the sequence) and on the torch backend, routes that differ from
