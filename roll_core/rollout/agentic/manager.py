@@ -307,7 +307,8 @@ class EnvRolloutManager:
         return len(running) + len(finished) + waiting
 
     def _take_ready(self, want: dict[str, int], taken: dict[str, list[_Group]]) -> None:
-        """Move the oldest waiting groups of each env into `taken`, up to what it wants."""
+        """Move the oldest waiting groups of each env into `taken`, up to what it wants. (The
+        driver's thread is the only one that puts, advances or takes: `get` cannot block.)"""
         for tag, ready in self.ready.items():
             n = min(len(ready), want[tag] - len(taken[tag]))
             if n > 0:
