@@ -61,6 +61,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from roll_core.errors import ConfigError, SandboxError
+from roll_core.sandbox.host import kill_group
 
 log = logging.getLogger(__name__)
 
@@ -404,11 +405,13 @@ def _client_timeout(client: Any) -> float:
 
 
 def _kill_group(proc: subprocess.Popen[bytes], wait: bool = True) -> None:
-    """SIGKILL the harness's process group (everything it started that stayed in it)."""
+    """SIGKILL the harness's process group (everything it started that stayed in it); with
+    `wait`, return once all of it is gone."""
+    if wait:
+        kill_group(proc)
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    if wait:
-        proc.wait()
 
 
 def _reward_from_file(text: str, metrics: dict[str, float]) -> dict[str, Any]:

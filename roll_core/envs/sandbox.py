@@ -18,7 +18,6 @@ models' code in a container or a VM.
 from __future__ import annotations
 
 import ast
-import contextlib
 import math
 import operator
 import os
@@ -30,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from roll_core.sandbox.host import kill_group
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -239,17 +240,11 @@ def run_python(
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _kill_group(proc)
+                kill_group(proc)
         with open(out_path, "rb") as f:  # at most fsize bytes, unless the limit did not apply
             raw = f.read(fsize).decode("utf-8", errors="replace")
     output, truncated = _cut(raw, max_output)
     return PythonResult(output, None if timed_out else proc.returncode, timed_out, truncated)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _cut(text: str, limit: int) -> tuple[str, bool]:

@@ -74,7 +74,7 @@ from typing import Any, ClassVar, Literal
 from roll_core.sandbox.host import ENV as _ENV
 from roll_core.sandbox.host import hidden_from as _hidden_from
 from roll_core.sandbox.host import interpreter_paths as _interpreter
-from roll_core.sandbox.host import landlock_abi
+from roll_core.sandbox.host import kill_group, landlock_abi
 from roll_core.sandbox.supervisor import supervisor_source
 
 __all__ = [
@@ -358,9 +358,7 @@ class Sandbox:
             proc.communicate()
             return [], f"the execution overran its bound of {bound:g} s and was killed"
         finally:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the process group
-            proc.wait()
+            kill_group(proc)  # stragglers of the process group, the namespace's PID 1 too
         if proc.returncode != 0:
             detail = err[-2000:].decode("utf-8", "replace").strip()
             code = proc.returncode

@@ -4,9 +4,12 @@ environment."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 __all__ = ["ENV", "hidden_from", "interpreter_paths", "landlock_abi"]
@@ -82,3 +85,37 @@ def hidden_from(paths: list[str], uid: int) -> list[str]:
         if not all(p.stat().st_mode & 0o001 or p.stat().st_uid == uid for p in parents):
             hidden.append(path)
     return hidden
+
+
+def kill_group(proc: subprocess.Popen[bytes], *, wait_s: float = 10.0) -> None:
+    """SIGKILL the process group `proc` leads (it was started in a session of its own), reap
+    `proc`, then wait until no member of the group is alive. A sandbox supervisor's group holds
+    PID 1 of the command's PID namespace, which leaves only after every process of its
+    namespace has (the kernel kills them when it dies): so nothing `proc` started in its group
+    outlives this call. Bounded: a member that does not die within `wait_s` is left."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=wait_s)
+    deadline = time.monotonic() + wait_s
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether process group `pgid` has a member that is not a zombie."""
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        return False  # no member at all: the usual case, at no cost
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat_line = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat_line[stat_line.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False

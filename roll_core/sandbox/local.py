@@ -46,14 +46,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from roll_core.errors import SandboxError
 from roll_core.sandbox.base import ExecResult, SandboxSpec, Tunnel
 from roll_core.sandbox.diff import IGNORED_DIRS, IGNORED_SUFFIXES, diff_trees
-from roll_core.sandbox.host import ENV, hidden_from, interpreter_paths, landlock_abi
+from roll_core.sandbox.host import ENV, hidden_from, interpreter_paths, kill_group, landlock_abi
 from roll_core.sandbox.supervisor import supervisor_source
 
 __all__ = ["LocalBackend", "LocalSandbox", "WORKDIR"]
@@ -352,17 +351,7 @@ class LocalSandbox:
 
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:
-        """Kill the supervisor's process group and wait until it is gone: PID 1 of the
-        command's namespace is in it and exits only after every process of the namespace
-        (SIGKILLed by the kernel when it dies) has, so nothing of the command outlives this
-        call (bounded: a group member that does not die within 10 s is left)."""
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        kill_group(proc)  # the supervisor, and with it the command's whole namespace
 
     # -- files ----------------------------------------------------------------------------
 
@@ -454,25 +443,6 @@ class LocalSandbox:
         with contextlib.suppress(Exception):
             if not self._closed:
                 self.close()
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` has a member that is not a zombie."""
-    try:
-        os.killpg(pgid, 0)
-    except OSError:
-        return False  # no member at all: the usual case, at no cost
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat_line = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat_line[stat_line.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
 
 
 def _parse(out: bytes, nonce: str) -> ExecResult:
