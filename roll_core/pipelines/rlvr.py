@@ -1,8 +1,8 @@
 """`roll train rlvr`: RL with verifiable rewards.
 
 What is rlvr's own: the prompts (data/, chat templates, images), the reward stage, the
-rollout source (the RLVR scheduler, rollout/scheduler.py, or with
-`rollout.async_generation_ratio > 0` the async producer, rollout/async_scheduler.py),
+rollout source (the RLVR scheduler, rollout/scheduler.py: synchronous, or with
+`rollout.async_generation_ratio > 0` ahead of the trainer),
 validation on held-out prompts and the `--dry-run` rows. Prompt loading is data/prompts.py,
 the recipe checks pipelines/checks/rlvr.py, and the loop itself pipelines/rl_loop.py, shared
 with `roll train agentic` (the loop's pseudo-code: docs/internals.md, "The loop").
@@ -19,7 +19,6 @@ from roll_core.backends.infer import SamplingParams
 from roll_core.backends.infer.base import PREFIX_CONTINUATION_BACKENDS
 from roll_core.config.rlvr import RLVRConfig
 from roll_core.data import Prompt, PromptStream, encode_text_prompt, load_prompts, prompts_note
-from roll_core.engine import Cluster
 from roll_core.engine.plan import Plan
 from roll_core.models import (
     load_tokenizer,
@@ -35,11 +34,11 @@ from roll_core.pipelines.checks.rlvr import check_algorithm, check_chat_template
 from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.rl_iteration import sampling_params
 from roll_core.pipelines.rl_loop import RLHooks, run_rl
-from roll_core.rollout.async_scheduler import AsyncRolloutScheduler, check_prefix_support
+from roll_core.rollout.placement import check_prefix_support
 from roll_core.rollout.rewards import RewardStage
 from roll_core.rollout.router import Router, rollout_mode
 from roll_core.rollout.scheduler import RolloutScheduler
-from roll_core.rollout.source import AsyncRLVRSource, RLVRSource
+from roll_core.rollout.source import RLVRSource
 from roll_core.rollout.validation import score_prompts
 
 
@@ -197,33 +196,17 @@ def _source(
     stream: PromptStream,
     rewards: RewardStage,
 ) -> RLVRSource:
-    """The rollout source: the synchronous scheduler, or the async producer."""
-    scheduler = _make_scheduler(cfg, rl.actor_infer, stream, rewards, sampling_params(cfg.rollout))
-    kind = AsyncRLVRSource if isinstance(scheduler, AsyncRolloutScheduler) else RLVRSource
-    return kind(
-        scheduler,  # type: ignore[arg-type]
-        prompts=setup.train,
-        pad_id=setup.tokenizer.pad_token_id,
-        step_metrics=rewards.step_metrics,
-    )
-
-
-def _make_scheduler(
-    cfg: RLVRConfig,
-    infer: Cluster,
-    stream: PromptStream,
-    rewards: RewardStage,
-    params: SamplingParams,
-) -> RolloutScheduler | AsyncRolloutScheduler:
-    """The synchronous scheduler, or (async_generation_ratio > 0) the async producer."""
+    """The rollout source over the one scheduler (synchronous at ratio 0, async above)."""
     r = cfg.rollout
-    common: dict[str, Any] = dict(
-        infer=infer,
+    prefix = cfg.actor_infer.backend in PREFIX_CONTINUATION_BACKENDS
+    scheduler = RolloutScheduler(
+        infer=rl.actor_infer,
         prompts=stream,
         reward_fn=rewards.score_sample,
-        params=params,
+        params=sampling_params(cfg.rollout),
         n=r.n,
         prompts_per_step=r.prompts_per_step,
+        async_generation_ratio=r.async_generation_ratio,
         deterministic=r.deterministic,
         chunk_size=r.chunk_size,
         max_chunks_in_flight=r.max_chunks_in_flight,
@@ -233,17 +216,16 @@ def _make_scheduler(
         max_additional_prompts=r.max_additional_prompts,
         reward_workers=r.reward_workers,
         seed=cfg.seed,
-    )
-    if r.async_generation_ratio == 0:
-        return RolloutScheduler(**common)
-    prefix = cfg.actor_infer.backend in PREFIX_CONTINUATION_BACKENDS
-    return AsyncRolloutScheduler(
-        **common,
-        async_generation_ratio=r.async_generation_ratio,
         partial_rollout=check_prefix_support(
             cfg.actor_infer.backend,
             prefix,
             partial_rollout=r.partial_rollout,
             allow_fallback=r.partial_rollout_fallback,
         ),
+    )
+    return RLVRSource(
+        scheduler,
+        prompts=setup.train,
+        pad_id=setup.tokenizer.pad_token_id,
+        step_metrics=rewards.step_metrics,
     )

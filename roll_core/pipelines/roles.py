@@ -94,10 +94,10 @@ def colocation_row(cfg: RLConfig, plan: Plan) -> RolePlan:
 
 
 def rollout_placement_of(cfg: RLRecipe, plan: Plan) -> str:
-    """Rollout/train placement in words (rollout/async_scheduler.py `rollout_placement`), with
+    """Rollout/train placement in words (rollout/placement.py `rollout_placement`), with
     the GPUs each role is placed on (a role without a device_mapping takes the first GPUs, so
     two such roles share them); ConfigError for async generation on a shared device."""
-    from roll_core.rollout.async_scheduler import rollout_placement
+    from roll_core.rollout.placement import rollout_placement
 
     return rollout_placement(
         ratio=cfg.rollout.async_generation_ratio,

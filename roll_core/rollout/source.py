@@ -1,4 +1,4 @@
-"""Where the RL loop's training batches come from: one protocol, three producers.
+"""Where the RL loop's training batches come from: one protocol, two producers.
 
 `pipelines/rl_loop.py` runs rlvr and agentic as one loop over a :class:`RolloutSource`
 (docs/internals.md "The loop"): `next_batch(step)` gives the step's scored, filtered, fresh
@@ -6,13 +6,13 @@ enough groups, `to_batch(groups)` their exactly generated token ids and masks, a
 ``with source.paused(step) as metrics:`` suspends generation while the caller updates the
 weights, then resumes it at policy version `step`.
 
-The adapters here are thin: the producers themselves are the RLVR schedulers
-(rollout/scheduler.py synchronous, rollout/async_scheduler.py asynchronous) and the agentic
-env manager (rollout/agentic/manager.py), whose interfaces differ; this module is the one
-place that knows how.
+The adapters here are thin: the producers themselves are the RLVR scheduler
+(rollout/scheduler.py, synchronous at ratio 0 and asynchronous above) and the agentic env
+manager (rollout/agentic/manager.py), whose interfaces differ; this module is the one place
+that knows how.
 
 Checkpoints: a source's ``state_dict()`` / ``load_state_dict()`` is what a resume needs
-(the groups an async producer held back, the agentic group seeds). The RLVR sources keep
+(the groups an async producer held back, the agentic group seeds). The RLVR source keeps
 the on-disk layout of earlier runs, a file ``async_rollout.pt`` written only when groups are
 held back, through ``save_checkpoint(dir)`` / ``load_checkpoint(dir)``, which the DriverLoop
 (pipelines/common.py) prefers when a registered part has them.
@@ -38,7 +38,6 @@ from roll_core.rollout.agentic import (
     trajectory_batch,
 )
 from roll_core.rollout.agentic.batch import DROPPED_NO_GENERATED, DROPPED_TOO_LONG
-from roll_core.rollout.async_scheduler import AsyncRolloutScheduler
 from roll_core.rollout.batch import build_rl_batch
 from roll_core.rollout.router import Router
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler
@@ -90,8 +89,10 @@ class RolloutSource(Protocol):
 
 
 class RLVRSource:
-    """The synchronous RLVR scheduler: each step's groups are generated, scored and filtered
-    on the call; nothing generates between steps and nothing is held back."""
+    """The RLVR rollout scheduler (rollout/scheduler.py): at ratio 0 each step's groups are
+    generated, scored and filtered on the call and nothing generates between steps; at ratio
+    >= 1 it generates while the step trains, and a weight sync suspends it and resumes it at
+    the new version."""
 
     def __init__(
         self,
@@ -105,6 +106,7 @@ class RLVRSource:
         self.prompts = prompts  # the training prompts by index (restoring held groups)
         self.pad_id = pad_id
         self._step_metrics = step_metrics
+        self._started = False
 
     @property
     def router(self) -> Router:
@@ -112,6 +114,7 @@ class RLVRSource:
         return self.scheduler.router
 
     def next_batch(self, step: int) -> Rollout:
+        self._started = True  # the producer thread runs from the first call on
         result = self.scheduler.next_batch(step)
         return Rollout(result.groups, result.metrics)
 
@@ -124,71 +127,15 @@ class RLVRSource:
         return build_rl_batch(groups, pad_id=self.pad_id)
 
     def hold(self) -> None:
-        """Nothing generates between steps."""
-
-    @contextlib.contextmanager
-    def paused(self, version: int) -> Iterator[dict[str, float]]:
-        yield {}  # nothing to suspend
-
-    def metrics(self) -> dict[str, float]:
-        return self._step_metrics()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state, self.prompts)
-
-    def save_checkpoint(self, ckpt: Path) -> None:
-        """``async_rollout.pt`` in `ckpt` when groups are held back (none are here)."""
-        held = self.state_dict()
-        if held:
-            torch.save(held, ckpt / ASYNC_STATE_FILE)
-
-    def load_checkpoint(self, ckpt: Path) -> None:
-        saved = ckpt / ASYNC_STATE_FILE
-        if saved.exists():
-            self.load_state_dict(torch.load(saved))
-
-    def close(self) -> None:
-        self.scheduler.close()
-
-
-class AsyncRLVRSource(RLVRSource):
-    """The asynchronous RLVR producer (`rollout.async_generation_ratio > 0`): it generates
-    while the step trains; a weight sync suspends it and resumes it at the new version."""
-
-    scheduler: AsyncRolloutScheduler  # type: ignore[assignment]
-
-    def __init__(
-        self,
-        scheduler: AsyncRolloutScheduler,
-        *,
-        prompts: list[Prompt],
-        pad_id: int,
-        step_metrics: Callable[[], dict[str, float]] = dict,
-    ) -> None:
-        super().__init__(
-            scheduler,  # type: ignore[arg-type]
-            prompts=prompts,
-            pad_id=pad_id,
-            step_metrics=step_metrics,
-        )
-        self._started = False
-
-    def next_batch(self, step: int) -> Rollout:
-        self._started = True  # the producer thread runs from the first call on
-        return super().next_batch(step)
-
-    def hold(self) -> None:
         if self._started:
             self.scheduler.suspend()
 
     @contextlib.contextmanager
     def paused(self, version: int) -> Iterator[dict[str, float]]:
-        """suspend -> the block (the weight sync) -> resume at `version`; `async/suspend_s`
-        (waiting for the calls in flight) and `async/sync_pause_s` (the whole pause). Before
-        the first batch the producer has not started: the first sync pauses nothing."""
+        """suspend -> the block (the weight sync) -> resume at `version`; async (ratio >= 1)
+        also reports `async/suspend_s` (waiting for the calls in flight) and
+        `async/sync_pause_s` (the whole pause). Before the first batch the producer has not
+        started: the first sync pauses nothing."""
         out: dict[str, float] = {}
         if not self._started:
             yield out
@@ -200,8 +147,32 @@ class AsyncRLVRSource(RLVRSource):
             yield out
         finally:
             self.scheduler.resume(version)
-        out["async/suspend_s"] = suspended - start
-        out["async/sync_pause_s"] = time.perf_counter() - start
+        if self.scheduler.ratio:
+            out["async/suspend_s"] = suspended - start
+            out["async/sync_pause_s"] = time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return self._step_metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state, self.prompts)
+
+    def save_checkpoint(self, ckpt: Path) -> None:
+        """``async_rollout.pt`` in `ckpt` when groups are held back (async only)."""
+        held = self.state_dict()
+        if held:
+            torch.save(held, ckpt / ASYNC_STATE_FILE)
+
+    def load_checkpoint(self, ckpt: Path) -> None:
+        saved = ckpt / ASYNC_STATE_FILE
+        if saved.exists():
+            self.load_state_dict(torch.load(saved))
+
+    def close(self) -> None:
+        self.scheduler.close()
 
 
 class AgenticSource:

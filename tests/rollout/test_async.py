@@ -11,13 +11,9 @@ from roll_core.backends.infer import Request, SamplingParams
 from roll_core.engine import Cluster, LocalExecutor
 from roll_core.errors import ConfigError
 from roll_core.models import materialize_builtin
-from roll_core.rollout.async_scheduler import (
-    AsyncRolloutScheduler,
-    check_prefix_support,
-    rollout_placement,
-)
 from roll_core.rollout.batch import build_rl_batch
-from roll_core.rollout.scheduler import Prompt, Sample
+from roll_core.rollout.placement import check_prefix_support, rollout_placement
+from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 from roll_core.workers.actor_infer import ActorInfer
 
 
@@ -77,7 +73,7 @@ def reward(sample: Sample) -> tuple[float, dict]:
     return float(sample.uid % 2), {}
 
 
-def make(infer: Cluster, **kw) -> AsyncRolloutScheduler:
+def make(infer: Cluster, **kw) -> RolloutScheduler:
     args = dict(
         infer=infer,
         prompts=prompts(10_000),
@@ -89,10 +85,10 @@ def make(infer: Cluster, **kw) -> AsyncRolloutScheduler:
         seed=0,
     )
     args.update(kw)
-    return AsyncRolloutScheduler(**args)
+    return RolloutScheduler(**args)
 
 
-def drive(infer: Cluster, sched: AsyncRolloutScheduler, steps: int) -> list[list[list[Sample]]]:
+def drive(infer: Cluster, sched: RolloutScheduler, steps: int) -> list[list[list[Sample]]]:
     """The driver loop's shape: take a batch, 'train', suspend -> sync -> resume."""
     weights = {"model.norm.weight": None}
     backend = infer.handles[0].worker.backend

@@ -58,8 +58,8 @@ def numbers(run: Path) -> list[dict]:
 def test_explicit_ratio_zero_is_the_synchronous_pipeline_bit_for_bit(
     roll, rl_recipe, tmp_path: Path
 ) -> None:
-    # ratio 0 selects the synchronous scheduler (not the async producer at ratio 0: issue 46's
-    # one producer is not built yet); two deterministic runs end bit for bit the same
+    # the recipe's default and an explicit ratio 0 are the same synchronous scheduler; two
+    # deterministic runs end bit for bit the same
     path = rl_recipe(deterministic=True)  # fixed batches: bit-exact
     assert roll("train", "rlvr", str(path), "--run-id", "sync").returncode == 0
     res = roll("train", "rlvr", str(path), "--run-id", "ratio0", "rollout.async_generation_ratio=0")

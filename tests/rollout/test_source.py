@@ -14,17 +14,18 @@ from roll_core.rollout.scheduler import RolloutResult
 from roll_core.rollout.source import (
     ASYNC_STATE_FILE,
     AgenticSource,
-    AsyncRLVRSource,
     RLVRSource,
 )
 
 
 class Producer:
-    """Records calls; `held` is what its state_dict() returns."""
+    """Records calls; `held` is what its state_dict() returns; `ratio` its
+    async_generation_ratio."""
 
-    def __init__(self, held: dict[str, Any] | None = None) -> None:
+    def __init__(self, held: dict[str, Any] | None = None, ratio: int = 1) -> None:
         self.calls: list[Any] = []
         self.held = held or {}
+        self.ratio = ratio
 
     def next_batch(self, step: int) -> RolloutResult:
         self.calls.append(("next_batch", step))
@@ -48,7 +49,7 @@ class Producer:
 
 def test_async_source_pauses_only_once_the_producer_runs() -> None:
     producer = Producer()
-    source = AsyncRLVRSource(producer, prompts=["p"], pad_id=0)  # type: ignore[arg-type]
+    source = RLVRSource(producer, prompts=["p"], pad_id=0)  # type: ignore[arg-type]
     with source.paused(0) as metrics:  # the first sync: the producer has not started
         producer.calls.append("sync")
     assert producer.calls == ["sync"] and metrics == {}
@@ -64,21 +65,20 @@ def test_async_source_pauses_only_once_the_producer_runs() -> None:
 
 def test_async_source_resumes_when_the_sync_fails() -> None:
     producer = Producer()
-    source = AsyncRLVRSource(producer, prompts=[], pad_id=0)  # type: ignore[arg-type]
+    source = RLVRSource(producer, prompts=[], pad_id=0)  # type: ignore[arg-type]
     source.next_batch(1)
     with pytest.raises(RuntimeError, match="sync broke"), source.paused(1):
         raise RuntimeError("sync broke")
     assert producer.calls[-2:] == ["suspend", ("resume", 1)]
 
 
-def test_sync_source_never_suspends_and_refuses_an_empty_step() -> None:
-    producer = Producer()
+def test_sync_source_reports_no_async_timings_and_refuses_an_empty_step() -> None:
+    producer = Producer(ratio=0)
     source = RLVRSource(producer, prompts=[], pad_id=0, step_metrics=lambda: {"reward/x": 2.0})  # type: ignore[arg-type]
     rollout = source.next_batch(3)
     with source.paused(3) as metrics:
         pass
-    source.hold()
-    assert producer.calls == [("next_batch", 3)] and metrics == {}
+    assert producer.calls == [("next_batch", 3), "suspend", ("resume", 3)] and metrics == {}
     assert rollout.metrics == {"rollout/wall_s": 1.0}
     assert source.metrics() == {"reward/x": 2.0}
     with pytest.raises(DataError, match="no groups"):
@@ -91,10 +91,10 @@ def test_rlvr_checkpoint_file_only_when_groups_are_held(tmp_path: Path) -> None:
     assert not (tmp_path / ASYNC_STATE_FILE).exists()
     held = {"regenerate": [4, 1], "uid": 9}
     prompts = ["p0", "p1"]
-    AsyncRLVRSource(Producer(held), prompts=prompts, pad_id=0).save_checkpoint(tmp_path)  # type: ignore[arg-type]
+    RLVRSource(Producer(held), prompts=prompts, pad_id=0).save_checkpoint(tmp_path)  # type: ignore[arg-type]
     assert (tmp_path / ASYNC_STATE_FILE).exists()
     producer = Producer()
-    AsyncRLVRSource(producer, prompts=prompts, pad_id=0).load_checkpoint(tmp_path)  # type: ignore[arg-type]
+    RLVRSource(producer, prompts=prompts, pad_id=0).load_checkpoint(tmp_path)  # type: ignore[arg-type]
     assert producer.calls == [("load", held, prompts)]
 
 

@@ -1,4 +1,4 @@
-"""The RLVR schedulers over the router, on fake request-level engines
+"""The RLVR scheduler over the router, on fake request-level engines
 (tests/rollout/fake_engine.py): per-request scoring, group affinity, deterministic chunks, and
 partial rollout by abort (the continued response is the partial one plus new tokens, every token
 with the version that generated it)."""
@@ -13,7 +13,6 @@ import pytest
 from roll_core.backends.infer import SamplingParams
 from roll_core.engine import Cluster, LocalExecutor
 from roll_core.errors import WorkerDiedError
-from roll_core.rollout.async_scheduler import AsyncRolloutScheduler
 from roll_core.rollout.router import GenerationTimeout
 from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 from tests.rollout.fake_engine import FakeEngine, token
@@ -86,10 +85,35 @@ def test_deterministic_mode_sends_fixed_chunks_in_pull_order() -> None:
     assert out.metrics["rollout/gen_calls"] == 4
 
 
+def test_ratio_zero_generates_only_inside_next_batch_with_step_seeds() -> None:
+    """Ratio 0 is the synchronous scheduler: a step's requests are seeded by (seed, step,
+    group of the step, sample), its groups come back in prompt order, and nothing is pulled or
+    generated between calls (so nothing is held for a checkpoint)."""
+    infer = engines(2, token_s=0.001)
+    stream = prompts(100)
+    sched = make(infer, prompts=stream, seed=5)
+    for step in (1, 2):
+        out = sched.next_batch(step=step)
+        assert [g[0].prompt.index for g in out.groups] == [4 * (step - 1) + i for i in range(4)]
+        for g, group in enumerate(out.groups):
+            for k, sample in enumerate(group):
+                seed = hash((5, step, g, k)) % 2**31
+                assert sample.response_ids == [token(seed, i) for i in range(1 + seed % 24)]
+        calls = sched.router.stats["calls"]
+        time.sleep(0.3)  # the producer thread runs, but admits nothing between steps
+        assert sched.router.stats["calls"] == calls and sched.state_dict() == {}
+    assert next(stream).index == 8  # no prompt was pulled ahead
+    assert "rollout/additional_prompts" in out.metrics
+    assert not any(k.startswith("async/") for k in out.metrics)
+    sched.close()
+    with pytest.raises(ValueError, match="async streaming mode only"):
+        make(infer, partial_rollout=True)
+
+
 def test_partial_rollout_aborts_at_the_sync_and_continues_under_the_new_weights() -> None:
     length = 150
     infer = engines(1, token_s=0.01, lengths={uid: length for uid in range(1, 50)})
-    sched = AsyncRolloutScheduler(
+    sched = RolloutScheduler(
         infer=infer,
         prompts=prompts(100),
         reward_fn=lambda s: (float(s.uid % 2), {}),
