@@ -180,10 +180,7 @@ class RolloutScheduler:
             raise ValueError("async_generation_ratio must be >= 0")
         if partial_rollout and (deterministic or async_generation_ratio == 0):
             raise ValueError("partial rollout aborts requests: async streaming mode only")
-        self.infer = infer
-        self.prompts = prompts
-        self.reward_fn = reward_fn
-        self.params = params
+        self.infer, self.prompts, self.reward_fn, self.params = infer, prompts, reward_fn, params
         self.n = n
         self.prompts_per_step = prompts_per_step
         self.ratio = async_generation_ratio
@@ -230,8 +227,7 @@ class RolloutScheduler:
         # ratio 0: the step the trainer waits for (None: admit nothing), the prompts pulled
         # for it, the replacements granted for dropped groups, and "every group is scored"
         self._wanted: int | None = None
-        self._step_pulled = 0
-        self._step_extra = 0
+        self._step_pulled = self._step_extra = 0
         self._step_done = threading.Event()
         self._reset_counters()
 

@@ -49,9 +49,10 @@ def rows(run: Path) -> list[dict]:
 
 def numbers(run: Path) -> list[dict]:
     """Every logged value that does not measure time. `rollout/rewards_before_last_gen` counts
-    rewards that finished while generation was still running (queue-scheduling overlap): it
-    depends on thread timing, not on what was computed, so it is a time measure too."""
-    skip = ("time", "perf/", "wall", "_s", "seconds", "before_last_gen")
+    rewards that finished while generation was still running (queue-scheduling overlap) and
+    `rollout/gen_idle_fraction` is a share of wall time: both depend on thread timing, not on
+    what was computed, so they are time measures too."""
+    skip = ("time", "perf/", "wall", "_s", "seconds", "before_last_gen", "idle_fraction")
     return [{k: v for k, v in r.items() if not any(s in k for s in skip)} for r in rows(run)]
 
 
