@@ -135,11 +135,8 @@ def _logits_spec(cfg: RunConfig, dtype_bytes: int) -> LogitsSpec | None:
     bf16 = getattr(train, "precision", "auto") != "fp32"  # auto: bf16 on a GPU
     logits_bytes = 2 if dtype_bytes < 4 or bf16 else 4
     budget = getattr(train, "max_tokens_per_micro_batch", None)
-    # megatron computes its vocabulary-parallel logits whole, and so does DeepSpeed ZeRO-3
-    # (its partitioned output layer: backends/train/lm_head.py)
-    zero3 = train.backend == "deepspeed" and getattr(train.deepspeed, "zero_stage", 2) == 3
-    whole = train.backend == "megatron" or zero3
-    chunk = 0 if whole else getattr(train, "logit_chunk_tokens", None)
+    # megatron computes its vocabulary-parallel logits whole (backends/train/lm_head.py)
+    chunk = 0 if train.backend == "megatron" else getattr(train, "logit_chunk_tokens", None)
     return LogitsSpec(
         trainer.micro_batch_size,
         seq,

@@ -203,16 +203,21 @@ def test_logit_chunk_is_the_trainers() -> None:
 
 
 def test_dry_run_counts_the_logits_and_says_what_moves() -> None:
-    """recipes/qwen3-30b-a3b-rlvr.yaml on 16 GPUs: ZeRO-3 28.4 GiB + logits 14.2 + the layer
-    inputs gradient checkpointing keeps 1.7 next to vLLM's 36.0 GiB is 80.3 GiB: over 80
-    unless vLLM leaves the GPU while training."""
+    """recipes/qwen3-30b-a3b-rlvr.yaml on 16 GPUs with its logits computed whole
+    (`logit_chunk_tokens: 0`): ZeRO-3 28.4 GiB + logits 14.2 + the layer inputs gradient
+    checkpointing keeps 1.7 next to vLLM's 36.0 GiB is 80.3 GiB: over 80 unless vLLM leaves the
+    GPU while training. In chunks (the default) the logits are 0.3 GiB and nothing moves."""
     from pathlib import Path
 
     from roll_core.config import load_recipe
     from roll_core.pipelines import plan
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-rlvr.yaml"
-    rows = {r.role + "/" + r.worker: r.detail for r in plan(load_recipe(recipe, []))}
+    chunked = {r.role + "/" + r.worker: r.detail for r in plan(load_recipe(recipe, []))}
+    assert "logits while training 0.3, " in chunked["memory/GPU/estimate"]
+    assert chunked["colocation/Turns"].startswith("colocated, nothing offloaded")
+    whole = load_recipe(recipe, ["actor_train.logit_chunk_tokens=0"])
+    rows = {r.role + "/" + r.worker: r.detail for r in plan(whole)}
     assert rows["memory/GPU/estimate"] == (
         "actor_train 44.3 GiB (params 3.6, grads 3.6, optim 21.3, logits while training 14.2, "
         "checkpointed layer inputs 1.7) + actor_infer 36.0 GiB (params 28.4, kv 7.6); 80.3 GiB "
@@ -242,17 +247,19 @@ def test_the_logits_term_follows_the_token_budget() -> None:
     from roll_core.pipelines import plan
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "qwen3-30b-a3b-rlvr.yaml"
-    cfg = load_recipe(recipe, ["actor_train.max_tokens_per_micro_batch=16384"])
+    budget = "actor_train.max_tokens_per_micro_batch=16384"
+    cfg = load_recipe(recipe, [budget, "actor_train.logit_chunk_tokens=0"])
     rows = {r.role + "/" + r.worker: r.detail for r in plan(cfg)}
     assert (
         "logits while training 27.8, checkpointed layer inputs 3.0)"
         in (rows["memory/GPU/estimate"])
     )
-    # DeepSpeed ZeRO-3 (the recipe's) computes them whole; FSDP2 chunks the output layer: one
-    # chunk's logits whatever the budget (the layer inputs still follow it)
+    # in chunks (the default; DeepSpeed ZeRO-3, the recipe's, and FSDP2 alike): one chunk's
+    # logits whatever the budget (the layer inputs still follow it)
     fsdp2 = ["actor_train.backend=fsdp2", "actor_train.deepspeed=null"]
-    cfg = load_recipe(recipe, ["actor_train.max_tokens_per_micro_batch=16384", *fsdp2])
-    rows = {r.role + "/" + r.worker: r.detail for r in plan(cfg)}
-    assert (
-        "logits while training 0.3, checkpointed layer inputs 3.0)" in (rows["memory/GPU/estimate"])
-    )
+    for overrides in ([budget], [budget, *fsdp2]):
+        rows = {r.role + "/" + r.worker: r.detail for r in plan(load_recipe(recipe, overrides))}
+        assert (
+            "logits while training 0.3, checkpointed layer inputs 3.0)"
+            in (rows["memory/GPU/estimate"])
+        )

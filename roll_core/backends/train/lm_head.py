@@ -21,9 +21,16 @@ log-probs, entropy and full-distribution distillation term, SFT's cross-entropy,
 sequence log-probs, the teacher's targets.
 
 Models whose forward changes the output layer's result (Gemma's logit soft-capping, Cohere's
-and Granite's logit scaling) and DeepSpeed ZeRO-3 (whose partitioned output layer is gathered
-by a collective at every call: ranks would make different numbers of calls) keep the full
-logits (:func:`deferrable_head` says None); so does megatron, which computes its own.
+and Granite's logit scaling) keep the full logits (:func:`deferrable_head` says None); so does
+megatron, which computes its own (vocabulary-parallel).
+
+DeepSpeed ZeRO-3 partitions the output layer and gathers it with a collective at every call
+(and at every recompute in the backward), so every rank must make the same number of calls
+even when its micro-batch has fewer positions: such a head is *collective*
+(:func:`gathers_per_call`): each :meth:`LMHead.map` agrees on the largest chunk count of any
+rank (one all-reduce) and the ranks with fewer positions call the layer on empty chunks; every
+call is checkpointed, and the micro-batch's logits are never taken from the forward (that
+shortcut is per rank). The sharded backends run every pass on their dummy micro-batches too.
 """
 
 from __future__ import annotations
@@ -64,11 +71,25 @@ def deferrable_head(model: Any) -> torch.nn.Module | None:
     head = get() if callable(get) else None
     if not isinstance(head, torch.nn.Module):
         return None
-    if any(hasattr(p, "ds_id") for p in head.parameters()):
-        # DeepSpeed ZeRO-3 partitions it: each call outside the forward would gather it with
-        # a collective, and ranks with different token counts make different numbers of calls
-        return None
     return head
+
+
+def gathers_per_call(layer: torch.nn.Module) -> bool:
+    """Whether calling `layer` is a collective: DeepSpeed ZeRO-3 partitions its parameters
+    and gathers them at every call, so every rank must call it the same number of times."""
+    return any(hasattr(p, "ds_id") for p in layer.parameters())
+
+
+def _max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest `value` of any rank (itself outside a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([value], dtype=torch.long, device=on)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 @contextlib.contextmanager
@@ -93,7 +114,8 @@ class LMHead:
     Either the last hidden states ``[B, W, H]`` and the output layer (`project`: ``[n, H]
     -> [n, V]``, the layer under the forward's autocast), or logits a backend already has
     (:meth:`from_logits`: megatron's, or a model whose head cannot be deferred). Objectives
-    ask for per-position functions of the logits with :meth:`map`."""
+    ask for per-position functions of the logits with :meth:`map`. ``collective``: calling
+    `project` is a collective (DeepSpeed ZeRO-3, see the module docstring)."""
 
     def __init__(
         self,
@@ -102,10 +124,12 @@ class LMHead:
         *,
         vocab_size: int,
         chunk_tokens: int | None = None,
+        collective: bool = False,
     ) -> None:
         self.hidden = hidden
         self.project = project
         self.vocab_size = vocab_size
+        self.collective = collective and project is not None
         self.chunk_tokens = None if project is None else chunk_size(vocab_size, chunk_tokens)
 
     @classmethod
@@ -138,7 +162,9 @@ class LMHead:
         to the chunk; returns its outputs concatenated over the chunks ([N, ...] each).
         Logits are in the forward's dtype (float32, or bfloat16 under autocast): cast inside
         `fn`. Gradients flow to the hidden states and the output layer; with gradients on,
-        each chunk's logits are recomputed in the backward instead of being kept."""
+        each chunk's logits are recomputed in the backward instead of being kept. A
+        collective head makes as many calls as the rank with the most chunks (collective:
+        every rank must call :meth:`map` the same number of times)."""
         rows = self.hidden[:, : mask.shape[1]][mask]
         total = int(rows.shape[0])
         grad = torch.is_grad_enabled()
@@ -147,11 +173,15 @@ class LMHead:
         else:
             step = self.chunk_tokens or total
         step = max(1, step)
+        count = max(1, -(-total // step))
+        if self.collective:  # ranks with fewer chunks call the layer on empty ones
+            count = _max_over_ranks(count, self.hidden.device)
+        recompute = self.project is not None and grad and (count > 1 or self.collective)
         parts: list[Sequence[torch.Tensor]] = []
-        for start in range(0, total, step) if total else [0]:
+        for start in range(0, count * step, step):
             chunk = rows[start : start + step]
             extra = tuple(x[start : start + step] for x in inputs)
-            if self.project is not None and grad and step < total:
+            if recompute:
                 out = checkpoint(
                     self._apply, fn, chunk, *extra, use_reentrant=False, preserve_rng_state=False
                 )
@@ -187,7 +217,10 @@ def head_forward(
     from roll_core.backends.train.packing import model_forward
 
     layer = deferrable_head(model) if chunk_tokens != 0 else None
-    if layer is not None:  # a micro-batch within one chunk: its logits as the forward makes them
+    collective = layer is not None and gathers_per_call(layer)
+    if layer is not None and not collective:
+        # a micro-batch within one chunk: its logits as the forward makes them (a rank's own
+        # choice, so not for a collective head: every rank must call it alike)
         rows, width = mb.tensors["input_ids"].shape
         positions = rows * (width - int(forward_kwargs.get("logits_from", 0)))
         if positions <= chunk_size(_out_features(layer, model), chunk_tokens):
@@ -203,7 +236,10 @@ def head_forward(
             return layer(rows)
 
     vocab = _out_features(layer, model)
-    return LMHead(hidden, project, vocab_size=vocab, chunk_tokens=chunk_tokens), out
+    head = LMHead(
+        hidden, project, vocab_size=vocab, chunk_tokens=chunk_tokens, collective=collective
+    )
+    return head, out
 
 
 def _out_features(layer: torch.nn.Module, model: Any) -> int:

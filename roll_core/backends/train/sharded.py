@@ -220,10 +220,12 @@ class ShardedTrainBackend(TorchTrainBackend):
         out = []
         for rows, mb, dummy in self.aligned_chunks(batch):
             mb = mb.to(self.device)
-            head, _ = self.head(mb)  # every rank runs the forward (collectives inside)
+            # every rank runs the forward and the output layer (collectives inside: ZeRO-3
+            # gathers the layer at each call), dummies too
+            head, _ = self.head(mb)
+            ids, valid = mb.tensors["input_ids"], mb.tensors["attention_mask"][:, 1:]
+            logp = target_log_probs(head, ids, valid, temperature=temperature)
             if not dummy:
-                ids, valid = mb.tensors["input_ids"], mb.tensors["attention_mask"][:, 1:]
-                logp = target_log_probs(head, ids, valid, temperature=temperature)
                 out.append((rows, logp.cpu()))
         self._reshard()
         return pad_log_probs(out, batch)
@@ -237,10 +239,10 @@ class ShardedTrainBackend(TorchTrainBackend):
         parts: dict[str, list[tuple[list[int], torch.Tensor]]] = {"log_probs": [], "entropy": []}
         for rows, mb, dummy in self.aligned_chunks(batch):
             mb = mb.to(self.device)
-            head, _ = self.head(mb)  # every rank runs the forward (collectives inside)
+            head, _ = self.head(mb)  # forward and output layer on every rank (see log_probs)
+            ids, valid = mb.tensors["input_ids"], mb.tensors["attention_mask"][:, 1:]
+            logp, ent = log_probs_and_entropy(head, ids, valid, temperature=temperature)
             if not dummy:
-                ids, valid = mb.tensors["input_ids"], mb.tensors["attention_mask"][:, 1:]
-                logp, ent = log_probs_and_entropy(head, ids, valid, temperature=temperature)
                 parts["log_probs"].append((rows, logp.cpu()))
                 parts["entropy"].append((rows, ent.cpu()))
         self._reshard()
