@@ -83,6 +83,44 @@ def test_map_equals_the_whole_computation_and_its_gradients(chunk: int) -> None:
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("positions", [0, 4, 9])
+def test_a_collective_head_calls_the_layer_as_often_as_the_busiest_rank(
+    monkeypatch: pytest.MonkeyPatch, positions: int
+) -> None:
+    """A collective head (ZeRO-3: the layer is gathered at each call) makes as many calls as
+    the rank with the most chunks, here 4 (monkeypatched agreement), forward and backward,
+    whatever this rank holds: 0, 4 (2 chunks of 3, 2 empty ones) or 9 positions (3 + 1 empty);
+    values and gradients those of the whole computation."""
+    import roll_core.backends.train.lm_head as lm_head
+
+    monkeypatch.setattr(lm_head, "_max_over_ranks", lambda count, device: max(count, 4))
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(5, 11)
+    calls: list[int] = []
+    layer.register_forward_hook(lambda mod, args, out: calls.append(int(args[0].shape[0])))
+    hidden = torch.randn(1, 10, 5, requires_grad=True)
+    mask = torch.zeros(1, 9, dtype=torch.bool)
+    mask[0, :positions] = True
+    targets = torch.randint(0, 11, (positions,))
+
+    def run(head: LMHead) -> list[torch.Tensor]:
+        hidden.grad, layer.weight.grad = None, None
+        (values,) = head.map(
+            mask, lambda lg, t: (lg.log_softmax(-1).gather(-1, t[:, None]),), targets
+        )
+        (values.sum() + hidden.sum() * 0).backward()
+        return [values.detach(), hidden.grad.clone(), layer.weight.grad.clone()]
+
+    whole = run(LMHead.from_logits(layer(hidden)))
+    calls.clear()
+    chunked = run(LMHead(hidden, layer, vocab_size=11, chunk_tokens=3, collective=True))
+    for a, b in zip(whole, chunked, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    # 4 calls in the forward, 4 recomputed in the backward, the empty ones included
+    sizes = [min(3, max(0, positions - 3 * k)) for k in range(4)]
+    assert sorted(calls) == sorted(sizes * 2)
+
+
 def test_no_positions_x_vocabulary_tensor_is_saved_for_the_backward() -> None:
     """The autograd graph of a chunked pass holds nothing of [positions x vocabulary] (the
     chunk's logits are recomputed in the backward); the unchunked one holds them."""
