@@ -19,7 +19,7 @@ every handed-out item is recorded in a histogram (:meth:`metrics`).
 
 The buffer is thread-safe (one lock + condition): producers (the rollout scheduler's
 background thread, env loops) call :meth:`put`; the trainer calls :meth:`advance` and
-:meth:`get`. It is the one staleness bound of the RL pipelines: rlvr's async scheduler holds
+:meth:`get`. It is the one staleness bound of the RL pipelines: rlvr's scheduler holds
 its complete groups in one, the agentic env manager one per env (its groups wait there for a
 step, in completion order, launch order within a batch). It holds arbitrary items: by default
 the version is ``item.policy_version``, pass ``version_of`` for anything else (a group's

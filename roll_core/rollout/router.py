@@ -1,5 +1,5 @@
-"""The one request router of rollout: every producer (the RLVR sync and async schedulers, the
-agentic env manager) sends its generation requests through a :class:`Router`.
+"""The one request router of rollout: every producer (the RLVR scheduler, synchronous or async,
+and the agentic env manager) sends its generation requests through a :class:`Router`.
 
 * **Streaming** (the default): each request goes on its own to one inference rank
   (``infer.at(rank).generate_request``, a continuously batching engine) and its future resolves

@@ -176,7 +176,7 @@ class EnvRolloutManager:
         self._faults_noted: dict[str, int] = {}
         self.version = 0
         # complete training groups waiting for a step, per env: the one staleness bound of
-        # the RL pipelines (rollout/buffer.py; rlvr's async scheduler holds its groups in one)
+        # the RL pipelines (rollout/buffer.py; rlvr's scheduler holds its groups in one)
         self.ready: dict[str, FreshnessBuffer[_Group]] = {
             spec.tag: FreshnessBuffer(settings.async_generation_ratio, version_of=_group_version)
             for spec in specs
