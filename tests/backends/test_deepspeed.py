@@ -77,8 +77,8 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
 pytest.importorskip("deepspeed", reason="needs the deepspeed extra")
 
 
-def cluster(ex: LocalExecutor, stage: int) -> Cluster:
-    kwargs = {**backend_kwargs(), "deepspeed": DeepSpeedConfig(zero_stage=stage)}
+def cluster(ex: LocalExecutor, stage: int, **spec: object) -> Cluster:
+    kwargs = {**backend_kwargs(), "deepspeed": DeepSpeedConfig(zero_stage=stage), **spec}
     c = Cluster(
         "actor_train",
         ActorTrain,
@@ -142,19 +142,7 @@ def test_zero3_output_layer_in_chunks_matches_one_process(reference) -> None:
     ref_losses, ref_weights = reference
     ex = LocalExecutor()
     try:
-        kwargs = {
-            **backend_kwargs(),
-            "deepspeed": DeepSpeedConfig(zero_stage=3),
-            "logit_chunk_tokens": 3,
-        }
-        actor = Cluster(
-            "actor_train",
-            ActorTrain,
-            ex,
-            world_size=2,
-            worker_kwargs={"spec": TrainBackendSpec(backend="deepspeed", **kwargs)},
-        )
-        actor.run("setup")
+        actor = cluster(ex, 3, logit_chunk_tokens=3)
         torch_backend = TorchTrainBackend(TrainBackendSpec(**backend_kwargs()))
         expected = torch_backend.token_stats(global_batch())
         stats = actor.run_dp("token_stats", global_batch())  # the initial weights
