@@ -317,9 +317,10 @@ class ActorTrainConfig(Strict):
         "vocabulary] tensor is held for it (roll_core/backends/train/lm_head.py). null: about "
         "16M logits per chunk (110 positions of a 151,936-token vocabulary; one chunk for a "
         "small one). 0: the whole micro-batch's logits at once (no chunking). Same log-probs, "
-        "entropies and gradients either way (float summation order aside); every backend but "
-        "megatron, whose vocabulary-parallel logits are computed whole (DeepSpeed ZeRO-3 "
-        "gathers its partitioned output layer once per chunk).",
+        "entropies and gradients either way (float summation order aside); every backend "
+        "(megatron: each tensor-parallel rank computes its vocabulary shard of a chunk and the "
+        "ranks gather it; DeepSpeed ZeRO-3 gathers its partitioned output layer once per "
+        "chunk).",
     )
 
     @model_validator(mode="after")

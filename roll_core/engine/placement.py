@@ -289,7 +289,7 @@ def logits_memory(shape: ModelShape, spec: LogitsSpec) -> float:
       log-softmax, its gradient and the logits' (E (b + w + 12)).
     Measured (benchmarks/lm_head_memory.py, V = 151,936, bf16 on CPU): see docs/performance.md.
 
-    Whole (`logit_chunk_tokens: 0`, megatron, or a micro-batch within one chunk), the larger
+    Whole (`logit_chunk_tokens: 0`, or a micro-batch within one chunk), the larger
     of its two passes:
     * log-prob pass (old / reference log-probs): the logits [B, L, V] plus one chunk of at
       most C of them in float32, divided by the temperature, and its log-softmax:

@@ -135,8 +135,9 @@ def _logits_spec(cfg: RunConfig, dtype_bytes: int) -> LogitsSpec | None:
     bf16 = getattr(train, "precision", "auto") != "fp32"  # auto: bf16 on a GPU
     logits_bytes = 2 if dtype_bytes < 4 or bf16 else 4
     budget = getattr(train, "max_tokens_per_micro_batch", None)
-    # megatron computes its vocabulary-parallel logits whole (backends/train/lm_head.py)
-    chunk = 0 if train.backend == "megatron" else getattr(train, "logit_chunk_tokens", None)
+    # every backend computes the output layer in chunks (backends/train/lm_head.py; megatron
+    # gathers each chunk's vocabulary shards, so a chunk holds the whole vocabulary there too)
+    chunk = getattr(train, "logit_chunk_tokens", None)
     return LogitsSpec(
         trainer.micro_batch_size,
         seq,

@@ -109,8 +109,8 @@ class ActorTrain(Worker):
 
     @dispatch("dp", collect="concat")
     def token_stats(self, batch: Batch, *, temperature: float = 1.0) -> dict[str, torch.Tensor]:
-        """Next-token ``log_probs`` and, where the backend computes them (not megatron),
-        ``entropy``, each [B, T-1], under the current weights: the rollout record's."""
+        """Next-token ``log_probs`` and ``entropy``, each [B, T-1], under the current
+        weights: the rollout record's."""
         backend: Any = self._resident(("params",))
         out: dict[str, torch.Tensor] = backend.token_stats(batch, temperature=temperature)
         return out

@@ -192,6 +192,7 @@ def reference(model: str) -> dict[str, Any]:
     weights = hf_names({n: p.detach().clone() for n, p in backend.model.named_parameters()})
     return {"metrics": out, "grads": grads, "weights": weights,
             "log_probs": backend.log_probs(sft_batch()),
+            "entropy": backend.token_stats(sft_batch())["entropy"],
             "initial_log_probs": initial_log_probs}  # fmt: skip
 
 
@@ -261,8 +262,15 @@ def check_convert(ckpt: Path, final: Path, tmp: Path) -> None:
 
 
 def check_layout(
-    model: str, layout: dict[str, Any], world: int, tmp: Path, *, frozen_reference: bool = False
+    model: str,
+    layout: dict[str, Any],
+    world: int,
+    tmp: Path,
+    *,
+    frozen_reference: bool = False,
+    chunk_tokens: int | None = None,
 ) -> None:
+    """``chunk_tokens``: actor_train.logit_chunk_tokens (None: one chunk of this vocabulary)."""
     ref = reference(model)
     ex = LocalExecutor()
     try:
@@ -271,7 +279,8 @@ def check_layout(
         actor = Cluster(
             "actor_train", GradActorTrain, ex, world_size=world,
             worker_kwargs={"spec": TrainBackendSpec(
-                backend="megatron", **backend_kwargs(model), megatron=MegatronConfig(**layout))},
+                backend="megatron", **backend_kwargs(model), megatron=MegatronConfig(**layout),
+                logit_chunk_tokens=chunk_tokens)},
         )  # fmt: skip
         actor.run("setup")
         assert actor.dist_backend == "gloo"
@@ -312,6 +321,9 @@ def check_layout(
             close(w, ref["weights"][name], name)
         log_probs = torch.cat(actor.run_dp("log_probs", sft_batch()))
         close(log_probs, ref["log_probs"], "log_probs")
+        stats = actor.run_dp("token_stats", sft_batch())
+        close(torch.cat([s["log_probs"] for s in stats]), ref["log_probs"], "token_stats")
+        close(torch.cat([s["entropy"] for s in stats]), ref["entropy"], "entropy")
         actor.run_rank0("export", str(tmp / "final"))
         exported = load_file(str(tmp / "final" / "model.safetensors"))
         assert exported.keys() == weights.keys()
@@ -402,8 +414,10 @@ def test_router_replay_equals_torch(layout: dict[str, Any], tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_tensor_parallel_dense(tmp_path: Path) -> None:
-    """TP=2 with sequence parallelism, Qwen3 dense (tied embeddings)."""
-    check_layout(tiny_qwen3(), {"tp": 2, "sp": True}, 2, tmp_path)
+    """TP=2 with sequence parallelism, Qwen3 dense (tied embeddings), the output layer 3
+    positions at a time (8 chunks per micro-batch, recomputed in the backward: each TP rank
+    its vocabulary shard, gathered per chunk)."""
+    check_layout(tiny_qwen3(), {"tp": 2, "sp": True}, 2, tmp_path, chunk_tokens=3)
 
 
 @pytest.mark.slow
@@ -415,8 +429,9 @@ def test_pipeline_parallel_dense(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_expert_parallel_moe(tmp_path: Path) -> None:
-    """EP=2 (alltoall dispatcher; data parallel 2 for the dense part), Qwen3-MoE."""
-    check_layout(tiny_qwen3_moe(tmp_path / "moe"), {"ep": 2}, 2, tmp_path)
+    """EP=2 (alltoall dispatcher; data parallel 2 for the dense part), Qwen3-MoE (untied
+    output layer), 5 positions of it at a time."""
+    check_layout(tiny_qwen3_moe(tmp_path / "moe"), {"ep": 2}, 2, tmp_path, chunk_tokens=5)
 
 
 @pytest.mark.slow

@@ -21,8 +21,10 @@ log-probs, entropy and full-distribution distillation term, SFT's cross-entropy,
 sequence log-probs, the teacher's targets.
 
 Models whose forward changes the output layer's result (Gemma's logit soft-capping, Cohere's
-and Granite's logit scaling) keep the full logits (:func:`deferrable_head` says None); so does
-megatron, which computes its own (vocabulary-parallel).
+and Granite's logit scaling) keep the full logits (:func:`deferrable_head` says None).
+megatron defers its own vocabulary-parallel output layer the same way
+(megatron_backend.deferred_output): each tensor-parallel rank projects a chunk onto its
+vocabulary shard and the ranks gather the chunk's logits.
 
 DeepSpeed ZeRO-3 partitions the output layer and gathers it with a collective at every call
 (and at every recompute in the backward), so every rank must make the same number of calls
@@ -135,6 +137,14 @@ class LMHead:
     @classmethod
     def from_logits(cls, logits: torch.Tensor) -> LMHead:
         return cls(logits, None, vocab_size=int(logits.shape[-1]))
+
+    def from_column(self, first: int) -> LMHead:
+        """The head of columns ``first..`` (an objective that reads the response only)."""
+        if first == 0:
+            return self
+        head = LMHead(self.hidden[:, first:], self.project, vocab_size=self.vocab_size)
+        head.chunk_tokens, head.collective = self.chunk_tokens, self.collective
+        return head
 
     @property
     def width(self) -> int:

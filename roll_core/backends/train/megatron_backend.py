@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from roll_core.backends.train import check_backend_installed
 from roll_core.backends.train.base import TrainBackendSpec, add_metrics
+from roll_core.backends.train.lm_head import LMHead, log_probs_and_entropy, target_log_probs
 from roll_core.backends.train.megatron_model import (
     Layout,
     ShardMap,
@@ -55,7 +56,7 @@ from roll_core.backends.train.sharded import (
     seed_everything,
     set_rng_state,
 )
-from roll_core.backends.train.torch_backend import TorchTrainBackend, token_log_probs
+from roll_core.backends.train.torch_backend import TorchTrainBackend
 from roll_core.config.schema import MegatronConfig, OptimConfig
 from roll_core.convert.roll_megatron import RANK_FILE
 from roll_core.data import Batch
@@ -139,6 +140,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             megatron=spec.megatron,
             frozen=spec.frozen,
             router_replay=spec.router_replay,
+            logit_chunk_tokens=spec.logit_chunk_tokens,
         )
 
     def _build(
@@ -159,9 +161,12 @@ class MegatronTrainBackend(TorchTrainBackend):
         megatron: MegatronConfig | None = None,
         frozen: bool = False,
         router_replay: str = "off",
+        logit_chunk_tokens: int | None = None,
     ) -> None:
         """``frozen``: log-prob passes only (the reference role): the chunks are not wrapped in
-        megatron's DDP and get no optimizer or schedule; `log_probs` is all it serves."""
+        megatron's DDP and get no optimizer or schedule; `log_probs` is all it serves.
+        ``logit_chunk_tokens``: positions of the output layer computed at a time
+        (:func:`deferred_output`)."""
         if lora is not None:
             raise ConfigError(
                 "actor_train.lora is not supported with the megatron backend.",
@@ -180,6 +185,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             apply_cpu_shims()
         self.autocast_dtype = None
         self.micro_batch_size = micro_batch_size
+        self.logit_chunk_tokens = logit_chunk_tokens
         self._init_processors(model_path, tokenizer_path)
         self.lora = None
         self.model_path = model_path
@@ -354,15 +360,18 @@ class MegatronTrainBackend(TorchTrainBackend):
         )
 
     def _run(
-        self, data: Batch, on_logits: Any, *, forward_only: bool
+        self, data: Batch, on_head: Any, *, forward_only: bool
     ) -> tuple[list[tuple[Batch, bool]], Any]:
-        """Every micro-batch of ``data`` through megatron's schedule. ``on_logits(logits, mb,
-        dummy) -> loss`` runs on the last stage with the micro-batch's real logits
-        [rows, T, vocab] (padding cut off)."""
+        """Every micro-batch of ``data`` through megatron's schedule. ``on_head(head, mb, dummy)
+        -> loss`` runs on the last stage with the micro-batch's :class:`LMHead` over its real
+        positions [rows, T] (padding cut off): the output layer applied a chunk of positions at
+        a time (:func:`deferred_output`), or the forward's logits with ``logit_chunk_tokens:
+        0``."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         plan, width = self._plan(data)
-        vocab = self.dims.vocab_size
+        layer = self._output_layer() if self.logit_chunk_tokens != 0 else None
+        deferred: dict[str, Any] = {}
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
             mb, dummy = next(data_iterator)
@@ -374,7 +383,7 @@ class MegatronTrainBackend(TorchTrainBackend):
 
             def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
                 rows, cols = mb.tensors["input_ids"].shape
-                loss = on_logits(output[:rows, :cols, :vocab], mb, dummy)
+                loss = on_head(self._head(output[:rows, :cols], deferred), mb, dummy)
                 return loss, torch.ones((), dtype=torch.int), {}
 
             return out, loss_func
@@ -382,16 +391,44 @@ class MegatronTrainBackend(TorchTrainBackend):
         n_chunks = len(self.chunks)
         iterators = [iter(plan) for _ in range(n_chunks)]
         schedule = get_forward_backward_func()
-        schedule(
-            forward_step_func=forward_step,
-            data_iterator=iterators if n_chunks > 1 else iterators[0],
-            model=self.chunks if n_chunks > 1 else self.chunks[0],
-            num_microbatches=len(plan),
-            seq_length=width,
-            micro_batch_size=self.micro_batch_size,
-            forward_only=forward_only,
-        )
+        with deferred_output(layer, deferred) if layer is not None else contextlib.nullcontext():
+            schedule(
+                forward_step_func=forward_step,
+                data_iterator=iterators if n_chunks > 1 else iterators[0],
+                model=self.chunks if n_chunks > 1 else self.chunks[0],
+                num_microbatches=len(plan),
+                seq_length=width,
+                micro_batch_size=self.micro_batch_size,
+                forward_only=forward_only,
+            )
         return plan, width
+
+    def _output_layer(self) -> Any:
+        """The output layer of this rank's last model chunk, if it holds the last stage."""
+        model = self.chunks[-1]
+        model = getattr(model, "module", model)  # megatron's DDP wraps the GPTModel
+        return getattr(model, "output_layer", None) if model.post_process else None
+
+    def _head(self, output: torch.Tensor, deferred: dict[str, Any]) -> LMHead:
+        """The micro-batch's head: `output` is the last hidden states [rows, T, H] of a
+        deferred output layer (its weight in `deferred`), else the logits."""
+        vocab = self.dims.vocab_size
+        weight = deferred.get("weight")
+        if weight is None:
+            return LMHead.from_logits(output[..., :vocab])
+        group = deferred["group"]
+
+        def project(rows: torch.Tensor) -> torch.Tensor:
+            """[n, H] -> [n, V]: this rank's vocabulary shard, gathered over the TP ranks
+            (the gather's backward hands each rank its shard's gradient)."""
+            from megatron.core.tensor_parallel.mappings import (
+                gather_from_tensor_model_parallel_region,
+            )
+
+            shard = F.linear(rows.to(weight.dtype), weight)
+            return gather_from_tensor_model_parallel_region(shard, group)[:, :vocab]
+
+        return LMHead(output, project, vocab_size=vocab, chunk_tokens=self.logit_chunk_tokens)
 
     # ---- the step ---------------------------------------------------------------------------
     def _is_reporter(self) -> bool:
@@ -424,14 +461,14 @@ class MegatronTrainBackend(TorchTrainBackend):
         sums: dict[str, float] = {}
         logits_from = getattr(objective, "logits_from", None)
 
-        def on_logits(logits: torch.Tensor, mb: Batch, dummy: bool) -> torch.Tensor:
+        def on_head(head: LMHead, mb: Batch, dummy: bool) -> torch.Tensor:
             first = logits_from(mb) if logits_from is not None else 0
-            loss, metrics = objective(logits[:, first:], mb.to(self.device))
+            loss, metrics = objective(head.from_column(first), mb.to(self.device))
             if not dummy:
                 add_metrics(sums, metrics)
             return loss * (0.0 if dummy else 1.0)
 
-        self._run(data, on_logits, forward_only=False)
+        self._run(data, on_head, forward_only=False)
         lr = float(self.optimizer.param_groups[0]["lr"])
         _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step()
@@ -453,44 +490,55 @@ class MegatronTrainBackend(TorchTrainBackend):
             chunk.eval()
         sums: dict[str, float] = {}
 
-        def on_logits(logits: torch.Tensor, mb: Batch, dummy: bool) -> torch.Tensor:
-            _, metrics = objective(logits, mb.to(self.device))
+        def on_head(head: LMHead, mb: Batch, dummy: bool) -> torch.Tensor:
+            _, metrics = objective(head, mb.to(self.device))
             if not dummy:
                 add_metrics(sums, metrics)
-            return logits.new_zeros(())
+            return head.hidden.new_zeros(())
 
-        self._run(data, on_logits, forward_only=True)
+        self._run(data, on_head, forward_only=True)
         sums = self._from_last_stage(sums)
         return sums if self._is_reporter() else {}
 
     def token_stats(self, batch: Batch, *, temperature: float = 1.0) -> dict[str, torch.Tensor]:
-        """The rollout record's per-token values: log-probs only (this backend's
-        vocabulary-parallel logits give no per-token entropy yet; the record says null)."""
-        return {"log_probs": self.log_probs(batch, temperature=temperature)}
+        """The rollout record's per-token values: ``log_probs`` (as :meth:`log_probs`) and the
+        ``entropy`` of every next-token distribution, [B, T-1] float32 each."""
+        return self._token_pass(batch, log_probs_and_entropy, temperature, ("log_probs", "entropy"))
 
-    @torch.no_grad()
     def log_probs(self, batch: Batch, *, temperature: float = 1.0) -> torch.Tensor:
         """[B, T-1] for this rank's own rows (its replica computes its ranks' rows together)."""
+        return self._token_pass(batch, _log_probs_only, temperature, ("log_probs",))["log_probs"]
+
+    @torch.no_grad()
+    def _token_pass(
+        self, batch: Batch, fn: Any, temperature: float, keys: tuple[str, ...]
+    ) -> dict[str, torch.Tensor]:
+        """``fn(head, input_ids, valid, temperature=)`` -> one [rows, T-1] tensor per key, for
+        this rank's own rows; 0 where a row has no next token (padding), as every train
+        backend reports it."""
         data = self._replica_batch(batch)
         for chunk in self.chunks:
             chunk.eval()
-        out: list[torch.Tensor] = []
+        out: list[tuple[torch.Tensor, ...]] = []
 
-        def on_logits(logits: torch.Tensor, mb: Batch, dummy: bool) -> torch.Tensor:
+        def on_head(head: LMHead, mb: Batch, dummy: bool) -> torch.Tensor:
             if not dummy:
                 ids = mb.tensors["input_ids"].to(self.device)
-                out.append(token_log_probs(logits, ids, temperature=temperature).cpu())
-            return logits.new_zeros(())
+                valid = mb.tensors["attention_mask"][:, 1:].to(self.device)
+                values = fn(head, ids, valid, temperature=temperature)
+                out.append(tuple(v.cpu() for v in values))
+            return head.hidden.new_zeros(())
 
-        self._run(data, on_logits, forward_only=True)
+        self._run(data, on_head, forward_only=True)
         width = data.tensors["input_ids"].shape[1] - 1
-        rows = self._from_last_stage(
-            torch.cat([F.pad(t, (0, width - t.shape[1])) for t in out]) if out else None
-        )
-        own = self._own_rows(batch, rows)
-        # 0 where a row has no next token (padding), as every train backend reports it
-        valid = batch.tensors["attention_mask"][:, 1:].to(own.device).bool()
-        return own.masked_fill(~valid, 0.0)
+        valid = batch.tensors["attention_mask"][:, 1:].bool()
+        result = {}
+        for i, key in enumerate(keys):
+            parts = [F.pad(t[i], (0, width - t[i].shape[1])) for t in out]
+            rows = self._from_last_stage(torch.cat(parts) if parts else None)
+            own = self._own_rows(batch, rows)
+            result[key] = own.masked_fill(~valid.to(own.device), 0.0)
+        return result
 
     def _own_rows(self, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
         """This rank's part of its replica's rows (the replica concatenated its ranks' shards
@@ -682,13 +730,22 @@ class MegatronTrainBackend(TorchTrainBackend):
         get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+def _log_probs_only(
+    head: LMHead, input_ids: torch.Tensor, valid: torch.Tensor, *, temperature: float
+) -> tuple[torch.Tensor]:
+    return (target_log_probs(head, input_ids, valid, temperature=temperature),)
+
+
 def _next_tokens(
-    out: list[torch.Tensor], logits: torch.Tensor, mb: Batch, dummy: bool
+    out: list[torch.Tensor], head: LMHead, mb: Batch, dummy: bool
 ) -> torch.Tensor:
     """Greedy next token of every row (right-padded: at its last real position)."""
-    last = mb.tensors["attention_mask"].sum(dim=1) - 1
-    out.append(logits[torch.arange(len(last)), last.to(logits.device)].argmax(-1))
-    return logits.new_zeros(())
+    attn = mb.tensors["attention_mask"]
+    last = torch.zeros(attn.shape, dtype=torch.bool)
+    last[torch.arange(len(attn)), attn.sum(dim=1) - 1] = True
+    (tokens,) = head.map(last.to(head.device), lambda logits: (logits.argmax(-1),))
+    out.append(tokens)
+    return head.hidden.new_zeros(())
 
 
 def _finalize(finalize: Any, model: Any, num_tokens: Any = None, **kwargs: Any) -> None:
@@ -701,3 +758,40 @@ def _inner_optimizers(optimizer: Any) -> list[Any]:
     megatron's (chained) distributed optimizer: their state is this rank's shard."""
     chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
     return [o.optimizer for o in chained]
+
+
+@contextlib.contextmanager
+def deferred_output(layer: Any, deferred: dict[str, Any]) -> Iterator[None]:
+    """Inside: megatron's output layer (a ColumnParallelLinear, vocabulary-parallel over the
+    TP ranks) returns its input, so the GPTModel's forward returns its last hidden states;
+    :class:`LMHead` then applies the layer a chunk of positions at a time (each TP rank its
+    vocabulary shard, gathered per chunk: one chunk's [positions, vocabulary] exists at a
+    time, and none is kept for the backward). ``deferred`` gets the weight the model passed
+    (the embedding's when tied) and the TP group.
+
+    The hidden states come out as the layer's matmul sees them: with sequence parallelism
+    gathered over the sequence (the backward reduce-scatters), else copied into the TP region
+    (the backward all-reduces): each TP rank's gradient is its vocabulary shard's share, and
+    the sum is that of the whole layer. Every TP rank of a replica runs the same
+    micro-batches, so each makes the same gathers."""
+    from megatron.core.tensor_parallel.mappings import (
+        copy_to_tensor_model_parallel_region,
+        gather_from_sequence_parallel_region,
+    )
+
+    def forward(
+        input_: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None
+    ) -> tuple[torch.Tensor, None]:
+        deferred["weight"] = layer.weight if weight is None else weight
+        deferred["group"] = layer.tp_group
+        if layer.sequence_parallel:
+            hidden = gather_from_sequence_parallel_region(input_, True, layer.tp_group)
+        else:
+            hidden = copy_to_tensor_model_parallel_region(input_, layer.tp_group)
+        return hidden, None
+
+    layer.forward = forward
+    try:
+        yield
+    finally:
+        del layer.forward
