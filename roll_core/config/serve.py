@@ -78,6 +78,14 @@ class ServeTrainConfig(Strict):
     seed: int = Field(
         default=0, description="Seed of LoRA initialisation when the client gives none."
     )
+    logit_chunk_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Positions whose logits exist at a time in `forward` / "
+        "`forward_backward` (as actor_train.logit_chunk_tokens: the output layer runs on "
+        "this many positions at a time, recomputed in the backward). null: about 16M logits "
+        "per chunk; 0: a micro-batch's logits at once. Same log-probs and gradients either way.",
+    )
 
 
 class ServeSampleConfig(Strict):

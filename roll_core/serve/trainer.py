@@ -17,9 +17,11 @@ import torch
 
 from roll_core.algorithms.tinker_losses import INPUTS, TINKER_LOSSES, datum_loss
 from roll_core.backends.train.base import TrainBackendSpec
+from roll_core.backends.train.lm_head import picked_log_probs
 from roll_core.backends.train.torch_backend import TorchTrainBackend
 from roll_core.config.schema import LoraConfig, OptimConfig
 from roll_core.config.serve import ServeConfig, ServedModel
+from roll_core.data import Batch
 from roll_core.models.lora import iter_merged, load_adapter, save_adapter
 
 MICRO_BATCH_TOKENS = 4096
@@ -82,6 +84,7 @@ class TrainedModel:
             num_threads=cfg.train.num_threads,
             lora=lora,
             packing=False,
+            logit_chunk_tokens=cfg.train.logit_chunk_tokens,
         )
         with warnings.catch_warnings():  # a tied head's adapter: the sampler unties the head
             warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
@@ -184,7 +187,9 @@ class TrainedModel:
 
     def _logprobs(self, rows: list[list[int]], targets: list[torch.Tensor]) -> list[torch.Tensor]:
         """log p(targets[r][t] | rows[r][: t + 1]) for every row r and position t ([N_r] float32
-        each), from one right-padded forward of the rows."""
+        each), from one right-padded forward of the rows; the output layer runs a chunk of
+        positions at a time (backends/train/lm_head.py: no [tokens x vocabulary] tensor is
+        kept for the backward)."""
         device = self.backend.device
         width = max(len(r) for r in rows)
         ids = torch.zeros((len(rows), width), dtype=torch.long)
@@ -192,13 +197,10 @@ class TrainedModel:
         for r, tokens in enumerate(rows):
             ids[r, : len(tokens)] = torch.as_tensor(tokens)
             mask[r, : len(tokens)] = 1
-        with self.backend._autocast():
-            logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-        out = []
-        for r, tgt in enumerate(targets):
-            logp = torch.log_softmax(logits[r, : len(rows[r])].float(), dim=-1)
-            out.append(logp.gather(-1, tgt.to(device).unsqueeze(-1)).squeeze(-1))
-        return out
+        mb = Batch(tensors={"input_ids": ids, "attention_mask": mask}).to(device)
+        head, _ = self.backend.head(mb)
+        values = picked_log_probs(head, mask.to(device).bool(), torch.cat(targets).to(device))
+        return list(values.split([len(r) for r in rows]))
 
     # ---- optimizer ---------------------------------------------------------------------------
     def optim_step(self, adam: AdamStep) -> dict[str, float]:

@@ -282,6 +282,16 @@ def _log_prob_fn(temperature: float) -> ChunkFn:
     return fn
 
 
+def picked_log_probs(
+    head: LMHead | torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """log p(targets[i] | its position) at the positions ``mask`` ([B, W] bool) picks, in
+    row-major order: ``[N]`` float32 for ``targets`` ``[N]`` (any target per position, not
+    only the next input token: Tinker's ``target_tokens``)."""
+    (values,) = as_head(head).map(mask.bool(), _log_prob_fn(1.0), targets)
+    return values
+
+
 def target_log_probs(
     head: LMHead | torch.Tensor,
     input_ids: torch.Tensor,
