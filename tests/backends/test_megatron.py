@@ -128,6 +128,7 @@ def rl_batch() -> Batch:
 
 
 ROOT = Path(__file__).resolve().parents[2]
+GREEDY_PROMPTS = [[5, 6, 7], [11, 12, 13, 14, 15]]
 
 
 def backend_kwargs(model: str) -> dict[str, Any]:
@@ -193,6 +194,7 @@ def reference(model: str) -> dict[str, Any]:
     return {"metrics": out, "grads": grads, "weights": weights,
             "log_probs": backend.log_probs(sft_batch()),
             "entropy": backend.token_stats(sft_batch())["entropy"],
+            "greedy": backend.generate(GREEDY_PROMPTS, max_new_tokens=3),
             "initial_log_probs": initial_log_probs}  # fmt: skip
 
 
@@ -324,6 +326,8 @@ def check_layout(
         stats = actor.run_dp("token_stats", sft_batch())
         close(torch.cat([s["log_probs"] for s in stats]), ref["log_probs"], "token_stats")
         close(torch.cat([s["entropy"] for s in stats]), ref["entropy"], "entropy")
+        greedy = actor.run_rank0("generate", GREEDY_PROMPTS, max_new_tokens=3)
+        assert greedy == ref["greedy"]
         actor.run_rank0("export", str(tmp / "final"))
         exported = load_file(str(tmp / "final" / "model.safetensors"))
         assert exported.keys() == weights.keys()

@@ -736,9 +736,7 @@ def _log_probs_only(
     return (target_log_probs(head, input_ids, valid, temperature=temperature),)
 
 
-def _next_tokens(
-    out: list[torch.Tensor], head: LMHead, mb: Batch, dummy: bool
-) -> torch.Tensor:
+def _next_tokens(out: list[torch.Tensor], head: LMHead, mb: Batch, dummy: bool) -> torch.Tensor:
     """Greedy next token of every row (right-padded: at its last real position)."""
     attn = mb.tensors["attention_mask"]
     last = torch.zeros(attn.shape, dtype=torch.bool)
