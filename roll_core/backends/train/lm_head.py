@@ -283,12 +283,16 @@ def _log_prob_fn(temperature: float) -> ChunkFn:
 
 
 def picked_log_probs(
-    head: LMHead | torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    head: LMHead | torch.Tensor,
+    mask: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """log p(targets[i] | its position) at the positions ``mask`` ([B, W] bool) picks, in
-    row-major order: ``[N]`` float32 for ``targets`` ``[N]`` (any target per position, not
-    only the next input token: Tinker's ``target_tokens``)."""
-    (values,) = as_head(head).map(mask.bool(), _log_prob_fn(1.0), targets)
+    """log p(targets[i] | its position) at `temperature`, at the positions ``mask`` ([B, W]
+    bool) picks, in row-major order: ``[N]`` float32 for ``targets`` ``[N]`` (any target per
+    position, not only the next input token: Tinker's ``target_tokens``)."""
+    (values,) = as_head(head).map(mask.bool(), _log_prob_fn(temperature), targets)
     return values
 
 
@@ -301,10 +305,8 @@ def target_log_probs(
 ) -> torch.Tensor:
     """log p(input_ids[:, t+1] | prefix) / at `temperature` where ``mask`` ([B, T-1], target
     space) is set, 0 elsewhere: ``[B, T-1]`` float32 (a head covering all T columns)."""
-    head = as_head(head)
     picked = mask.bool()
-    targets = input_ids[:, 1:][picked]
-    (values,) = head.map(picked, _log_prob_fn(temperature), targets)
+    values = picked_log_probs(head, picked, input_ids[:, 1:][picked], temperature=temperature)
     out = torch.zeros(picked.shape, dtype=torch.float32, device=values.device)
     return out.masked_scatter(picked, values)
 
