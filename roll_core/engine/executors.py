@@ -132,6 +132,11 @@ class RayExecutor:
         self._ranks: dict[str, int] = {}  # actor id -> rank, to name a dead actor
         if not ray.is_initialized():
             os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+            if not address:
+                # roll runs only actors (each in its own process): Ray's pool of idle task
+                # workers, one per CPU at start-up, would each import Ray for nothing
+                os.environ.setdefault("RAY_enable_worker_prestart", "0")
+                os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
             try:
                 ray.init(
                     address=address,

@@ -6,6 +6,7 @@ Both wrap the pipeline's driver loop so the run's status is always right: `finis
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ from roll_core.config.loader import dump_config, load_config, read_yaml
 from roll_core.config.recipes import Recipe
 from roll_core.engine.plan import Plan, make_plan
 from roll_core.engine.resource_plan import check_capacity
-from roll_core.pipelines import agentic, distill, dpo, rlvr, sft
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
 from roll_core.pipelines.roles import check_engine_support, check_vision_support
 from roll_core.runs import Run
@@ -35,13 +35,17 @@ class Pipeline:
     run: Callable[[Any, Any, DriverLoop], dict[str, float]]
 
 
-PIPELINES: dict[str, Pipeline] = {
-    "sft": Pipeline(plan=sft.plan, prepare=sft.prepare, run=sft.run),
-    "rlvr": Pipeline(plan=rlvr.plan, prepare=rlvr.prepare, run=rlvr.run),
-    "dpo": Pipeline(plan=dpo.plan, prepare=dpo.prepare, run=dpo.run),
-    "distill": Pipeline(plan=distill.plan, prepare=distill.prepare, run=distill.run),
-    "agentic": Pipeline(plan=agentic.plan, prepare=agentic.prepare, run=agentic.run),
-}
+PIPELINES = ("sft", "rlvr", "dpo", "distill", "agentic")
+"""The pipelines, each a module of this package with `plan`, `prepare` and `run`."""
+
+
+def pipeline(name: str) -> Pipeline:
+    """The entry points of pipeline `name`, imported on first use (a run imports only its
+    own pipeline's module, not the others' rollout machinery)."""
+    if name not in PIPELINES:
+        raise KeyError(name)
+    module = importlib.import_module(f"roll_core.pipelines.{name}")
+    return Pipeline(plan=module.plan, prepare=module.prepare, run=module.run)
 
 
 @dataclass
@@ -66,7 +70,7 @@ def plan_rows(cfg: Recipe, plan: Plan) -> list[RolePlan]:
 
 def checked_rows(cfg: Recipe, plan: Plan) -> list[RolePlan]:
     """The pipeline's rows, after the checks every start makes before loading anything."""
-    rows = PIPELINES[cfg.pipeline].plan(cfg, plan)
+    rows = pipeline(cfg.pipeline).plan(cfg, plan)
     check_vision_support(cfg)
     check_engine_support(cfg)
     check_capacity(cfg, rows)
@@ -127,7 +131,7 @@ def _execute(
 ) -> RunResult:
     loop = DriverLoop(cfg, run, plan=plan, resume=resume, new_config=new_config)
     try:
-        metrics = PIPELINES[cfg.pipeline].run(cfg, setup, loop)
+        metrics = pipeline(cfg.pipeline).run(cfg, setup, loop)
     except RunInterrupted:
         raise
     except KeyboardInterrupt:
@@ -158,7 +162,7 @@ def _execute(
 def _prepare(cfg: Recipe) -> Any:
     """The pipeline's `prepare` (tokenizer, data, checks), shown as a phase on the console."""
     with phase(make_console(stderr=True), "loading tokenizer and data"):
-        return PIPELINES[cfg.pipeline].prepare(cfg)
+        return pipeline(cfg.pipeline).prepare(cfg)
 
 
 def launch(
@@ -206,6 +210,7 @@ def resume(run_id: str, *, runs_dir: str | Path, overrides: list[str] | None = N
 __all__ = [
     "PIPELINES",
     "Pipeline",
+    "pipeline",
     "RolePlan",
     "RunInterrupted",
     "RunResult",
