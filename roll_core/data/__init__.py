@@ -97,6 +97,10 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
     "BUILDERS",
     "PROMPT_TEMPLATE",

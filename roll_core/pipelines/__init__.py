@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_core.config.loader import dump_config, load_config, read_yaml
-from roll_core.config.recipes import Recipe
+from roll_core.config.recipes import PIPELINES, Recipe
 from roll_core.engine.plan import Plan, make_plan
 from roll_core.engine.resource_plan import check_capacity
 from roll_core.pipelines.common import DriverLoop, RolePlan, RunInterrupted
@@ -35,14 +35,10 @@ class Pipeline:
     run: Callable[[Any, Any, DriverLoop], dict[str, float]]
 
 
-PIPELINES = ("sft", "rlvr", "dpo", "distill", "agentic")
-"""The pipelines, each a module of this package with `plan`, `prepare` and `run`."""
-
-
 def pipeline(name: str) -> Pipeline:
     """The entry points of pipeline `name`, imported on first use (a run imports only its
     own pipeline's module, not the others' rollout machinery)."""
-    if name not in PIPELINES:
+    if name not in PIPELINES:  # the recipe schema's names: one module of this package each
         raise KeyError(name)
     module = importlib.import_module(f"roll_core.pipelines.{name}")
     return Pipeline(plan=module.plan, prepare=module.prepare, run=module.run)
