@@ -3,7 +3,7 @@
 Same model, same prompts, same sampling, in this one command:
 * direct: the infer backend's `generate` on the whole batch (n x prompts requests) at once,
   then every reward computed afterwards (a barrier between generation and rewards);
-* scheduler: RolloutScheduler in deterministic mode over the same ActorInfer workers (fixed
+* scheduler: the rollout producer (one-turn groups) in deterministic mode over the same ActorInfer workers (fixed
   chunks routed to the least loaded rank, rewards scored on a thread pool as each chunk
   completes). Streaming against chunked on one engine: benchmarks/rollout_engine.py.
 
@@ -41,8 +41,8 @@ def main() -> None:
     from roll_core.data import encode_prompt, load_rows
     from roll_core.engine import Cluster, LocalExecutor
     from roll_core.models import load_tokenizer, resolve_model_path
+    from roll_core.rollout.one_turn import Prompt, Sample, prompt_producer
     from roll_core.rollout.rewards import RewardStage
-    from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
     from roll_core.workers.actor_infer import ActorInfer
 
     path = resolve_model_path(args.model)
@@ -80,7 +80,7 @@ def main() -> None:
         return sum(len(c.response_ids) for c in outs), time.perf_counter() - start
 
     def scheduled() -> tuple[int, float]:
-        sched = RolloutScheduler(
+        sched = prompt_producer(
             infer=infer,
             prompts=iter(prompts),
             reward_fn=stage.score_sample,

@@ -107,6 +107,12 @@ class AgenticRolloutConfig(SamplingConfig):
         "Every episode of a kept group ran to its end, so no group is filtered by how its "
         "episodes went: the tail of slow groups is cut without favouring short episodes.",
     )
+    max_additional_groups: int = Field(
+        default=0,
+        ge=0,
+        description="Dynamic sampling (algorithm.dynamic_sampling): extra groups per env a "
+        "step may launch to replace groups whose episodes all got the same return.",
+    )
     history_window: int = Field(
         default=2, ge=0, description="Step mode: earlier (observation, action) turns in a prompt."
     )

@@ -33,8 +33,8 @@ from roll_core.errors import ConfigError, DataError, UsageError
 from roll_core.evaluation.models import ResolvedModel, resolve_model_or_run
 from roll_core.evaluation.passk import ks_for, mean_pass_at_k
 from roll_core.models import load_tokenizer, resolve_model_path
+from roll_core.rollout.one_turn import Prompt, Sample
 from roll_core.rollout.rewards import RewardStage
-from roll_core.rollout.scheduler import Prompt, Sample
 from roll_core.runs import atomic_write_text
 
 Progress = Callable[[int, int], None]

@@ -1,7 +1,7 @@
 """`roll train agentic`: multi-turn RL in text environments.
 
-What is agentic's own: the envs, the rollout source (the env rollout manager,
-rollout/agentic/: env-level async episodes, G per group), the batch layout (StarPO: one row
+What is agentic's own: the envs, the rollout source (env groups of the one rollout producer,
+rollout/agentic/episodes.py: env-level async episodes, G per group), the batch layout (StarPO: one row
 per episode; GiGPO, `rollout.mode: step`: one row per turn, with GiGPO's advantages) and
 validation on held-out env seeds. The recipe checks are pipelines/checks/agentic.py, the
 optional warm start (SFT on scripted episodes, before step 1) pipelines/warm_start.py, and
@@ -52,14 +52,16 @@ from roll_core.pipelines.rl_loop import RLHooks, run_rl
 from roll_core.pipelines.warm_start import warm_start_phase
 from roll_core.rollout.agentic import (
     ChatFormat,
-    EnvRolloutManager,
     EnvSpec,
     RolloutSettings,
     Trajectory,
+    env_producer,
     episode_metrics,
+    run_episodes,
 )
 from roll_core.rollout.agentic.agent_episode import openai_client
 from roll_core.rollout.agentic.endpoint import check_port
+from roll_core.rollout.producer import RolloutProducer
 from roll_core.rollout.router import rollout_mode
 from roll_core.rollout.source import AgenticSource
 
@@ -81,20 +83,11 @@ def plan(cfg: AgenticConfig, p: Plan) -> list[RolePlan]:
     rows.append(roles.weight_sync_row(cfg, p))
     rows.append(roles.colocation_row(cfg, p))
     envs = ", ".join(f"{e.name} x{e.groups_per_step} groups" for e in cfg.envs)
-    rows.append(
-        RolePlan(
-            "envs",
-            "EnvRolloutManager",
-            "threads",
-            min(
-                r.max_concurrent_episodes,
-                episodes + r.redundant_groups * len(cfg.envs) * r.group_size,
-            ),
-            "cpu",
-            "driver",
-            f"{envs}; group size {r.group_size}; {r.redundant_groups} redundant groups/env",
-        )
+    threads = min(
+        r.max_concurrent_episodes, episodes + r.redundant_groups * len(cfg.envs) * r.group_size
     )
+    what = f"{envs}; group size {r.group_size}; {r.redundant_groups} redundant groups/env"
+    rows.append(RolePlan("envs", "EpisodeMembers", "threads", threads, "cpu", "driver", what))
     return rows
 
 
@@ -189,7 +182,7 @@ def settings(cfg: AgenticConfig, setup: AgenticSetup) -> RolloutSettings:
 
 # ---- validation -------------------------------------------------------------------------------
 def validate(
-    cfg: AgenticConfig, manager: EnvRolloutManager, specs: list[EnvSpec]
+    cfg: AgenticConfig, producer: RolloutProducer[Trajectory], specs: list[EnvSpec]
 ) -> dict[str, float]:
     params = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -200,7 +193,7 @@ def validate(
     trajs: list[Trajectory] = []
     for entry, spec in zip(cfg.envs, specs, strict=True):
         seeds = [cfg.eval.seed_start + i for i in range(entry.eval_episodes)]
-        trajs += manager.run_episodes(spec, seeds, params)
+        trajs += run_episodes(producer, spec, seeds, params)
     metrics = episode_metrics(trajs, prefix="eval")  # a failed episode counts as a failure
     metrics["eval/env_errors"] = float(sum(t.status == "error" for t in trajs))
     metrics["eval/env_timeouts"] = float(sum(t.status == "timeout" for t in trajs))
@@ -230,13 +223,13 @@ def run(cfg: AgenticConfig, setup: AgenticSetup, loop: DriverLoop) -> dict[str, 
 
         def validation() -> dict[str, float]:
             try:
-                return validate(cfg, source.manager, eval_specs)
+                return validate(cfg, source.producer, eval_specs)
             finally:
                 source.show_faults()
 
         def warm(start: int) -> None:
             if start == 0 and cfg.warm_start.steps:
-                warm_start_phase(cfg, setup, rl, source.manager, specs, loop, evaluate, eval_specs)
+                warm_start_phase(cfg, setup, rl, source.producer, specs, loop, evaluate, eval_specs)
 
         hooks = RLHooks(
             evaluate=validation if evaluate else None,
@@ -259,18 +252,24 @@ def _source(
     specs: list[EnvSpec],
     note: Callable[[str], None] | None = None,
 ) -> AgenticSource:
-    """The env rollout manager on actor_infer, as the loop's rollout source (``note``: where
-    the first faults of each env are shown)."""
-    manager = EnvRolloutManager(
+    """Env groups of the rollout producer on actor_infer, as the loop's rollout source
+    (``note``: where the first faults of each env are shown)."""
+    producer = env_producer(
         infer=rl.actor_infer,
         tokenizer=setup.tokenizer,
         specs=specs,
         settings=settings(cfg, setup),
         processor=setup.processor,
+        dynamic_sampling=cfg.algorithm.dynamic_sampling,
+        max_additional_groups=cfg.rollout.max_additional_groups,
     )
-    pad = setup.tokenizer.pad_token_id
     return AgenticSource(
-        manager, pad_id=pad, mode=cfg.rollout.mode, gamma=cfg.gigpo.gamma, note=note
+        producer,
+        pad_id=setup.tokenizer.pad_token_id,
+        mode=cfg.rollout.mode,
+        max_context=setup.max_context,
+        gamma=cfg.gigpo.gamma,
+        note=note,
     )
 
 

@@ -29,7 +29,7 @@ from roll_core.config.rlvr import RolloutRecordsConfig
 from roll_core.data import Batch
 from roll_core.rollout.agentic.batch import EPISODE_ROW
 from roll_core.rollout.agentic.episode import Trajectory
-from roll_core.rollout.scheduler import Sample
+from roll_core.rollout.one_turn import Sample
 from roll_core.tracking.rollouts import RolloutStore
 
 _TOKEN_FIELDS = {

@@ -1,8 +1,8 @@
 """`roll train rlvr`: RL with verifiable rewards.
 
 What is rlvr's own: the prompts (data/, chat templates, images), the reward stage, the
-rollout source (the RLVR scheduler, rollout/scheduler.py: synchronous, or with
-`rollout.async_generation_ratio > 0` ahead of the trainer),
+rollout source (one-turn groups of the one rollout producer, rollout/one_turn.py: synchronous,
+or with `rollout.async_generation_ratio > 0` ahead of the trainer),
 validation on held-out prompts and the `--dry-run` rows. Prompt loading is data/prompts.py,
 the recipe checks pipelines/checks/rlvr.py, and the loop itself pipelines/rl_loop.py, shared
 with `roll train agentic` (the loop's pseudo-code: docs/internals.md, "The loop").
@@ -34,10 +34,10 @@ from roll_core.pipelines.checks.rlvr import check_algorithm, check_chat_template
 from roll_core.pipelines.common import DriverLoop, RolePlan
 from roll_core.pipelines.rl_iteration import sampling_params
 from roll_core.pipelines.rl_loop import RLHooks, run_rl
+from roll_core.rollout.one_turn import prompt_producer
 from roll_core.rollout.placement import check_prefix_support
 from roll_core.rollout.rewards import RewardStage
 from roll_core.rollout.router import Router, rollout_mode
-from roll_core.rollout.scheduler import RolloutScheduler
 from roll_core.rollout.source import RLVRSource
 from roll_core.rollout.validation import score_prompts
 
@@ -196,10 +196,10 @@ def _source(
     stream: PromptStream,
     rewards: RewardStage,
 ) -> RLVRSource:
-    """The rollout source over the one scheduler (synchronous at ratio 0, async above)."""
+    """The rollout source over the one producer (synchronous at ratio 0, async above)."""
     r = cfg.rollout
     prefix = cfg.actor_infer.backend in PREFIX_CONTINUATION_BACKENDS
-    scheduler = RolloutScheduler(
+    producer = prompt_producer(
         infer=rl.actor_infer,
         prompts=stream,
         reward_fn=rewards.score_sample,
@@ -222,10 +222,10 @@ def _source(
             partial_rollout=r.partial_rollout,
             allow_fallback=r.partial_rollout_fallback,
         ),
+        by_index=setup.train,
     )
     return RLVRSource(
-        scheduler,
-        prompts=setup.train,
+        producer,
         pad_id=setup.tokenizer.pad_token_id,
         step_metrics=rewards.step_metrics,
     )

@@ -28,7 +28,6 @@ from roll_core.pipelines.common import DriverLoop
 from roll_core.pipelines.rl_loop import logging_faults
 from roll_core.rollout.agentic import (
     ChatFormat,
-    EnvRolloutManager,
     EnvSpec,
     Trajectory,
     play_episode,
@@ -37,6 +36,7 @@ from roll_core.rollout.agentic import (
 )
 from roll_core.rollout.agentic.agent_episode import expert_responder, play_scripted
 from roll_core.rollout.agentic.endpoint import AgentEndpoint
+from roll_core.rollout.producer import RolloutProducer
 
 if TYPE_CHECKING:
     from roll_core.pipelines.agentic import AgenticSetup
@@ -288,7 +288,7 @@ def warm_start_phase(
     cfg: AgenticConfig,
     setup: AgenticSetup,
     rl: roles.RLRoles,
-    manager: EnvRolloutManager,
+    producer: RolloutProducer[Trajectory],
     specs: list[EnvSpec],
     loop: DriverLoop,
     evaluate: bool,
@@ -299,7 +299,7 @@ def warm_start_phase(
 
     if evaluate and cfg.warm_start.eval_before:
         with loop.phase("evaluating"):
-            before = validate(cfg, manager, eval_specs)
+            before = validate(cfg, producer, eval_specs)
         loop.log_extra(
             0, {k.replace("eval/", "eval_before_warm_start/"): v for k, v in before.items()}
         )

@@ -16,7 +16,7 @@ import torch
 from roll_core.data import Batch
 from roll_core.data.vision import vision_fields
 from roll_core.models.routing import ROUTES_KEY, routes_tensor
-from roll_core.rollout.scheduler import Sample
+from roll_core.rollout.one_turn import Sample
 
 
 def build_rl_batch(groups: list[list[Sample]], *, pad_id: int) -> Batch:

@@ -12,7 +12,7 @@ from typing import Any
 
 from roll_core.config.reward import RewardConfig
 from roll_core.rewards import RewardRouter, RewardSample, domain_metrics
-from roll_core.rollout.scheduler import Sample
+from roll_core.rollout.one_turn import Sample
 
 
 class RewardStage:

@@ -15,8 +15,8 @@ from typing import Any
 
 from roll_core.backends.infer import Request, SamplingParams
 from roll_core.data.prompts import Prompt
+from roll_core.rollout.one_turn import Sample
 from roll_core.rollout.router import Router
-from roll_core.rollout.scheduler import Sample
 
 
 def score_prompts(

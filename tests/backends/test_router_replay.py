@@ -30,7 +30,7 @@ from roll_core.models.routing import (
 )
 from roll_core.pipelines.roles import check_engine_support
 from roll_core.rollout.batch import build_rl_batch
-from roll_core.rollout.scheduler import Prompt, Sample
+from roll_core.rollout.one_turn import Prompt, Sample
 from roll_core.workers.objectives import sft
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import pytest
 from roll_core.backends.infer import SamplingParams
 from roll_core.envs.agents import load_agent
 from roll_core.errors import ConfigError
-from roll_core.rollout.agentic import EnvRolloutManager, EnvSpec
+from roll_core.rollout.agentic import EnvSpec, env_producer, run_episodes
 from roll_core.sandbox.local import namespaces_work
 from tests.rollout.test_agent_endpoint import CalcInfer, settings
 from tests.rollout.test_agent_endpoint import tok as tok  # noqa: F401 - the fixture
@@ -61,9 +61,9 @@ def play(
     options |= {"prompt": "12*34", "isolation": isolation, "read_only": shown(tmp_path)}
     options["timeout_s"] = timeout_s
     spec = EnvSpec("harness", lambda: None, agent=load_agent("roll_core.envs.harness:run", options))
-    mgr = EnvRolloutManager(infer=CalcInfer(tok), tokenizer=tok, specs=[spec], settings=settings())
+    mgr = env_producer(infer=CalcInfer(tok), tokenizer=tok, specs=[spec], settings=settings())
     try:
-        [traj] = mgr.run_episodes(spec, [0], SamplingParams(max_new_tokens=80))
+        [traj] = run_episodes(mgr, spec, [0], SamplingParams(max_new_tokens=80))
         return traj
     finally:
         mgr.close()
@@ -145,11 +145,9 @@ def test_a_swe_task_is_graded_on_the_harness_workspace(
 
 def play_options(tok: Any, options: dict[str, Any], **kw: Any) -> Any:
     spec = EnvSpec("swe", lambda: None, agent=load_agent("roll_core.envs.harness:run", options))
-    mgr = EnvRolloutManager(
-        infer=CalcInfer(tok), tokenizer=tok, specs=[spec], settings=settings(**kw)
-    )
+    mgr = env_producer(infer=CalcInfer(tok), tokenizer=tok, specs=[spec], settings=settings(**kw))
     try:
-        [traj] = mgr.run_episodes(spec, [0], SamplingParams(max_new_tokens=80))
+        [traj] = run_episodes(mgr, spec, [0], SamplingParams(max_new_tokens=80))
         return traj
     finally:
         mgr.close()
@@ -250,7 +248,7 @@ def test_eight_sandboxed_harness_episodes_at_once_lose_nothing(tok: Any, tmp_pat
         "read_only": shown(harness),
     }
     spec = EnvSpec("swe", lambda: None, agent=load_agent("roll_core.envs.harness:run", options))
-    mgr = EnvRolloutManager(
+    mgr = env_producer(
         infer=CalcInfer(tok),
         tokenizer=tok,
         specs=[spec],
@@ -258,7 +256,7 @@ def test_eight_sandboxed_harness_episodes_at_once_lose_nothing(tok: Any, tmp_pat
     )
     start = time.monotonic()
     try:
-        trajs = mgr.run_episodes(spec, list(range(8)), SamplingParams(max_new_tokens=80))
+        trajs = run_episodes(mgr, spec, list(range(8)), SamplingParams(max_new_tokens=80))
     finally:
         mgr.close()
     wall = time.monotonic() - start

@@ -9,7 +9,7 @@ import pytest
 from roll_core.errors import UsageError
 from roll_core.evaluation import EvalSettings, ResolvedModel, check_settings
 from roll_core.evaluation.evaluate import default_out_path, summarize, summary_path
-from roll_core.rollout.scheduler import Prompt, Sample
+from roll_core.rollout.one_turn import Prompt, Sample
 from roll_core.runs import Run
 
 

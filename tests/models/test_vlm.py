@@ -24,7 +24,7 @@ from roll_core.models import materialize_builtin, model_summary
 from roll_core.models.loading import count_parameters, is_vision_model, load_causal_lm
 from roll_core.models.vision import load_processor
 from roll_core.rollout.batch import build_rl_batch
-from roll_core.rollout.scheduler import Prompt, Sample
+from roll_core.rollout.one_turn import Prompt, Sample
 
 VLM = "builtin:tiny-qwen2.5-vl"
 

@@ -32,7 +32,7 @@ from roll_core.pipelines.on_policy_distill import (
     teacher_prompts,
 )
 from roll_core.rollout.batch import build_rl_batch
-from roll_core.rollout.scheduler import Prompt, Sample
+from roll_core.rollout.one_turn import Prompt, Sample
 from roll_core.workers.reference import Reference
 
 ROWS = [  # prompts of different lengths, so rows are padded differently

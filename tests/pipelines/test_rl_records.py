@@ -11,7 +11,7 @@ from roll_core.pipelines.rl_records import RolloutRecorder
 from roll_core.rollout.agentic.batch import trajectory_batch
 from roll_core.rollout.agentic.episode import Trajectory, Turn
 from roll_core.rollout.batch import build_rl_batch
-from roll_core.rollout.scheduler import Prompt, Sample
+from roll_core.rollout.one_turn import Prompt, Sample
 from roll_core.tracking.rollouts import read_step
 
 

@@ -27,10 +27,11 @@ from roll_core.models import load_tokenizer, materialize_builtin
 from roll_core.models.loading import use_chat_template
 from roll_core.rollout.agentic import (
     ChatFormat,
-    EnvRolloutManager,
     EnvSpec,
     RolloutSettings,
     Trajectory,
+    env_producer,
+    run_episodes,
     trajectory_batch,
 )
 from roll_core.rollout.agentic.endpoint import AgentEndpoint, AgentSession, check_port
@@ -102,14 +103,12 @@ def play(
 ) -> list[Trajectory]:
     """The episodes of ``seeds``; ``notes`` gets the fault texts the run's console shows."""
     spec = EnvSpec("calc", lambda: None, agent=load_agent(agent))
-    mgr = EnvRolloutManager(
-        infer=CalcInfer(tok), tokenizer=tok, specs=[spec], settings=settings(**kw)
-    )
+    mgr = env_producer(infer=CalcInfer(tok), tokenizer=tok, specs=[spec], settings=settings(**kw))
     try:
-        return mgr.run_episodes(spec, seeds, SamplingParams(max_new_tokens=80))
+        return run_episodes(mgr, spec, seeds, SamplingParams(max_new_tokens=80))
     finally:
         if notes is not None:
-            notes += mgr.take_fault_notes()
+            notes += mgr.members.take_fault_notes()
         mgr.close()
 
 

@@ -21,13 +21,15 @@ from roll_core.envs.faults import EnvFault, EnvTimeout, call_with_timeout
 from roll_core.errors import RollError, WorkerDiedError
 from roll_core.models import load_tokenizer, materialize_builtin
 from roll_core.rollout.agentic import (
-    EnvRolloutManager,
     EnvSpec,
     RolloutSettings,
+    env_producer,
     episode_metrics,
+    run_episodes,
     step_batch,
     trajectory_batch,
 )
+from roll_core.rollout.producer import RolloutProducer
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +125,8 @@ def settings(**kw: Any) -> RolloutSettings:
     return RolloutSettings(**base)
 
 
-def manager(tok: Any, infer: Any, specs: list[EnvSpec], **kw: Any) -> EnvRolloutManager:
-    return EnvRolloutManager(infer=infer, tokenizer=tok, specs=specs, settings=settings(**kw))
+def manager(tok: Any, infer: Any, specs: list[EnvSpec], **kw: Any) -> RolloutProducer:
+    return env_producer(infer=infer, tokenizer=tok, specs=specs, settings=settings(**kw))
 
 
 def corridor_spec(faults: dict[int, str], groups: int = 2) -> EnvSpec:
@@ -171,8 +173,8 @@ def test_failing_and_hanging_envs_are_counted_and_replaced(tokenizer: Any) -> No
         start = time.perf_counter()
         result = mgr.next_batch(1)
         wall = time.perf_counter() - start
-        notes = mgr.take_fault_notes()
-        assert mgr.take_fault_notes() == []
+        notes = mgr.members.take_fault_notes()
+        assert mgr.members.take_fault_notes() == []
     finally:
         mgr.close()
     # the text of the first 3 of the 4 faults, for the run's console
@@ -229,7 +231,7 @@ def test_redundant_groups_cut_the_slow_group_and_keep_whole_groups(tokenizer: An
         result = mgr.next_batch(1)
         wall = time.perf_counter() - start
         time.sleep(0.5)  # let the cancelled episodes notice
-        cancelled = mgr._counters_metrics().get("rollout/corridor/episodes_cancelled", 0)
+        cancelled = mgr.members._counters_metrics().get("rollout/corridor/episodes_cancelled", 0)
     finally:
         mgr.close()
     assert [g[0].seed for g in result.groups] == [1, 2]
@@ -350,8 +352,8 @@ def test_async_ratio_keeps_generating_and_drops_stale_groups(tokenizer: Any) -> 
         first = mgr.next_batch(1)
         assert first.metrics["rollout/staleness_max"] == 0
         time.sleep(0.3)  # "training": groups keep being generated meanwhile
-        with mgr.lock:
-            ahead = len(mgr.completed) + len(mgr.active) + len(mgr.ready[spec.tag])
+        with mgr.cond:
+            ahead = len(mgr.completed) + len(mgr.active) + len(mgr.buffers[spec.tag])
         assert ahead >= 2  # ratio 1: one step's worth of groups ahead
         # three weight syncs while those groups waited: they are now 3 versions old > ratio 1
         for version in (1, 2, 3):
@@ -369,10 +371,10 @@ def test_validation_episodes_are_not_counted_as_training(tokenizer: Any) -> None
     spec = corridor_spec({}, groups=1)
     mgr = manager(tokenizer, ScriptedInfer(tokenizer), [spec])
     try:
-        trajs = mgr.run_episodes(spec, [100, 101, 102], SamplingParams(max_new_tokens=8))
+        trajs = run_episodes(mgr, spec, [100, 101, 102], SamplingParams(max_new_tokens=8))
         assert [t.seed for t in trajs] == [100, 101, 102]
         assert all(t.success for t in trajs)
-        assert "rollout/corridor/episodes_completed" not in mgr._counters_metrics()
+        assert "rollout/corridor/episodes_completed" not in mgr.members._counters_metrics()
     finally:
         mgr.close()
 

@@ -20,9 +20,9 @@ from roll_core.envs import FrozenLakeEnv
 from roll_core.errors import ModelError
 from roll_core.rollout.agentic import (
     ChatFormat,
-    EnvRolloutManager,
     EnvSpec,
     RolloutSettings,
+    env_producer,
     step_batch,
     trajectory_batch,
 )
@@ -76,7 +76,7 @@ def rollout(infer: Cluster, tok: Any, mode: str) -> list:
         history_window=1,
         max_context=4096,
     )
-    mgr = EnvRolloutManager(
+    mgr = env_producer(
         infer=infer, tokenizer=tok, specs=[EnvSpec("lake", env, SYSTEM, 1)], settings=settings
     )
     try:

@@ -19,9 +19,9 @@ from roll_core.engine import Cluster
 from roll_core.envs import FrozenLakeEnv
 from roll_core.models import materialize_builtin
 from roll_core.rollout.agentic import (
-    EnvRolloutManager,
     EnvSpec,
     RolloutSettings,
+    env_producer,
     step_batch,
     trajectory_batch,
 )
@@ -58,7 +58,7 @@ def rollout(infer: Cluster, tokenizer: Any, mode: str) -> list:
         history_window=1,
         max_context=4096,
     )
-    mgr = EnvRolloutManager(
+    mgr = env_producer(
         infer=infer, tokenizer=tokenizer, specs=[EnvSpec("lake", env, SYSTEM, 1)], settings=settings
     )
     try:

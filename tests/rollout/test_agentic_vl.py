@@ -24,9 +24,9 @@ from roll_core.models import load_tokenizer, materialize_builtin
 from roll_core.models.vision import load_processor
 from roll_core.rollout.agentic import (
     ChatFormat,
-    EnvRolloutManager,
     EnvSpec,
     RolloutSettings,
+    env_producer,
     step_batch,
     trajectory_batch,
 )
@@ -64,9 +64,7 @@ def rollout(parts: tuple, mode: str) -> list:
         max_context=4096,
     )
     spec = EnvSpec("lake", env, "Lake.", 1)
-    mgr = EnvRolloutManager(
-        infer=infer, tokenizer=tok, specs=[spec], settings=settings, processor=proc
-    )
+    mgr = env_producer(infer=infer, tokenizer=tok, specs=[spec], settings=settings, processor=proc)
     try:
         return mgr.next_batch(1).groups
     finally:

@@ -8,7 +8,8 @@ from roll_core.backends.infer import SamplingParams
 from roll_core.engine import Cluster, LocalExecutor
 from roll_core.models import materialize_builtin
 from roll_core.rollout.batch import build_rl_batch
-from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
+from roll_core.rollout.one_turn import Prompt, Sample, prompt_producer
+from roll_core.rollout.producer import RolloutProducer
 from roll_core.workers.actor_infer import ActorInfer
 
 
@@ -41,7 +42,7 @@ def parity_reward(sample: Sample) -> tuple[float, dict]:
     return float(sample.uid % 2), {}
 
 
-def make(infer: Cluster, **kw) -> RolloutScheduler:
+def make(infer: Cluster, **kw) -> RolloutProducer:
     args = dict(
         infer=infer,
         prompts=prompts(1000),
@@ -55,7 +56,7 @@ def make(infer: Cluster, **kw) -> RolloutScheduler:
         seed=0,
     )
     args.update(kw)
-    return RolloutScheduler(**args)
+    return prompt_producer(**args)
 
 
 def test_rewards_start_while_generation_still_runs(infer: Cluster) -> None:

@@ -5,12 +5,13 @@ recording fakes with the producers' public surface."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from roll_core.errors import DataError
-from roll_core.rollout.scheduler import RolloutResult
+from roll_core.rollout.producer import Rollout
 from roll_core.rollout.source import (
     ASYNC_STATE_FILE,
     AgenticSource,
@@ -26,10 +27,12 @@ class Producer:
         self.calls: list[Any] = []
         self.held = held or {}
         self.ratio = ratio
+        self.started = False
 
-    def next_batch(self, step: int) -> RolloutResult:
+    def next_batch(self, step: int) -> Rollout:
+        self.started = True
         self.calls.append(("next_batch", step))
-        return RolloutResult(groups=[], metrics={"rollout/wall_s": 1.0})
+        return Rollout(groups=[], metrics={"rollout/wall_s": 1.0})
 
     def suspend(self) -> None:
         self.calls.append("suspend")
@@ -40,8 +43,8 @@ class Producer:
     def state_dict(self) -> dict[str, Any]:
         return self.held
 
-    def load_state_dict(self, state: dict[str, Any], prompts: Any = None) -> None:
-        self.calls.append(("load", state, prompts))
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.calls.append(("load", state))
 
     def close(self) -> None:
         self.calls.append("close")
@@ -49,7 +52,7 @@ class Producer:
 
 def test_async_source_pauses_only_once_the_producer_runs() -> None:
     producer = Producer()
-    source = RLVRSource(producer, prompts=["p"], pad_id=0)  # type: ignore[arg-type]
+    source = RLVRSource(producer, pad_id=0)  # type: ignore[arg-type]
     with source.paused(0) as metrics:  # the first sync: the producer has not started
         producer.calls.append("sync")
     assert producer.calls == ["sync"] and metrics == {}
@@ -59,13 +62,13 @@ def test_async_source_pauses_only_once_the_producer_runs() -> None:
     with source.paused(1) as metrics:
         producer.calls.append("sync")
     assert producer.calls[-3:] == ["suspend", "sync", ("resume", 1)]
-    assert set(metrics) == {"async/suspend_s", "async/sync_pause_s"}
+    assert set(metrics) == {"sync/suspended_s", "async/suspend_s", "async/sync_pause_s"}
     assert metrics["async/sync_pause_s"] >= metrics["async/suspend_s"] >= 0
 
 
 def test_async_source_resumes_when_the_sync_fails() -> None:
     producer = Producer()
-    source = RLVRSource(producer, prompts=[], pad_id=0)  # type: ignore[arg-type]
+    source = RLVRSource(producer, pad_id=0)  # type: ignore[arg-type]
     source.next_batch(1)
     with pytest.raises(RuntimeError, match="sync broke"), source.paused(1):
         raise RuntimeError("sync broke")
@@ -74,11 +77,12 @@ def test_async_source_resumes_when_the_sync_fails() -> None:
 
 def test_sync_source_reports_no_async_timings_and_refuses_an_empty_step() -> None:
     producer = Producer(ratio=0)
-    source = RLVRSource(producer, prompts=[], pad_id=0, step_metrics=lambda: {"reward/x": 2.0})  # type: ignore[arg-type]
+    source = RLVRSource(producer, pad_id=0, step_metrics=lambda: {"reward/x": 2.0})  # type: ignore[arg-type]
     rollout = source.next_batch(3)
     with source.paused(3) as metrics:
         pass
-    assert producer.calls == [("next_batch", 3), "suspend", ("resume", 3)] and metrics == {}
+    assert producer.calls == [("next_batch", 3), "suspend", ("resume", 3)]
+    assert set(metrics) == {"sync/suspended_s"}  # no async timings
     assert rollout.metrics == {"rollout/wall_s": 1.0}
     assert source.metrics() == {"reward/x": 2.0}
     with pytest.raises(DataError, match="no groups"):
@@ -86,24 +90,28 @@ def test_sync_source_reports_no_async_timings_and_refuses_an_empty_step() -> Non
 
 
 def test_rlvr_checkpoint_file_only_when_groups_are_held(tmp_path: Path) -> None:
-    empty = RLVRSource(Producer(), prompts=[], pad_id=0)  # type: ignore[arg-type]
+    empty = RLVRSource(Producer(), pad_id=0)  # type: ignore[arg-type]
     empty.save_checkpoint(tmp_path)
     assert not (tmp_path / ASYNC_STATE_FILE).exists()
     held = {"regenerate": [4, 1], "uid": 9}
-    prompts = ["p0", "p1"]
-    RLVRSource(Producer(held), prompts=prompts, pad_id=0).save_checkpoint(tmp_path)  # type: ignore[arg-type]
+    RLVRSource(Producer(held), pad_id=0).save_checkpoint(tmp_path)  # type: ignore[arg-type]
     assert (tmp_path / ASYNC_STATE_FILE).exists()
     producer = Producer()
-    RLVRSource(producer, prompts=prompts, pad_id=0).load_checkpoint(tmp_path)  # type: ignore[arg-type]
-    assert producer.calls == [("load", held, prompts)]
+    RLVRSource(producer, pad_id=0).load_checkpoint(tmp_path)  # type: ignore[arg-type]
+    assert producer.calls == [("load", held)]
 
 
-def test_agentic_source_suspends_around_every_sync() -> None:
-    manager = Producer()
-    source = AgenticSource(manager, pad_id=0, mode="trajectory")  # type: ignore[arg-type]
+def test_agentic_source_suspends_around_every_sync_once_running() -> None:
+    manager = Producer(ratio=0)
+    manager.members = SimpleNamespace(take_fault_notes=list)  # type: ignore[attr-defined]
+    source = AgenticSource(manager, pad_id=0, mode="trajectory", max_context=8)  # type: ignore[arg-type]
     with source.paused(0) as metrics:
         manager.calls.append("sync")
-    assert manager.calls == ["suspend", "sync", ("resume", 0)]
+    assert manager.calls == ["sync"] and metrics == {}  # nothing generated yet
+    source.next_batch(1)
+    with source.paused(1) as metrics:
+        manager.calls.append("sync")
+    assert manager.calls[-3:] == ["suspend", "sync", ("resume", 1)]
     assert set(metrics) == {"sync/suspended_s"}
     source.hold()
     assert manager.calls[-1] == "suspend"
@@ -112,8 +120,6 @@ def test_agentic_source_suspends_around_every_sync() -> None:
 
 
 def test_agentic_source_counts_the_rows_it_leaves_out_and_shows_faults() -> None:
-    from types import SimpleNamespace
-
     from roll_core.rollout.agentic import TokenTrace, Trajectory
 
     def trace(n_prompt: int, n_generated: int) -> TokenTrace:
@@ -123,11 +129,13 @@ def test_agentic_source_counts_the_rows_it_leaves_out_and_shows_faults() -> None
         return t
 
     class Manager(Producer):
-        s = SimpleNamespace(max_context=8)
+        def __init__(self) -> None:
+            super().__init__()
+            self.members = SimpleNamespace(take_fault_notes=self.take_fault_notes)
 
-        def next_batch(self, step: int) -> RolloutResult:
+        def next_batch(self, step: int) -> Rollout:
             self.calls.append(("next_batch", step))
-            return RolloutResult(groups=[], metrics={})
+            return Rollout(groups=[], metrics={})
 
         def take_fault_notes(self) -> list[str]:
             self.calls.append("notes")
@@ -135,7 +143,9 @@ def test_agentic_source_counts_the_rows_it_leaves_out_and_shows_faults() -> None
 
     shown: list[str] = []
     manager = Manager()
-    source = AgenticSource(manager, pad_id=0, mode="trajectory", note=shown.append)  # type: ignore[arg-type]
+    source = AgenticSource(  # type: ignore[arg-type]
+        manager, pad_id=0, mode="trajectory", max_context=8, note=shown.append
+    )
     source.next_batch(1)
     assert manager.calls == [("next_batch", 1), "notes"]
     assert shown == ["training episode of t failed (error): ValueError: x"]

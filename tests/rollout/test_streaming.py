@@ -13,8 +13,9 @@ import pytest
 from roll_core.backends.infer import SamplingParams
 from roll_core.engine import Cluster, LocalExecutor
 from roll_core.errors import WorkerDiedError
+from roll_core.rollout.one_turn import Prompt, Sample, prompt_producer
+from roll_core.rollout.producer import RolloutProducer
 from roll_core.rollout.router import GenerationTimeout
-from roll_core.rollout.scheduler import Prompt, RolloutScheduler, Sample
 from tests.rollout.fake_engine import FakeEngine, token
 
 
@@ -31,7 +32,7 @@ def parity(sample: Sample) -> tuple[float, dict]:
     return (1.0, {}) if sample.prompt.index % 2 else (float(sample.uid % 2), {})
 
 
-def make(infer: Cluster, **kw: Any) -> RolloutScheduler:
+def make(infer: Cluster, **kw: Any) -> RolloutProducer:
     args: dict[str, Any] = dict(
         infer=infer,
         prompts=prompts(100),
@@ -40,7 +41,7 @@ def make(infer: Cluster, **kw: Any) -> RolloutScheduler:
         n=4,
         prompts_per_step=4,
     )
-    return RolloutScheduler(**(args | kw))
+    return prompt_producer(**(args | kw))
 
 
 def test_streaming_scores_each_response_as_it_finishes() -> None:
@@ -113,7 +114,7 @@ def test_ratio_zero_generates_only_inside_next_batch_with_step_seeds() -> None:
 def test_partial_rollout_aborts_at_the_sync_and_continues_under_the_new_weights() -> None:
     length = 150
     infer = engines(1, token_s=0.01, lengths={uid: length for uid in range(1, 50)})
-    sched = RolloutScheduler(
+    sched = prompt_producer(
         infer=infer,
         prompts=prompts(100),
         reward_fn=lambda s: (float(s.uid % 2), {}),

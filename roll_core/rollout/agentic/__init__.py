@@ -1,6 +1,7 @@
-"""Environment-level asynchronous rollout for multi-turn agentic RL (see :mod:`.manager`).
+"""Environment-level asynchronous rollout for multi-turn agentic RL (see :mod:`.episodes`).
 
-* :mod:`.manager`: :class:`EnvRolloutManager`, which schedules groups of episodes;
+* :mod:`.episodes`: :class:`EpisodeMembers`, a group's episodes on threads, and
+  :func:`env_producer`, the rollout producer (rollout/producer.py) of env groups;
 * :mod:`.episode`: one episode's loop (:func:`play_episode`) and what it records;
 * the generation requests go through the shared router (:mod:`roll_core.rollout.router`);
 * :mod:`.batch`: trajectories -> the training batch (trajectory or step mode);
@@ -18,21 +19,22 @@ from roll_core.rollout.agentic.episode import (
     play_episode,
     window_prompt,
 )
-from roll_core.rollout.agentic.manager import AgenticResult, EnvRolloutManager
+from roll_core.rollout.agentic.episodes import EpisodeMembers, env_producer, run_episodes
 
 __all__ = [
-    "AgenticResult",
     "ChatFormat",
-    "EnvRolloutManager",
     "EnvSpec",
     "EpisodeCancelled",
+    "EpisodeMembers",
     "RolloutSettings",
     "TokenTrace",
     "Trajectory",
     "Turn",
+    "env_producer",
     "episode_metrics",
     "first_messages",
     "play_episode",
+    "run_episodes",
     "step_batch",
     "trajectory_batch",
     "window_prompt",

@@ -1,6 +1,8 @@
-"""Environment-level asynchronous rollout for multi-turn agentic RL.
+"""Multi-turn agentic rollout: a group is the G episodes of one env seed, each episode on its
+own thread, produced by the one rollout producer (:mod:`roll_core.rollout.producer`: admission,
+redundancy, staleness, the fault budget, dynamic sampling and the weight sync are there).
 
-Every episode runs its own loop on its own thread, with no barrier across episodes::
+Every episode runs its own loop, with no barrier across episodes::
 
     obs = env.reset(seed)
     while not done:
@@ -9,39 +11,31 @@ Every episode runs its own loop on its own thread, with no barrier across episod
         obs, reward, done = env.step(decode(response))    (with a per-step timeout)
 
 * Generation requests from all episodes go through the rollout router
-  (:mod:`roll_core.rollout.router`, the one the RLVR schedulers use). Streaming (the default):
-  each turn is its own request, with the episode as its session, so every turn of an episode
-  goes to the rank whose prefix cache holds the conversation (unless that rank is far more
-  loaded); the engine batches the requests in flight continuously. Deterministic
-  (``rollout.deterministic``): requests queue and go out in fixed-batch calls of at most
-  ``chunk_size``, at most ``max_chunks_in_flight`` per rank. No episode waits for another
-  one's *env* step.
-* A *group* is G episodes of one env with the same seed (the group of the group-relative
-  advantages). Redundancy is per group: ``redundant_groups`` launches R whole groups per env
-  beyond those a step needs; the step takes the groups that finish first (in launch order
-  among those finished, every episode of each run to its end) and, in sync training, cancels
-  the rest. Keeping "the first G episodes of a group to finish" instead would favour short
-  episodes (a fall into a hole ends a FrozenLake episode at once): a learning bias.
+  (:mod:`roll_core.rollout.router`). Streaming (the default): each turn is its own request,
+  with the episode as its session, so every turn of an episode goes to the rank whose prefix
+  cache holds the conversation (unless that rank is far more loaded); the engine batches the
+  requests in flight continuously. Deterministic (``rollout.deterministic``): requests queue
+  and go out in fixed-batch calls of at most ``chunk_size``, at most ``max_chunks_in_flight``
+  per rank. No episode waits for another one's *env* step.
+* Redundancy is per group (``redundant_groups``, the producer's): the step takes the groups
+  that finish first, every episode of each run to its end. Keeping "the first G episodes of a
+  group to finish" instead would favour short episodes (a fall into a hole ends a FrozenLake
+  episode at once): a learning bias.
 * An env that raises, or hangs past ``step_timeout_s`` (or the episode past
   ``episode_timeout_s``), ends that episode: it is counted (``env_errors`` / ``env_timeouts``)
   (the first ``SHOWN_FAULTS`` of each env, with their error text, are shown on the console)
   and a fresh env instance replays the group's seed in its place (at most
-  ``max_replacements`` times per group; a group that cannot be completed is dropped and
-  another group takes its place). An episode whose inference rank died is replaced the same
-  way (``rank_lost``; the router sends its replay to a live rank); with no rank left the run
-  fails, naming the rank.
-* Every turn records the policy version of the weights that generated it.
-* Async across training steps (``async_generation_ratio`` k > 0): groups keep running while
-  the trainer trains; a group is handed to the trainer only if its oldest turn is at most k
-  versions old (else it is dropped and counted). Weight sync is ``suspend()`` (the router holds
-  new requests and waits for the ones in flight, each one turn) -> update -> ``resume()``;
-  requests held meanwhile go out with the new weights. A cancelled episode (its group finished
-  or was abandoned) aborts its request in flight. ``k = 0`` is the synchronous pipeline: nothing runs while
-  training.
+  ``max_replacements`` times per group; a group that cannot be completed fails, and the
+  producer drops it and admits another). An episode whose inference rank died is replaced the
+  same way (``rank_lost``; the router sends its replay to a live rank); with no rank left the
+  run fails, naming the rank.
+* Every turn records the policy version of the weights that generated it; a group is as old
+  as its oldest turn. A cancelled episode (its group finished or was abandoned) aborts its
+  request in flight.
 
-The episode loop is in :mod:`.episode`, the tensors the trainer
-gets in :mod:`.batch`, the chat-template bookkeeping in :mod:`.chat`. This package knows
-nothing about Ray: it only talks to the router.
+The episode loop is in :mod:`.episode`, the tensors the trainer gets in :mod:`.batch`, the
+chat-template bookkeeping in :mod:`.chat`. This package knows nothing about Ray: it only
+talks to the router.
 """
 
 from __future__ import annotations
@@ -67,7 +61,7 @@ from roll_core.rollout.agentic.episode import (
     Trajectory,
     play_episode,
 )
-from roll_core.rollout.buffer import FreshnessBuffer
+from roll_core.rollout.producer import Group, Members, RolloutProducer
 from roll_core.rollout.router import Router, RouterClosed
 
 
@@ -106,37 +100,29 @@ class _Episode:
     request_id: int | None = None  # its generation request in flight, if any
 
 
-@dataclass
-class _Group:
-    gid: int
+@dataclass(frozen=True)
+class GroupOptions:
+    """How one group's episodes run: its env, its sampling, its spare episodes."""
+
     spec: EnvSpec
-    seed: int
-    target: int
     params: SamplingParams
-    kept: list[Trajectory] = field(default_factory=list)
+    spare: int
+    """Episodes that may replace failed ones (``rollout.max_replacements``; validation: 0)."""
+
+
+@dataclass
+class _Running:
+    """The episodes of one group: running, launched, replacements left."""
+
     running: list[_Episode] = field(default_factory=list)
     launched: int = 0
-    replacements: int = 0
-    finished: bool = False
-    failed: bool = False
-    ended: list[Trajectory] = field(default_factory=list)
-    counted: bool = True  # training groups feed the rollout counters; validation ones do not
-    abandoned: bool = False  # a redundant group a sync step did not need: never handed out
+    spare: int = 0
 
 
-def _group_version(group: _Group) -> int:
-    """A group's policy version: the oldest weights that produced any of its turns."""
-    return min(t.min_version for t in group.kept)
+class EpisodeMembers(Members[Trajectory]):
+    """The G episodes of an env seed, each on its own thread (see the module docstring)."""
 
-
-@dataclass
-class AgenticResult:
-    groups: list[list[Trajectory]]
-    metrics: dict[str, float]
-
-
-class EnvRolloutManager:
-    """Runs env groups on threads against an actor_infer cluster (see the module docstring)."""
+    unit = "groups"
 
     def __init__(
         self,
@@ -150,7 +136,7 @@ class EnvRolloutManager:
         self.infer = infer
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer, processor)  # processor: VLMs (image observations)
-        self.specs = specs
+        self.specs = {spec.tag: spec for spec in specs}
         self.s = settings
         self.router = Router(
             infer,
@@ -163,26 +149,13 @@ class EnvRolloutManager:
         self.pool = ThreadPoolExecutor(
             max_workers=settings.max_concurrent_episodes, thread_name_prefix="episode"
         )
-        self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
         self.next_group_seed = {spec.tag: 0 for spec in specs}
-        self._gid = 0
-        self.completed: list[_Group] = []
-        self.active: list[_Group] = []
-        self.fatal: BaseException | None = None
         self.counters: dict[str, float] = {}
         self.first_fault: dict[str, str] = {}  # tag -> the first env fault of the run
         self.fault_notes: list[str] = []  # the first faults of each env, to be shown
         self._faults_noted: dict[str, int] = {}
-        self.version = 0
-        # complete training groups waiting for a step, per env: the one staleness bound of
-        # the RL pipelines (rollout/buffer.py; rlvr's scheduler holds its groups in one)
-        self.ready: dict[str, FreshnessBuffer[_Group]] = {
-            spec.tag: FreshnessBuffer(settings.async_generation_ratio, version_of=_group_version)
-            for spec in specs
-        }
-        self._stale_seen = 0
         self.running: dict[int, _Episode] = {}
+        self._groups: dict[int, _Running] = {}
         self.barrier = _TurnBarrier() if settings.turn_barrier else None
         self.endpoint = (  # agent programs call the policy through it (bring your own agent)
             AgentEndpoint(
@@ -194,87 +167,38 @@ class EnvRolloutManager:
             else None
         )
 
-    # ---- public API ---------------------------------------------------------------------------
-    def next_batch(self, step: int) -> AgenticResult:
-        """``groups_per_step`` complete groups of every env spec (blocks until they are ready)."""
-        start = time.perf_counter()
-        busy0, calls0 = self.router.active_seconds(), self.router.stats["calls"]
-        want = {spec.tag: spec.groups_per_step for spec in self.specs}
-        taken: dict[str, list[_Group]] = {tag: [] for tag in want}
-        dropped = 0
-        extra_budget = {tag: 2 * n + 2 for tag, n in want.items()}
-        self._take_ready(want, taken)  # groups an earlier step left (async), oldest first
-        self._top_up(want, taken)
-        while any(len(taken[t]) < want[t] for t in want):
-            with self.cond:
-                while not self.completed and self.fatal is None:
-                    self.cond.wait(timeout=1.0)
-                if self.fatal is not None:
-                    raise self.fatal
-                done, self.completed = self.completed, []
-            for group in sorted(done, key=lambda g: g.gid):  # launch order among the finished
-                tag = group.spec.tag
-                if group.failed:
-                    dropped += 1
-                    extra_budget[tag] -= 1
-                    if extra_budget[tag] < 0:
-                        raise self._fault_stop(tag, dropped)
-                else:  # a stale one is dropped (and counted) here; the rest wait in line
-                    self.ready[tag].put(group)
-            self._take_ready(want, taken)  # what is beyond need stays for a later step
-            self._top_up(want, taken)
-        redundant = self._abandon_unneeded() if self.s.async_generation_ratio == 0 else 0
-        stale_total = sum(b.dropped_stale for b in self.ready.values())
-        stale, self._stale_seen = stale_total - self._stale_seen, stale_total
-        for (
-            tag
-        ) in want:  # keep the batch in launch order (reproducible: deterministic, chunk_size 1)
-            taken[tag].sort(key=lambda g: g.gid)
-        groups = [sorted(g.kept, key=lambda t: t.index) for tag in want for g in taken[tag]]
-        metrics = self._counters_metrics()
-        metrics["rollout/groups_dropped_failed"] = float(dropped)
-        metrics["rollout/groups_dropped_stale"] = float(stale)
-        metrics["rollout/groups_redundant_cancelled"] = float(redundant)
-        metrics["rollout/wall_s"] = time.perf_counter() - start
-        metrics["rollout/gen_busy_s"] = self.router.active_seconds() - busy0
-        metrics["rollout/gen_calls"] = self.router.stats["calls"] - calls0
-        staleness = [self.version - t.min_version for g in groups for t in g]
-        metrics["rollout/staleness_max"] = float(max(staleness, default=0))
-        metrics["rollout/staleness_mean"] = sum(staleness) / max(1, len(staleness))
-        if self.s.async_generation_ratio > 0:
-            self._top_up({t: 0 for t in want}, {t: [] for t in want})  # keep generating
-        return AgenticResult(groups=groups, metrics=metrics)
+    # ---- the producer's calls ----------------------------------------------------------------
+    def next_key(self, tag: str) -> int:
+        """The env seed of the tag's next training group."""
+        k = self.next_group_seed[tag]
+        self.next_group_seed[tag] += 1
+        return self.s.seed * 1_000_003 + k
 
-    def run_episodes(
-        self, spec: EnvSpec, seeds: list[int], params: SamplingParams
-    ) -> list[Trajectory]:
-        """One episode per seed (validation): no redundancy, failures are returned as such."""
-        groups = [
-            self._launch_group(spec, seed, 1, params, spare=0, counted=False) for seed in seeds
-        ]
-        with self.cond:
-            while not all(g.finished for g in groups) and self.fatal is None:
-                self.cond.wait(timeout=1.0)
-            if self.fatal is not None:
-                raise self.fatal
-            self.completed = [g for g in self.completed if g not in groups]
-        out = []
-        for g in groups:
-            out.append(g.kept[0] if g.kept else g.ended[-1])
-        return out
+    def launch(self, groups: list[Group[Trajectory]]) -> None:
+        for group in groups:
+            if group.options is None:
+                group.options = GroupOptions(
+                    self.specs[group.tag], self.s.params, self.s.max_replacements
+                )
+            self._groups[group.gid] = _Running(spare=group.options.spare)
+            for _ in range(group.size):
+                self._launch_episode(group)
 
-    def suspend(self) -> None:
-        """Before a weight sync: the requests in flight (one turn each) finish, new ones are
-        held until :meth:`resume`."""
-        self.router.pause()
+    def cancel(self, group: Group[Trajectory]) -> None:
+        for ep in self._groups[group.gid].running:
+            self._cancel(ep)
 
-    def resume(self, version: int) -> None:
-        self.version = version
-        for ready in self.ready.values():
-            ready.advance(version)  # groups too old for the next step are dropped (counted)
-        self.router.resume()
+    def version(self, group: Group[Trajectory]) -> int:
+        """The oldest weights that produced any of the group's turns."""
+        return min(t.min_version for t in group.kept)
 
-    def state_dict(self) -> dict[str, Any]:
+    def rewards(self, group: Group[Trajectory]) -> list[float]:
+        return [t.episode_return for t in group.kept]
+
+    def ordered(self, group: Group[Trajectory]) -> list[Trajectory]:
+        return sorted(group.kept, key=lambda t: t.index)
+
+    def state_dict(self, pending: list[Group[Trajectory]]) -> dict[str, Any]:
         return {"next_group_seed": dict(self.next_group_seed), "counters": dict(self.counters)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -282,105 +206,29 @@ class EnvRolloutManager:
         self.counters = dict(state.get("counters", {}))
 
     def close(self) -> None:
-        with self.lock:
+        with self.producer.cond:
             episodes = list(self.running.values())
-        for ep in episodes:
-            ep.cancel.set()
+            for ep in episodes:
+                ep.cancel.set()
         self.router.close()  # waiting episodes: RouterClosed -> cancelled
         self.pool.shutdown(wait=True, cancel_futures=True)
         if self.endpoint is not None:
             self.endpoint.close()
 
-    def _abandon_unneeded(self) -> int:
-        """After a sync step's batch (async_generation_ratio 0): the training groups not taken
-        (redundant ones still running or finished beyond need) would be stale at the next step.
-        Cancel the running ones, drop the finished ones; return how many."""
-        with self.lock:
-            running = [g for g in self.active if g.counted and not g.abandoned]
-            for group in running:
-                group.abandoned = True
-                for ep in group.running:
-                    self._cancel(ep)
-            finished = [g for g in self.completed if g.counted]
-            self.completed = [g for g in self.completed if not g.counted]
-        waiting = sum(len(ready.take_all()) for ready in self.ready.values())
-        return len(running) + len(finished) + waiting
-
-    def _take_ready(self, want: dict[str, int], taken: dict[str, list[_Group]]) -> None:
-        """Move the oldest waiting groups of each env into `taken`, up to what it wants. (The
-        driver's thread is the only one that puts, advances or takes: `get` cannot block.)"""
-        for tag, ready in self.ready.items():
-            n = min(len(ready), want[tag] - len(taken[tag]))
-            if n > 0:
-                taken[tag].extend(ready.get(n))
-
-    # ---- launching ------------------------------------------------------------------------------
-    def _top_up(self, want: dict[str, int], taken: dict[str, list[_Group]]) -> None:
-        """Launch groups until each spec has enough groups running, ready or taken (plus
-        `redundant_groups` more)."""
-        ahead = self.s.async_generation_ratio
-        for spec in self.specs:
-            with self.lock:
-                have = len(self.ready[spec.tag]) + sum(
-                    1
-                    for g in self.active + self.completed
-                    if g.spec.tag == spec.tag and not g.failed and not g.abandoned
-                )
-            need = (
-                want[spec.tag]
-                - len(taken[spec.tag])
-                + ahead * spec.groups_per_step
-                + self.s.redundant_groups
-                - have
-            )
-            for _ in range(max(0, need)):
-                seed = self.next_group_seed[spec.tag]
-                self.next_group_seed[spec.tag] += 1
-                self._launch_group(
-                    spec,
-                    self._train_seed(spec, seed),
-                    self.s.group_size,
-                    self.s.params,
-                    spare=self.s.max_replacements,
-                )
-
-    def _train_seed(self, spec: EnvSpec, k: int) -> int:
-        return self.s.seed * 1_000_003 + k
-
-    def _launch_group(
-        self,
-        spec: EnvSpec,
-        seed: int,
-        size: int,
-        params: SamplingParams,
-        *,
-        spare: int,
-        counted: bool = True,
-    ) -> _Group:
-        with self.lock:
-            self._gid += 1
-            group = _Group(self._gid, spec, seed, size, params, counted=counted)
-            group.replacements = -spare  # counts up to 0
-            self.active.append(group)
-            for _ in range(size):
-                self._launch_episode(group)
-        return group
-
-    def _launch_episode(self, group: _Group) -> None:
+    def _launch_episode(self, group: Group[Trajectory]) -> None:
         """(lock held) Start one more episode of `group` on the pool."""
-        traj = Trajectory(
-            tag=group.spec.tag, group=group.gid, seed=group.seed, index=group.launched
-        )
-        group.launched += 1
-        ep = _Episode(traj, threading.Event(), group.params)
-        group.running.append(ep)
+        state = self._groups[group.gid]
+        traj = Trajectory(tag=group.tag, group=group.gid, seed=group.key, index=state.launched)
+        state.launched += 1
+        ep = _Episode(traj, threading.Event(), group.options.params)
+        state.running.append(ep)
         self.running[id(ep)] = ep
         if self.barrier is not None and group.counted:
             self.barrier.join(id(ep))
         self.pool.submit(self._episode_main, group, ep)
 
     # ---- one episode ---------------------------------------------------------------------------
-    def _episode_main(self, group: _Group, ep: _Episode) -> None:
+    def _episode_main(self, group: Group[Trajectory], ep: _Episode) -> None:
         start = time.perf_counter()
         try:
             if ep.cancel.is_set():  # its group finished while it waited for a thread
@@ -394,15 +242,13 @@ class EnvRolloutManager:
             ep.traj.status, ep.traj.error = "rank_lost", str(err.cause)
         except _GenerationFailed as err:
             ep.traj.status, ep.traj.error = "gen_error", str(err.cause)
-            with self.cond:
-                self.fatal = err.cause
-                self.cond.notify_all()
+            self.producer.fail(err.cause)
         except Exception as err:  # noqa: BLE001 - an env that raises ends its episode
             ep.traj.status, ep.traj.error = "error", describe_fault(err)
         ep.traj.wall_s = time.perf_counter() - start
         self._episode_ended(group, ep)
 
-    def _play(self, group: _Group, ep: _Episode, start: float) -> None:
+    def _play(self, group: Group[Trajectory], ep: _Episode, start: float) -> None:
         s = self.s
         deadline = start + s.episode_timeout_s
 
@@ -426,8 +272,8 @@ class EnvRolloutManager:
                 raise EpisodeCancelled()
             if self.barrier is not None and group.counted:
                 self.barrier.wait(id(ep), turn, ep.cancel)
-            seed = hash((group.seed, ep.traj.index, turn, s.seed)) % 2**31
-            with self.lock:
+            seed = hash((group.key, ep.traj.index, turn, s.seed)) % 2**31
+            with self.producer.cond:
                 self._request_id += 1
                 ep.request_id = self._request_id
             request = Request(ep.request_id, prompt, seed, vision=vision)
@@ -444,7 +290,8 @@ class EnvRolloutManager:
             return completion
 
         try:
-            if group.spec.agent is not None and self.endpoint is not None:
+            spec = group.options.spec
+            if spec.agent is not None and self.endpoint is not None:
                 session = AgentSession(
                     ep.traj,
                     self.chat,
@@ -459,7 +306,7 @@ class EnvRolloutManager:
                 try:
                     play_agent_episode(
                         ep.traj,
-                        group.spec.agent,
+                        spec.agent,
                         endpoint=self.endpoint,
                         session=session,
                         cancel=ep.cancel,
@@ -468,17 +315,19 @@ class EnvRolloutManager:
                 finally:
                     if session.undelivered and group.counted:
                         key = f"rollout/{ep.traj.tag}/agent_replies_undelivered"
-                        with self.lock:
+                        with self.producer.cond:
                             self._count_key(key, float(session.undelivered))
             else:
                 self._play_turns(group, ep, generate, env_call)
         finally:
             self.router.release(id(ep))
 
-    def _play_turns(self, group: _Group, ep: _Episode, generate: Any, env_call: Any) -> None:
+    def _play_turns(
+        self, group: Group[Trajectory], ep: _Episode, generate: Any, env_call: Any
+    ) -> None:
         play_episode(
             ep.traj,
-            group.spec,
+            group.options.spec,
             chat=self.chat,
             settings=self.s,
             max_new_tokens=ep.params.max_new_tokens,
@@ -511,10 +360,11 @@ class EnvRolloutManager:
             except BaseException as err:  # noqa: BLE001 - generation failure: fatal for the run
                 raise _GenerationFailed(err) from err
 
-    def _episode_ended(self, group: _Group, ep: _Episode) -> None:
+    def _episode_ended(self, group: Group[Trajectory], ep: _Episode) -> None:
         traj = ep.traj
-        with self.cond:
-            group.running.remove(ep)
+        with self.producer.cond:
+            state = self._groups[group.gid]
+            state.running.remove(ep)
             self.running.pop(id(ep), None)
             if self.barrier is not None:
                 self.barrier.leave(id(ep))
@@ -529,23 +379,24 @@ class EnvRolloutManager:
                 pass
             elif traj.ok:
                 group.kept.append(traj)
-                if len(group.kept) == group.target:
-                    group.finished = True
-                    for other in group.running:
+                if len(group.kept) == group.size:
+                    for other in state.running:
                         self._cancel(other)
-            elif traj.status in _REPLACEABLE and group.replacements < 0:
-                group.replacements += 1
+                    self.producer.group_ended(group)
+            elif traj.status in _REPLACEABLE and state.spare > 0:
+                state.spare -= 1
                 self._count_key(f"rollout/{traj.tag}/env_replaced")
                 self._launch_episode(group)
-            if not group.finished and not group.running:
-                group.finished, group.failed = True, True  # cannot reach its size any more
-            if group.finished and group in self.active:
-                self.active.remove(group)
-                if not group.abandoned:
-                    self.completed.append(group)
-            self.cond.notify_all()
+            if not group.finished and not state.running:
+                group.failed = True  # cannot reach its size any more
+                self.producer.group_ended(group)
+            if group.finished and not state.running:
+                del self._groups[group.gid]
 
-    def _fault_stop(self, tag: str, failed_groups: int) -> EnvFault:
+    def step_metrics(self, groups: list[Group[Trajectory]]) -> dict[str, float]:
+        return self._counters_metrics()
+
+    def fault_stop(self, tag: str, failed_groups: int) -> EnvFault:
         """The error that stops the run when env `tag` fails more groups than a step allows;
         it carries the rollout counters of the step so far (to be logged before stopping)."""
         metrics = self._counters_metrics()
@@ -581,7 +432,7 @@ class EnvRolloutManager:
 
     def take_fault_notes(self) -> list[str]:
         """The fault texts kept since the last call (see SHOWN_FAULTS), for the console."""
-        with self.lock:
+        with self.producer.cond:
             notes, self.fault_notes = self.fault_notes, []
         return notes
 
@@ -604,7 +455,7 @@ class EnvRolloutManager:
 
     def _counters_metrics(self) -> dict[str, float]:
         """Counters since the last call (then reset)."""
-        with self.lock:
+        with self.producer.cond:
             out, self.counters = dict(self.counters), {}
         errors = sum(v for k, v in out.items() if k.endswith("/env_errors"))
         timeouts = sum(v for k, v in out.items() if k.endswith("/env_timeouts"))
@@ -632,3 +483,42 @@ class _GenerationFailed(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+def env_producer(
+    *,
+    infer: Any,
+    tokenizer: Any,
+    specs: list[EnvSpec],
+    settings: RolloutSettings,
+    processor: Any | None = None,
+    dynamic_sampling: bool = False,
+    max_additional_groups: int = 0,
+) -> RolloutProducer[Trajectory]:
+    """The rollout producer of env groups: ``groups_per_step`` groups of
+    ``settings.group_size`` episodes per env spec (tags: the specs' names)."""
+    members = EpisodeMembers(
+        infer=infer, tokenizer=tokenizer, specs=specs, settings=settings, processor=processor
+    )
+    return RolloutProducer(
+        members,
+        per_step={spec.tag: spec.groups_per_step for spec in specs},
+        size=settings.group_size,
+        async_generation_ratio=settings.async_generation_ratio,
+        redundant=settings.redundant_groups,
+        dynamic_sampling=dynamic_sampling,
+        max_additional=max_additional_groups,
+    )
+
+
+def run_episodes(
+    producer: RolloutProducer[Trajectory],
+    spec: EnvSpec,
+    seeds: list[int],
+    params: SamplingParams,
+) -> list[Trajectory]:
+    """One episode per seed (validation), beside the training groups: no redundancy, no
+    replacement, a failed episode is returned as such."""
+    options = GroupOptions(spec, params, spare=0)
+    groups = producer.run_groups(spec.tag, seeds, 1, options)
+    return [g.kept[0] if g.kept else g.ended[-1] for g in groups]
