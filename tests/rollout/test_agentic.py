@@ -92,6 +92,7 @@ class Corridor(TextEnv):
             self.key = seed
             n = self.calls.get(seed, 0)
             self.calls[seed] = n + 1
+        self.nth = n  # the how-many-th episode of this seed
         self.fault = self.faults.get(n, "")
         return "at 0", {}
 
@@ -442,3 +443,75 @@ def test_an_envs_own_episode_metrics_are_averaged_over_the_episodes_that_have_th
     a.env_metrics, b.env_metrics = {"steps": 3.0, "solved": 1.0}, {"steps": 6.0, "solved": 0.0}
     m = episode_metrics([a, b, c], prefix="rollout")  # c (an env without them) is left out
     assert m["rollout/env/steps"] == 4.5 and m["rollout/env/solved"] == 0.5
+
+
+class Mixed(Corridor):
+    """Corridor whose first episode of each seed earns 1.0 and the others 0.5: every group of
+    two has reward variance."""
+
+    def on_step(self, action: str) -> Transition:
+        out = super().on_step(action)
+        if out.terminated:
+            return Transition(out.observation, 1.0 if self.nth == 0 else 0.5, True, out.info)
+        return out
+
+
+def test_dynamic_sampling_drops_flat_groups_and_replaces_them_within_the_budget(
+    tokenizer: Any,
+) -> None:
+    # every Corridor episode walks right and earns 1.0: each group of 2 is flat (no signal).
+    # ratio 0, 2 groups a step, 2 replacements: 4 groups are run and dropped, none is trained
+    spec = corridor_spec({}, groups=2)
+    mgr = env_producer(
+        infer=ScriptedInfer(tokenizer),
+        tokenizer=tokenizer,
+        specs=[spec],
+        settings=settings(),
+        dynamic_sampling=True,
+        max_additional_groups=2,
+    )
+    try:
+        out = mgr.next_batch(1)
+    finally:
+        mgr.close()
+    assert out.groups == []
+    assert out.metrics["rollout/groups_dropped"] == 4
+    assert out.metrics["rollout/additional_groups"] == 2
+    assert out.metrics["rollout/groups_kept"] == 0
+
+
+def test_dynamic_sampling_keeps_groups_with_signal(tokenizer: Any) -> None:
+    class Env(Mixed):
+        calls: dict[int, int] = {}  # noqa: RUF012
+
+    spec = EnvSpec("mixed", Env, None, 2)
+    mgr = env_producer(
+        infer=ScriptedInfer(tokenizer),
+        tokenizer=tokenizer,
+        specs=[spec],
+        settings=settings(),
+        dynamic_sampling=True,
+    )
+    try:
+        out = mgr.next_batch(1)
+    finally:
+        mgr.close()
+    assert len(out.groups) == 2 and out.metrics["rollout/groups_dropped"] == 0
+    assert all(sorted(t.episode_return for t in g) == [0.5, 1.0] for g in out.groups)
+
+
+def test_async_dynamic_sampling_that_drops_everything_is_an_error(tokenizer: Any) -> None:
+    spec = corridor_spec({}, groups=1)
+    mgr = env_producer(
+        infer=ScriptedInfer(tokenizer),
+        tokenizer=tokenizer,
+        specs=[spec],
+        settings=settings(async_generation_ratio=1),
+        dynamic_sampling=True,
+        max_additional_groups=1,
+    )
+    try:
+        with pytest.raises(RollError, match="max_additional_groups"):
+            mgr.next_batch(1)
+    finally:
+        mgr.close()
