@@ -2,7 +2,7 @@
 
 The same engine, model and requests in both arms (one inference rank, in this process):
 * chunked: requests go in chunks of `--chunk-size` to the fixed-batch `generate(list)`, at
-  most 2 chunks in flight (what rollout/scheduler.py does); a chunk answers when its longest
+  most 2 chunks in flight (the deterministic rollout mode); a chunk answers when its longest
   response is done;
 * streaming: every request through `generate_request` from its own thread; the engine
   batches continuously (at most `--chunk-size` live rows, so both arms decode as many rows at
