@@ -268,6 +268,8 @@ class RolloutProducer(Generic[M]):
         self._take_ready(taken)  # groups an earlier step left (async), oldest first
         self._top_up()
         while any(len(taken[t]) < self._want[t] for t in self.per_step):
+            if not self.completed and not any(g.counted and not g.abandoned for g in self.active):
+                return  # nothing left to wait for: the keys ran out (fewer groups)
             while not self.completed and self.fatal is None:
                 self.cond.wait(0.25)
             if self.fatal is not None:

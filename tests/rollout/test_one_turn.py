@@ -1,4 +1,5 @@
-"""The sample-level scheduler on the real hf backend (tiny random model, local executor)."""
+"""RLVR one-turn groups of the rollout producer on the real hf backend (tiny random model,
+local executor)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,17 @@ def test_dynamic_sampling_budget_is_bounded(infer: Cluster) -> None:
     sched.close()
     assert out.metrics["rollout/additional_prompts"] == 1
     assert len(out.groups) < 6
+
+
+def test_a_prompt_stream_that_runs_out_ends_the_step_with_what_it_has(infer: Cluster) -> None:
+    sched = make(infer, prompts=prompts(4))  # 4 prompts for a step of 6
+    try:
+        first = sched.next_batch(step=1)
+        second = sched.next_batch(step=2)
+    finally:
+        sched.close()
+    assert [g[0].prompt.index for g in first.groups] == [0, 1, 2, 3]
+    assert second.groups == []
 
 
 def test_same_requests_same_responses(infer: Cluster) -> None:
