@@ -8,6 +8,7 @@ package and binds a port, so it is not used.
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,16 @@ from roll_core.tracking.swanlab_tracker import SwanLabTracker  # noqa: E402
 
 @pytest.fixture
 def no_network(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Record (and refuse) every outgoing connection attempt."""
+    """Record (and refuse) every outgoing connection attempt of this test's threads: the
+    test's own and the ones started during it (SwanLab's). Threads an earlier test of the same
+    worker left running (a tinker client's heartbeat to a server that is gone) are not
+    SwanLab's: their attempts are refused but not counted."""
     attempts: list[Any] = []
+    before = {t.ident for t in threading.enumerate()} - {threading.get_ident()}
 
     def refuse(self: socket.socket, address: Any) -> None:
-        attempts.append(address)
+        if threading.get_ident() not in before:
+            attempts.append(address)
         raise OSError("network disabled in this test")
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
