@@ -124,7 +124,6 @@ class OneTurnMembers(Members[Sample]):
         prompts: Iterator[Prompt],
         reward_fn: RewardFn,
         params: SamplingParams,
-        n: int,
         ratio: int,
         deterministic: bool = False,
         chunk_size: int = 16,
@@ -136,7 +135,7 @@ class OneTurnMembers(Members[Sample]):
         partial_rollout: bool = False,
         by_index: list[Prompt] | None = None,
     ) -> None:
-        self.prompts, self.reward_fn, self.params, self.n = prompts, reward_fn, params, n
+        self.prompts, self.reward_fn, self.params = prompts, reward_fn, params
         self.ratio = ratio
         self.deterministic = deterministic
         self.chunk_size = chunk_size
@@ -168,7 +167,7 @@ class OneTurnMembers(Members[Sample]):
         jobs = []
         for group in groups:
             group_jobs = []
-            for k in range(self.n if group.counted else group.size):
+            for k in range(group.size):
                 self._uid += 1
                 seed = None
                 if self.ratio == 0:
@@ -318,7 +317,7 @@ class OneTurnMembers(Members[Sample]):
             self._c["reward_s"] += sample.timing["reward_end"] - sample.timing["reward_start"]
             self._reward_starts.append(sample.timing["reward_start"])
             group.kept.append(sample)
-            if len(group.kept) < len(self._jobs[group.gid]):
+            if len(group.kept) < group.size:
                 return
             del self._jobs[group.gid]
             if self.group_affinity:
@@ -378,8 +377,6 @@ def prompt_producer(
     ``chunk_size`` / ``max_chunks_in_flight``: deterministic mode only; ``partial_rollout``:
     async streaming mode only (a fixed-batch call cannot be aborted, and at ratio 0 nothing is
     in flight at a weight sync)."""
-    if async_generation_ratio < 0:
-        raise ValueError("async_generation_ratio must be >= 0")
     if partial_rollout and (deterministic or async_generation_ratio == 0):
         raise ValueError("partial rollout aborts requests: async streaming mode only")
     members = OneTurnMembers(
@@ -387,7 +384,6 @@ def prompt_producer(
         prompts=prompts,
         reward_fn=reward_fn,
         params=params,
-        n=n,
         ratio=async_generation_ratio,
         deterministic=deterministic,
         chunk_size=chunk_size,

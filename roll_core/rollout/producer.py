@@ -47,9 +47,10 @@ admits, so a step's admission order is the trainer's.
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -410,22 +411,30 @@ class RolloutProducer(Generic[M]):
             self._suspended = True
         self.router.pause(abort=self.members.abort_on_suspend)
 
-    def sync(self, update: Any, version: int) -> dict[str, float]:
-        """:meth:`suspend` -> ``update()`` (the weight sync; its metrics are returned) ->
-        :meth:`resume` at ``version``, with ``async/suspend_s`` (waiting for the calls in
-        flight) and ``async/sync_pause_s`` (the whole pause). Raises what ``update`` raises,
-        after resuming."""
+    @contextlib.contextmanager
+    def paused(self, version: int) -> Iterator[dict[str, float]]:
+        """:meth:`suspend` -> the block (the weight sync) -> :meth:`resume` at ``version``, also
+        when the block raises. The yielded dict gets ``sync/suspended_s`` (the whole pause)
+        and, async, ``async/suspend_s`` (waiting for the calls in flight) and
+        ``async/sync_pause_s``."""
+        out: dict[str, float] = {}
         start = time.perf_counter()
         self.suspend()
         suspended = time.perf_counter()
         try:
-            result = update()
-            out = dict(result) if isinstance(result, dict) else {}
+            yield out
         finally:
             self.resume(version)
-        out["async/suspend_s"] = suspended - start
-        out["async/sync_pause_s"] = time.perf_counter() - start
-        return out
+        out["sync/suspended_s"] = time.perf_counter() - start
+        if self.ratio:
+            out["async/suspend_s"] = suspended - start
+            out["async/sync_pause_s"] = out["sync/suspended_s"]
+
+    def sync(self, update: Any, version: int) -> dict[str, float]:
+        """``update()`` (the weight sync) inside :meth:`paused`: its metrics and the pause's."""
+        with self.paused(version) as pause:
+            result = update()
+        return {**(dict(result) if isinstance(result, dict) else {}), **pause}
 
     def resume(self, version: int) -> None:
         """Generate with the weights of ``version`` (one more weight sync) from now on."""

@@ -21,7 +21,6 @@ DriverLoop (pipelines/common.py) prefers when a registered part has them.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,31 +97,28 @@ class ProducerSource:
     def to_batch(self, groups: list[list[Any]]) -> Batch:
         raise NotImplementedError
 
+    def _check_some(self, groups: list[list[Any]]) -> None:
+        """A step whose every group dynamic sampling dropped has nothing to train on."""
+        if not groups:
+            raise DataError(
+                "rollout produced no groups (every group was dropped by dynamic sampling).",
+                hint=f"Raise rollout.max_additional_{self.producer.members.unit} or turn "
+                "algorithm.dynamic_sampling off.",
+            )
+
     def hold(self) -> None:
         if self.producer.started:
             self.producer.suspend()
 
     @contextlib.contextmanager
     def paused(self, version: int) -> Iterator[dict[str, float]]:
-        """suspend -> the block (the weight sync) -> resume at `version`, with
-        ``sync/suspended_s`` (the whole pause) and, async, ``async/suspend_s`` (waiting for
-        the calls in flight) and ``async/sync_pause_s``. Before the first batch nothing
-        generates: the first sync pauses nothing."""
-        out: dict[str, float] = {}
+        """The producer's pause around the block (the weight sync; its timings in the yielded
+        dict). Before the first batch nothing generates: the first sync pauses nothing."""
         if not self.producer.started:
-            yield out
+            yield {}
             return
-        start = time.perf_counter()
-        self.producer.suspend()
-        suspended = time.perf_counter()
-        try:
+        with self.producer.paused(version) as out:
             yield out
-        finally:
-            self.producer.resume(version)
-        out["sync/suspended_s"] = time.perf_counter() - start
-        if self.producer.ratio:
-            out["async/suspend_s"] = suspended - start
-            out["async/sync_pause_s"] = out["sync/suspended_s"]
 
     def metrics(self) -> dict[str, float]:
         return self._step_metrics()
@@ -152,11 +148,7 @@ class RLVRSource(ProducerSource):
         self.pad_id = pad_id
 
     def to_batch(self, groups: list[list[Any]]) -> Batch:
-        if not groups:
-            raise DataError(
-                "rollout produced no groups (every group was dropped by dynamic sampling).",
-                hint="Raise rollout.max_additional_prompts or turn algorithm.dynamic_sampling off.",
-            )
+        self._check_some(groups)
         return build_rl_batch(groups, pad_id=self.pad_id)
 
     def save_checkpoint(self, ckpt: Path) -> None:
@@ -217,11 +209,7 @@ class AgenticSource(ProducerSource):
     def to_batch(self, groups: list[list[Any]]) -> Batch:
         """The step's rows; rows that must not be trained (no generated token, longer than
         rollout.max_context) are left out and counted in ``rollout/rows_dropped_*``."""
-        if not groups:
-            raise DataError(
-                "rollout produced no groups (every group was dropped by dynamic sampling).",
-                hint="Raise rollout.max_additional_groups or turn algorithm.dynamic_sampling off.",
-            )
+        self._check_some(groups)
         max_len = self.max_context
         if self.mode == "step":
             batch = step_batch(groups, pad_id=self.pad_id, gamma=self.gamma, max_len=max_len)

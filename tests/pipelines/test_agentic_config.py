@@ -25,6 +25,11 @@ def cfg(**sections: Any) -> AgenticConfig:
     return validate(AgenticConfig, data, source="test")  # type: ignore[return-value]
 
 
+def test_dynamic_sampling_keys_validate() -> None:
+    c = cfg(algorithm={"dynamic_sampling": True}, rollout={"max_additional_groups": 3})
+    assert c.algorithm.dynamic_sampling and c.rollout.max_additional_groups == 3
+
+
 def test_defaults_and_plan() -> None:
     c = cfg(rollout={"group_size": 4, "redundant_groups": 2})
     assert c.envs[0].name == "frozen_lake"
@@ -55,6 +60,7 @@ def test_the_removed_episode_redundancy_key_says_what_replaced_it() -> None:
             "turn_barrier",
         ),
         ({"rollout": {"mode": "stepwise"}}, "mode"),
+        ({"rollout": {"group_size": 4, "max_additional_groups": -1}}, "max_additional_groups"),
     ],
 )
 def test_schema_errors(sections: dict, message: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from roll_core.errors import DataError
-from roll_core.rollout.producer import Rollout
+from roll_core.rollout.producer import Rollout, RolloutProducer
 from roll_core.rollout.source import (
     ASYNC_STATE_FILE,
     AgenticSource,
@@ -21,7 +21,10 @@ from roll_core.rollout.source import (
 
 class Producer:
     """Records calls; `held` is what its state_dict() returns; `ratio` its
-    async_generation_ratio."""
+    async_generation_ratio. Its pause is the real producer's (suspend -> block -> resume)."""
+
+    paused = RolloutProducer.paused
+    members = SimpleNamespace(unit="prompts")
 
     def __init__(self, held: dict[str, Any] | None = None, ratio: int = 1) -> None:
         self.calls: list[Any] = []
