@@ -8,6 +8,11 @@ prompts x group samples), at most 6 new tokens, temperature 1, AdamW lr 2e-5 bet
 1e-4), token-mean loss over the batch (TRL's `dapo`), one optimizer step per batch. TRL runs
 in its own virtualenv (.cache/bench-trl-venv: `pip install -c constraints-cpu.txt torch==2.13.0
 trl transformers==<roll's>`, made on first use), so its dependencies never touch roll's.
+roll runs from this interpreter's virtualenv (`--roll-install here`, e.g. the dev venv of
+`nox -s tests`), or with `--roll-install bare` from a virtualenv of its own with roll and no
+extras (.cache/bench-roll-venv: `pip install -c lock-cpu.txt torch==2.13.0 -e .`), as TRL has
+only TRL's: a package a process merely imports counts in its peak memory (DeepSpeed, which
+`transformers` imports whenever it is installed, or the test venv's boto3).
 
 The matrix (each flag takes one or more values; the default is every combination, 16 cells):
 
@@ -93,6 +98,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
 VENV = CACHE / "bench-trl-venv"
+ROLL_VENV = CACHE / "bench-roll-venv"  # --roll-install bare: `pip install roll`, no extras
 DATA = ROOT / "data" / "tiny-arith"
 ROWS, NEW_TOKENS, LR = 128, 6, 2e-5
 # --length long: the real Qwen vocabulary, counting responses of 64-499 tokens (docstring)
@@ -208,6 +214,24 @@ def ensure_trl_venv() -> Path:
         sys.exit(f"{VENV} has transformers {tf_v}, roll {transformers.__version__}: remove it")
     print(f"TRL {trl_v} (transformers {tf_v}, torch {torch_v}) in {VENV}")
     return python
+
+
+def roll_command(install: str) -> str:
+    """The `roll` the roll arm runs: `here`, the one beside this interpreter (the dev venv of
+    `nox -s tests`, with vLLM, DeepSpeed, megatron-core and the test packages); `bare`, roll
+    alone in its own virtualenv (.cache/bench-roll-venv: `pip install -c lock-cpu.txt
+    torch==2.13.0 -e .`, no extras), as TRL runs in its own with only what TRL needs."""
+    if install == "here":
+        return str(Path(sys.executable).with_name("roll"))
+    roll = ROLL_VENV / "bin" / "roll"
+    if not roll.exists():
+        print(f"creating {ROLL_VENV} (roll without extras; locked) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(ROLL_VENV)], check=True)
+        pip = [str(ROLL_VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, "-c", str(ROOT / "lock-cpu.txt"), "torch==2.13.0", "-e", str(ROOT)],
+                       check=True)  # fmt: skip
+    print(f"roll arm: {roll}")
+    return str(roll)
 
 
 def warm_start(steps: int, threads: int) -> Path:
@@ -434,7 +458,7 @@ def median_of(rows: list[dict], *keys: str) -> float:
 
 
 def roll_arm(
-    model: Path, cell: Cell, seed: int, steps: int, threads: int, work: Path
+    roll: str, model: Path, cell: Cell, seed: int, steps: int, threads: int, work: Path
 ) -> dict[str, float | str]:
     import yaml
 
@@ -442,7 +466,6 @@ def roll_arm(
     path = work / f"{run_id}.yaml"
     recipe = roll_recipe(model, cell, seed, steps, threads, work)
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    roll = str(Path(sys.executable).with_name("roll"))
     _, peak = run([roll, "train", "rlvr", str(path), "--run-id", run_id], threads)
     rows = [json.loads(x) for x in (work / run_id / "metrics.jsonl").read_text().splitlines()]
     done = [r for r in sorted(rows, key=lambda r: r["step"]) if "actor/pg_loss" in r]
@@ -658,7 +681,7 @@ def run_cell(cell: Cell, a: argparse.Namespace, python: Path, model: Path, test:
     runs = []
     for k, seed in enumerate(a.seeds):
         arms = {
-            "roll": lambda s=seed: roll_arm(model, cell, s, a.steps, a.threads, work),
+            "roll": lambda s=seed: roll_arm(a.roll, model, cell, s, a.steps, a.threads, work),
             "trl": lambda s=seed: trl_arm(python, model, cell, s, a.steps, a.threads, work),
         }
         order = ["roll", "trl"] if k % 2 == 0 else ["trl", "roll"]
@@ -731,6 +754,13 @@ def main() -> None:
         type=int,
         help=f"long: roll's max_tokens_per_micro_batch (default {LONG_TOKEN_BUDGET})",
     )
+    ap.add_argument(
+        "--roll-install",
+        choices=["here", "bare"],
+        default="here",
+        help="the roll arm's install: here (this virtualenv, e.g. nox's dev venv) or bare "
+        "(roll without extras in .cache/bench-roll-venv, as TRL has its own venv)",
+    )
     ap.add_argument("--trl-worker", help=argparse.SUPPRESS)
     ap.add_argument("--accuracy-worker", help=argparse.SUPPRESS)
     ap.add_argument("--pretrain-worker", help=argparse.SUPPRESS)
@@ -744,6 +774,7 @@ def main() -> None:
         return print(accuracy(spec["model"], spec["rows"], spec["threads"], spec["new_tokens"]))
     cells = matrix(a)
     python = ensure_trl_venv()
+    a.roll = roll_command(a.roll_install)
     long = a.length == "long"
     model = long_warm_start(a.sft_steps, a.threads) if long else warm_start(a.sft_steps, a.threads)
     a.work = (LONG_DIR if long else CACHE / "bench-vs-trl") / time.strftime("%Y%m%d-%H%M%S")

@@ -46,7 +46,7 @@ class StatefulLoader:
         self._epoch = 0
         self._position = 0
         self._samples_seen = 0
-        self._order: list[int] | None = None
+        self._order: torch.Tensor | None = None  # the epoch's order (8 bytes an index)
 
     @property
     def epoch(self) -> int:
@@ -68,7 +68,7 @@ class StatefulLoader:
 
     def __next__(self) -> list[int]:
         order = self._epoch_order()
-        batch = order[self._position : self._position + self.batch_size]
+        batch = order[self._position : self._position + self.batch_size].tolist()
         self._position += len(batch)
         self._samples_seen += len(batch)
         if self._position >= self._epoch_end():
@@ -108,11 +108,11 @@ class StatefulLoader:
             return self.num_examples - self.num_examples % self.batch_size
         return self.num_examples
 
-    def _epoch_order(self) -> list[int]:
+    def _epoch_order(self) -> torch.Tensor:
         if self._order is None:
             if self.shuffle:
                 generator = torch.Generator().manual_seed(self.seed + self._epoch)
-                self._order = torch.randperm(self.num_examples, generator=generator).tolist()
+                self._order = torch.randperm(self.num_examples, generator=generator)
             else:
-                self._order = list(range(self.num_examples))
+                self._order = torch.arange(self.num_examples)
         return self._order

@@ -11,6 +11,8 @@ with `roll train agentic` (the loop's pseudo-code: docs/internals.md, "The loop"
 from __future__ import annotations
 
 import functools
+import itertools
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,8 +83,8 @@ class RLVRSetup:
     model_path: str
     tokenizer_path: str
     tokenizer: Any
-    train: list[Prompt]
-    eval: list[Prompt]
+    train: Sequence[Prompt]
+    eval: Sequence[Prompt]
     stats: dict[str, int]
     teacher_prompts: dict[str, dict[int, list[int]]] = field(default_factory=dict)
     """algorithm.on_policy_distill: each privileged teacher's prompt ids by prompt index."""
@@ -96,18 +98,18 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
     use_chat_template(tokenizer, cfg.data.chat_template)  # a template file replaces the model's
     processor = load_processor(model_path, tokenizer) if is_vision_model(model_path) else None
     train, stats = load_prompts(cfg, tokenizer, cfg.data.train, "data.train.path", processor)
-    evals: list[Prompt] = []
+    evals: Sequence[Prompt] = []
     if cfg.data.eval is not None:
         evals, _ = load_prompts(cfg, tokenizer, cfg.data.eval, "data.eval.path", processor)
         if cfg.eval.max_samples:
             evals = evals[: cfg.eval.max_samples]
-    stage = RewardStage(cfg.reward, tokenizer=tokenizer, domains=_domains(cfg, train + evals))
+    stage = RewardStage(cfg.reward, tokenizer=tokenizer, domains=_domains(cfg, [train, evals]))
     try:  # malformed rows (a code row's tests, ...) are a clear error at loading, not 0s later
-        stage.router.check_rows(p.row for p in train + evals)
+        stage.router.check_rows(p.row for p in itertools.chain(train, evals))
     finally:
         stage.close()
     if cfg.eval.reward is not None:
-        stage = RewardStage(cfg.eval.reward, tokenizer=tokenizer, domains=_domains(cfg, evals))
+        stage = RewardStage(cfg.eval.reward, tokenizer=tokenizer, domains=_domains(cfg, [evals]))
         try:
             stage.router.check_rows(p.row for p in evals)
         finally:
@@ -126,8 +128,8 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
     return setup
 
 
-def _domains(cfg: RLVRConfig, prompts: list[Prompt]) -> set[str | None]:
-    return {p.row.get(cfg.reward.domain_key) for p in prompts}
+def _domains(cfg: RLVRConfig, sets: list[Sequence[Prompt]]) -> set[str | None]:
+    return {p.row.get(cfg.reward.domain_key) for p in itertools.chain(*sets)}
 
 
 def validate(
@@ -147,11 +149,13 @@ def validate(
 
 def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]:
     loop.console_note(prompts_note(setup.stats, len(setup.train), len(setup.eval)))
-    domains = _domains(cfg, setup.train + setup.eval)
+    domains = _domains(cfg, [setup.train, setup.eval])
     train_stage = RewardStage(cfg.reward, tokenizer=setup.tokenizer, domains=domains)
     # validation scores apart (eval.reward, else reward): never in the training metrics
     eval_stage = RewardStage(
-        cfg.eval.reward or cfg.reward, tokenizer=setup.tokenizer, domains=_domains(cfg, setup.eval)
+        cfg.eval.reward or cfg.reward,
+        tokenizer=setup.tokenizer,
+        domains=_domains(cfg, [setup.eval]),
     )
     with closing(train_stage) as rewards, closing(eval_stage) as eval_rewards:
         stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)

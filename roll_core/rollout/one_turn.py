@@ -34,7 +34,7 @@ import contextlib
 import functools
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -133,7 +133,7 @@ class OneTurnMembers(Members[Sample]):
         reward_workers: int = 4,
         seed: int = 0,
         partial_rollout: bool = False,
-        by_index: list[Prompt] | None = None,
+        by_index: Sequence[Prompt] | None = None,
     ) -> None:
         self.prompts, self.reward_fn, self.params = prompts, reward_fn, params
         self.ratio = ratio
@@ -371,7 +371,7 @@ def prompt_producer(
     seed: int = 0,
     partial_rollout: bool = False,
     start_version: int = 0,
-    by_index: list[Prompt] | None = None,
+    by_index: Sequence[Prompt] | None = None,
 ) -> RolloutProducer[Sample]:
     """The rollout producer of RLVR prompts: groups of ``n`` scored samples.
     ``chunk_size`` / ``max_chunks_in_flight``: deterministic mode only; ``partial_rollout``:

@@ -10,7 +10,7 @@ prompt order, each scored by ``score`` (the reward stage of validation) on the d
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from roll_core.backends.infer import Request, SamplingParams
@@ -21,7 +21,7 @@ from roll_core.rollout.router import Router
 
 def score_prompts(
     router: Router,
-    prompts: list[Prompt],
+    prompts: Sequence[Prompt],
     params: SamplingParams,
     score: Callable[[Sample], tuple[float, dict[str, Any]]],
     *,

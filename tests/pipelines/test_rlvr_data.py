@@ -5,6 +5,7 @@ domains of the data checked before a run. Unit tests on the built-in byte-level 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import datasets
@@ -83,6 +84,29 @@ def test_verl_layout_prompts_are_rendered_as_conversations(tokenizer, tmp_path: 
     # the reward reads the ground truth as the row's answer; verl's other columns stay
     assert [p.row["answer"] for p in prompts] == ["5", "7"]
     assert prompts[0].row["extra_info"] == {"split": "train", "index": 0}
+
+
+def test_prompt_table_reads_back_each_kept_row(tokenizer, tmp_path: Path) -> None:
+    """The compact table (ids in one int32 array, rows left in the dataset) gives back what
+    the rows say: the kept rows in order, each prompt's index its position, ids by hand."""
+    rows = [
+        {"question": "ab", "solution": "1", "n": 0},
+        {"question": "", "solution": "2", "n": 1},  # empty: dropped
+        {"question": "x" * 300, "solution": "3", "n": 2},  # too long: dropped
+        {"question": "c", "solution": "4", "n": 3},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = config(str(path), prompt_key="question", answer_key="solution", chat_template="none")
+    prompts, stats = load_prompts(cfg, tokenizer, cfg.data.train, "data.train.path")
+    assert (stats["rows"], stats["dropped_empty"], stats["dropped_too_long"]) == (4, 1, 1)
+    assert len(prompts) == 2
+    assert [p.index for p in prompts] == [0, 1]
+    assert [p.prompt_ids for p in prompts] == [[97, 98], [99]]  # byte-level: a=97
+    assert prompts[1].row == {"question": "c", "solution": "4", "n": 3, "answer": "4"}
+    assert prompts[-1] == prompts[1] and prompts[0:2] == list(prompts)
+    with pytest.raises(IndexError):
+        prompts[2]
 
 
 def test_system_prompt_goes_before_a_conversation_without_one(tokenizer, tmp_path) -> None:
