@@ -71,6 +71,7 @@ def test_serve_sft_equals_roll_sft(tmp_path, roll) -> None:
     assert len(examples) == ROWS
 
     srv = Server(tmp_path / "ckpt", tmp_path / "cache-serve")
+    service = None
     try:
         service = tinker.ServiceClient(base_url=srv.url, api_key="tml-local")
         tc = service.create_lora_training_client(
@@ -91,6 +92,8 @@ def test_serve_sft_equals_roll_sft(tmp_path, roll) -> None:
             got.append(tc.forward_backward(data, "cross_entropy").result().metrics["loss:sum"])
             tc.optim_step(adam).result()
     finally:
+        if service is not None:
+            service.close("success").result()  # its heartbeat thread ends with the session
         srv.stop()
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
     assert got[-1] < got[0]

@@ -24,6 +24,7 @@ GROUP, TOKENS, STEPS, LR = 8, 4, 12, 5e-2
 
 def test_importance_sampling_rl_raises_the_reward(tmp_path) -> None:
     srv = Server(tmp_path / "ckpt", tmp_path / "cache")
+    service = None
     try:
         service = tinker.ServiceClient(base_url=srv.url, api_key="tml-local")
         tc = service.create_lora_training_client(
@@ -54,6 +55,8 @@ def test_importance_sampling_rl_raises_the_reward(tmp_path) -> None:
                 np.testing.assert_allclose(got[n:], q[n:], atol=2e-4)
             tc.optim_step(types.AdamParams(learning_rate=LR)).result()
     finally:
+        if service is not None:
+            service.close("success").result()  # its heartbeat thread ends with the session
         srv.stop()
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.2, rewards
 

@@ -74,7 +74,9 @@ def server(ckpt_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture(scope="module")
 def service(server: Server):
-    return tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+    client = tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+    yield client
+    client.close("success").result()  # stops its heartbeat thread before the server goes
 
 
 def _datum(tokens: list[int]) -> types.Datum:
@@ -193,6 +195,7 @@ def test_save_load_listing_and_restart(service, server: Server, ckpt_dir: Path) 
 
     # a second server on the same checkpoints_dir builds the model from the checkpoint
     other = Server(ckpt_dir, ckpt_dir.parent / "cache2")
+    fresh = None
     try:
         fresh = tinker.ServiceClient(base_url=other.url, api_key="tml-local")
         restored = fresh.create_training_client_from_state(saved).result()
@@ -200,6 +203,8 @@ def test_save_load_listing_and_restart(service, server: Server, ckpt_dir: Path) 
         other_rest = tinker.RestClient(base_url=other.url, api_key="tml-local")
         assert other_rest.get_training_run(tc.model_id).result().user_metadata == meta
     finally:
+        if fresh is not None:
+            fresh.close("success").result()  # its heartbeat thread ends with the session
         assert other.stop(signal.SIGTERM) == 130
         assert "stopped: roll serve stopped (SIGTERM)" in other.proc.stderr.read()
 
