@@ -12,7 +12,7 @@ roll runs from this interpreter's virtualenv (`--roll-install here`, e.g. the de
 `nox -s tests`), or with `--roll-install bare` from a virtualenv of its own with roll and no
 extras (.cache/bench-roll-venv: `pip install -c lock-cpu.txt torch==2.13.0 -e .`), as TRL has
 only TRL's: a package a process merely imports counts in its peak memory (DeepSpeed, which
-`transformers` imports whenever it is installed, or the test venv's boto3).
+accelerate imports at every `save_pretrained` when it is installed, or the test venv's boto3).
 
 The matrix (each flag takes one or more values; the default is every combination, 16 cells):
 
@@ -228,8 +228,8 @@ def roll_command(install: str) -> str:
         print(f"creating {ROLL_VENV} (roll without extras; locked) ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(ROLL_VENV)], check=True)
         pip = [str(ROLL_VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, "-c", str(ROOT / "lock-cpu.txt"), "torch==2.13.0", "-e", str(ROOT)],
-                       check=True)  # fmt: skip
+        lock = ["-c", str(ROOT / "lock-cpu.txt")]
+        subprocess.run([*pip, *lock, "torch==2.13.0", "-e", str(ROOT)], check=True)
     print(f"roll arm: {roll}")
     return str(roll)
 

@@ -40,13 +40,14 @@ def probe(**env: str) -> dict[str, bool]:
 
 
 @pytest.mark.skipif(not CPU_ONLY, reason="a GPU build of torch keeps Triton")
-def test_cpu_only_torch_hides_triton() -> None:
+def test_cpu_only_torch_hides_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROLL_ALLOW_TRITON", raising=False)
     assert probe() == {"find_spec": False, "imported": False, "library_mapped": False}
 
 
 @pytest.mark.skipif(not CPU_ONLY, reason="a GPU build of torch keeps Triton")
-def test_roll_allow_triton_keeps_it_where_installed() -> None:
-    os.environ.pop("ROLL_ALLOW_TRITON", None)
+def test_roll_allow_triton_keeps_it_where_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROLL_ALLOW_TRITON", raising=False)
     installed = subprocess.run(
         [sys.executable, "-c", "import importlib.util; print(importlib.util.find_spec('triton'))"],
         capture_output=True,

@@ -39,12 +39,11 @@ class PromptTable(Sequence[Prompt]):
     Arrow table (memory-mapped from the `datasets` cache), made into a :class:`Prompt` when
     one is read. 20,000 tiny-arith prompts held 19 MiB as Prompt objects, 0.6 MiB here."""
 
-    def __init__(
-        self, rows: Any, *, answer_key: str, image_key: str | None, answer_alias: bool
-    ) -> None:
-        self._rows = rows  # the datasets.Dataset the prompts come from
-        self._answer_key, self._image_key = answer_key, image_key
-        self._answer_alias = answer_alias  # rewards read the reference from row["answer"]
+    def __init__(self, rows: Any, *, answer_key: str, image_key: str | None) -> None:
+        # the datasets.Dataset the prompts come from; an image column stays out of the rows
+        # (the decoded images are the prompts' `vision`), so reading a row decodes none
+        self._rows = rows.remove_columns([image_key]) if image_key is not None else rows
+        self._answer_key = answer_key
         self._ids = array("i")
         self._ends = array("q")  # prompt i's ids: _ids[_ends[i - 1] : _ends[i]]
         self._source = array("q")  # prompt i's row in `rows`
@@ -74,9 +73,7 @@ class PromptTable(Sequence[Prompt]):
         if not 0 <= i < len(self):
             raise IndexError(f"prompt {i} of {len(self)}")
         row = self._rows[int(self._source[i])]
-        if self._image_key is not None:
-            row = {k: v for k, v in row.items() if k != self._image_key}  # images stay out
-        if self._answer_alias:
+        if self._answer_key != "answer":  # rewards read the reference from row["answer"]
             row = {**row, "answer": row_value(row, self._answer_key)}
         start = self._ends[i - 1] if i else 0
         vision = self._vision[i] if self._vision is not None else None
@@ -106,12 +103,8 @@ def load_prompts(
             "image placeholders are written by a chat template.",
             hint="Set data.chat_template: model (the default) or a template file.",
         )
-    out = PromptTable(
-        rows,
-        answer_key=d.answer_key,
-        image_key=d.image_key if images is not None else None,
-        answer_alias=d.answer_key != "answer",
-    )
+    image_key = d.image_key if images is not None else None
+    out = PromptTable(rows, answer_key=d.answer_key, image_key=image_key)
     stats = {"rows": 0, "dropped_too_long": 0, "dropped_empty": 0, "dropped_bad_image": 0}
     for index, row in enumerate(rows):
         stats["rows"] += 1

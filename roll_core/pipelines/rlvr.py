@@ -103,13 +103,13 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
         evals, _ = load_prompts(cfg, tokenizer, cfg.data.eval, "data.eval.path", processor)
         if cfg.eval.max_samples:
             evals = evals[: cfg.eval.max_samples]
-    stage = RewardStage(cfg.reward, tokenizer=tokenizer, domains=_domains(cfg, [train, evals]))
+    stage = RewardStage(cfg.reward, tokenizer=tokenizer, domains=_domains(cfg, train, evals))
     try:  # malformed rows (a code row's tests, ...) are a clear error at loading, not 0s later
         stage.router.check_rows(p.row for p in itertools.chain(train, evals))
     finally:
         stage.close()
     if cfg.eval.reward is not None:
-        stage = RewardStage(cfg.eval.reward, tokenizer=tokenizer, domains=_domains(cfg, [evals]))
+        stage = RewardStage(cfg.eval.reward, tokenizer=tokenizer, domains=_domains(cfg, evals))
         try:
             stage.router.check_rows(p.row for p in evals)
         finally:
@@ -128,7 +128,7 @@ def prepare(cfg: RLVRConfig) -> RLVRSetup:
     return setup
 
 
-def _domains(cfg: RLVRConfig, sets: list[Sequence[Prompt]]) -> set[str | None]:
+def _domains(cfg: RLVRConfig, *sets: Sequence[Prompt]) -> set[str | None]:
     return {p.row.get(cfg.reward.domain_key) for p in itertools.chain(*sets)}
 
 
@@ -149,13 +149,13 @@ def validate(
 
 def run(cfg: RLVRConfig, setup: RLVRSetup, loop: DriverLoop) -> dict[str, float]:
     loop.console_note(prompts_note(setup.stats, len(setup.train), len(setup.eval)))
-    domains = _domains(cfg, [setup.train, setup.eval])
+    domains = _domains(cfg, setup.train, setup.eval)
     train_stage = RewardStage(cfg.reward, tokenizer=setup.tokenizer, domains=domains)
     # validation scores apart (eval.reward, else reward): never in the training metrics
     eval_stage = RewardStage(
         cfg.eval.reward or cfg.reward,
         tokenizer=setup.tokenizer,
-        domains=_domains(cfg, [setup.eval]),
+        domains=_domains(cfg, setup.eval),
     )
     with closing(train_stage) as rewards, closing(eval_stage) as eval_rewards:
         stream = PromptStream(setup.train, seed=cfg.seed, shuffle=cfg.data.shuffle)
