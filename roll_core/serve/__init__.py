@@ -65,6 +65,9 @@ def serve(
     def on_signal(num: int, _frame: object) -> None:
         got.append(signal.Signals(num).name)
         stopping.set()
+        # the stop waits for the running training request; a second signal stops at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop it
         for sig in (signal.SIGINT, signal.SIGTERM):

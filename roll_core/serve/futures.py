@@ -132,10 +132,22 @@ class Futures:
             self.cancel(rid)
 
     def close(self) -> None:
+        """Cancel what is queued; the running training request and samples go on (see
+        :meth:`join`)."""
         with self._ready:
             self._closed = True
+            pending = [fut for queue in self._queues.values() for fut, _ in queue]
+            self._queues.clear()
+            self._turn.clear()
             self._ready.notify_all()
+        for fut in pending:
+            fut.cancel()  # its client reads "cancelled", not a wait that never ends
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def join(self) -> None:
+        """Wait for the running training request and samples to finish (after :meth:`close`)."""
+        self._worker.join()
+        self._pool.shutdown(wait=True)
 
 
 def _settle(fut: Future[Result], work: Callable[[], Result]) -> None:

@@ -55,7 +55,7 @@ class Sampler:
 
     def close(self) -> None:
         self.engine.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def params(self, sp: dict[str, Any], prompt_len: int) -> SamplingParams:
         """roll's SamplingParams of a Tinker ``sampling_params`` mapping."""

@@ -12,8 +12,10 @@ from ``retrieve_future``. 5xx only for a bug in roll.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
 import sys
 import threading
 import traceback
@@ -38,13 +40,47 @@ UNSUPPORTED = {
 """Routes of the client that roll serve answers with a user error, and why."""
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    """The standard threading server, whose request threads :meth:`close` ends and joins.
+
+    No thread of roll serve may still be running when the interpreter exits: Python ends a
+    daemon thread that wakes up during finalization with ``pthread_exit``, and a thread that
+    is inside torch then (which released the GIL in a C++ scope) aborts the process (SIGABRT)
+    instead of exiting with the code roll chose."""
+
+    daemon_threads = False  # server_close() joins every request thread
+    block_on_close = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open.discard(request)
+
+    def hang_up(self) -> None:
+        """End the kept-alive connections: a thread waiting for the next request reads the end
+        of its stream and returns; one answering a request still sends its answer."""
+        with self._open_lock:
+            conns = list(self._open)
+        for conn in conns:
+            with contextlib.suppress(OSError):  # the client hung up first
+                conn.shutdown(socket.SHUT_RD)
+
+
 class TinkerServer:
-    """The HTTP server (a daemon thread) around a TinkerService."""
+    """The HTTP server (its own thread) around a TinkerService."""
 
     def __init__(self, service: TinkerService, host: str, port: int) -> None:
         self.service = service
-        self.server = ThreadingHTTPServer((host, port), _handler(service))
-        self.server.daemon_threads = True
+        self.server = _HTTPServer((host, port), _handler(service))
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._stop = threading.Event()
@@ -59,10 +95,15 @@ class TinkerServer:
             self.service.reap()
 
     def close(self) -> None:
+        """Stop taking requests, end the queued ones (the running training request and
+        samples finish), answer the waiting clients and join every thread."""
         self._stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.shutdown()  # no new connections
         self.service.close()
+        self.server.hang_up()
+        self.server.server_close()  # joins the request threads
+        self._thread.join()
+        self._reaper.join()
 
 
 def _routes(s: TinkerService) -> dict[tuple[str, str], Callable[..., Any]]:

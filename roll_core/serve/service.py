@@ -508,9 +508,11 @@ class TinkerService:
         return {"request_id": rid, "sample_sequence_ids": [f"{rid}-{i}" for i in range(n)]}
 
     def close(self) -> None:
+        """Stop: queued requests cancelled, running ones finished, no thread left running."""
         self.futures.close()
-        for sampler in self.samplers.values():
-            sampler.close()
+        for sampler in list(self.samplers.values()):
+            sampler.close()  # its in-flight samples fail (the engine is closed)
+        self.futures.join()
 
 
 def _prompt_tokens(prompt: dict[str, Any]) -> list[int]:

@@ -79,3 +79,32 @@ def test_failures_answer_the_client_error_shape_and_cancel_works() -> None:
         "category": "user",
     }
     futures.close()
+
+
+def test_close_cancels_the_queue_and_join_waits_for_the_running_request() -> None:
+    futures = Futures(sample_threads=1)
+    gate, started, done = threading.Event(), threading.Event(), []
+
+    def running() -> Result:
+        started.set()
+        gate.wait(10)
+        done.append("running")
+        return Result({"ok": True})
+
+    def queued() -> Result:
+        done.append("queued")
+        return Result({"ok": False})
+
+    first = futures.submit_train("s", "A", running)
+    assert started.wait(10)
+    later = futures.submit_train("s", "B", queued)
+    futures.close()
+    # the queued request's client is told at once; it never runs
+    assert futures.retrieve(later, wait_s=0.05) == {
+        "error": f"request {later} was cancelled",
+        "category": "user",
+    }
+    threading.Timer(0.2, gate.set).start()
+    futures.join()  # returns only once the running request is done: no thread is left in it
+    assert done == ["running"]
+    assert futures.retrieve(first, wait_s=0.05) == {"ok": True}

@@ -30,12 +30,19 @@ def test_importance_sampling_rl_raises_the_reward(tmp_path) -> None:
         tc = service.create_lora_training_client(
             base_model="roll/tiny-qwen3", rank=8, seed=0
         ).result()
-        params = types.SamplingParams(max_tokens=TOKENS, temperature=1.0)
         rewards = []
-        for _ in range(STEPS):
+        for step in range(STEPS):
             sampler = tc.save_weights_and_get_sampling_client().result()
+            # seeded (sample i of a request draws from seed + i): the same run every time
             futures = [
-                sampler.sample(types.ModelInput.from_ints(p), GROUP, params) for p in PROMPTS
+                sampler.sample(
+                    types.ModelInput.from_ints(p),
+                    GROUP,
+                    types.SamplingParams(
+                        max_tokens=TOKENS, temperature=1.0, seed=1000 * step + 100 * j
+                    ),
+                )
+                for j, p in enumerate(PROMPTS)
             ]
             data, starts, step_rewards = [], [], []
             for prompt, fut in zip(PROMPTS, futures, strict=True):

@@ -53,11 +53,15 @@ class Server:
         """Stop it with `sig`; its exit code (130: stopped as asked)."""
         self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout=30)
+            code = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError("roll serve did not stop on a signal") from None
+        if code != 130:  # say why: an abort at exit prints its reason here
+            assert self.proc.stderr is not None
+            print(f"roll serve exited with {code}; its stderr:\n{self.proc.stderr.read()}")
+        return code
 
 
 @pytest.fixture(scope="module")

@@ -160,3 +160,24 @@ def test_forward_backward_in_chunks_equals_the_whole_logits() -> None:
     assert any(float(g.abs().max()) > 0 for g in whole_g)
     for a, b in zip(whole_g, chunked_g, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+
+def test_close_ends_every_thread_even_with_a_connection_kept_alive(service) -> None:
+    """A stopped server joins its threads: a daemon thread still inside torch when the
+    interpreter exits aborts the process (SIGABRT) instead of exiting 130."""
+    import http.client
+    import threading
+
+    from roll_core.serve.server import TinkerServer
+
+    before = set(threading.enumerate())
+    server = TinkerServer(service, "127.0.0.1", 0)
+    server.start()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("GET", "/api/v1/healthz")
+    assert conn.getresponse().read() == b'{"status": "ok"}'  # the connection stays open
+    server.close()
+    left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert left == [], left
+    assert not service.futures._worker.is_alive()  # the training worker too
+    conn.close()
