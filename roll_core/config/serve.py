@@ -91,10 +91,20 @@ class ServeTrainConfig(Strict):
 class ServeSampleConfig(Strict):
     """How sampling clients sample."""
 
-    engine: Literal["hf"] = Field(
+    engine: Literal["hf", "vllm"] = Field(
         default="hf",
         description="Inference engine: `hf` (roll's request-level transformers engine, "
-        "continuous batching). One engine per sampling session, holding its weights.",
+        "continuous batching): one engine per sampling session, holding its weights merged "
+        "with the client's adapter; `vllm` (the `cpu` or `gpu` extra): one vLLM engine per "
+        "served model, started with the server, each sampling session a LoRA adapter it "
+        "loads per request (no model copy per session; every session's requests batched "
+        "together).",
+    )
+    cpu_kv_cache_gb: float | None = Field(
+        default=None,
+        gt=0,
+        description="vllm on the CPU build: host memory for each engine's KV cache, in GiB "
+        "(null: 1). An error with the hf engine.",
     )
     max_num_seqs: int = Field(
         default=64, ge=1, description="Sequences one engine decodes at a time (the rest queue)."
@@ -102,10 +112,17 @@ class ServeSampleConfig(Strict):
     max_samplers: int = Field(
         default=8,
         ge=1,
-        description="Sampling sessions open at once (each holds an engine and its weights); "
+        description="Sampling sessions open at once (hf: each holds an engine and its "
+        "weights; vllm: each holds an adapter, and this many adapters fit in one batch); "
         "opening one more closes the least recently used, whose later requests fail with a "
         "user error (an RL loop opens one per step and drops the old).",
     )
+
+    @model_validator(mode="after")
+    def _vllm_only(self) -> ServeSampleConfig:
+        if self.engine != "vllm" and self.cpu_kv_cache_gb is not None:
+            raise ValueError("cpu_kv_cache_gb sizes the vllm engine's KV cache; engine is hf")
+        return self
 
 
 class ServeConfig(Strict):

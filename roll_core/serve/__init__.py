@@ -25,12 +25,28 @@ def serve_plan(cfg: ServeConfig) -> list[tuple[str, str]]:
             f"{cfg.train.backend} backend, LoRA rank <= {cfg.lora.max_rank}, "
             f"alpha {cfg.lora.alpha}, device {cfg.train.device}, {cfg.train.precision}",
         ),
-        ("sampling", f"{cfg.sample.engine} engine, {cfg.sample.max_num_seqs} sequences at a time"),
+        ("sampling", _sampling_plan(cfg)),
         ("executor", cfg.executor),
         ("listen", f"http://{cfg.host}:{cfg.port} (TINKER_BASE_URL)"),
         ("checkpoints", cfg.checkpoints_dir),
     ]
     return rows
+
+
+def _sampling_plan(cfg: ServeConfig) -> str:
+    s = cfg.sample
+    if s.engine == "vllm":
+        engines = len({m.path for m in cfg.models})
+        return (
+            f"vllm: {engines} engine(s), one per model directory, started with the server; "
+            f"each sampling session a LoRA adapter loaded per request (up to {s.max_samplers} "
+            f"sessions, rank <= {cfg.lora.max_rank}); {s.max_num_seqs} sequences at a time; "
+            f"KV cache {s.cpu_kv_cache_gb or 1.0} GiB on the CPU build"
+        )
+    return (
+        f"hf: one engine per sampling session (up to {s.max_samplers}), holding its merged "
+        f"weights; {s.max_num_seqs} sequences at a time"
+    )
 
 
 def serve(

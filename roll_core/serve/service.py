@@ -24,10 +24,15 @@ from typing import Any
 from roll_core.config.serve import ServeConfig, ServedModel
 from roll_core.serve import wire
 from roll_core.serve.futures import Futures, Result
-from roll_core.serve.sampler import Sampler
+from roll_core.serve.sampler import AdapterSampler, Sampler, SamplingSession
 from roll_core.serve.trainer import AdamStep, TrainedModel, UserError, lora_targets, read_meta
 
 _KINDS = {"weights": "training", "sampler_weights": "sampler"}
+
+
+SESSION_ADAPTERS = ".sampler-adapters"
+"""Folder under checkpoints_dir of the adapters `save_weights_and_get_sampling_client` writes
+for the vllm engine (one per session, removed with it)."""
 
 
 class NotFound(Exception):
@@ -52,10 +57,51 @@ class TinkerService:
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TrainedModel] = {}
         self.user_metadata: dict[str, dict[str, str]] = {}
-        self.samplers: dict[str, Sampler] = {}
+        self.samplers: dict[str, SamplingSession] = {}
         self._oneoff: dict[tuple[str | None, str | None], str] = {}
         self.evicted: set[str] = set()
         self.lock = threading.Lock()
+        self.engines: dict[str, Any] = {}  # sample.engine vllm: one per model directory
+        if cfg.sample.engine == "vllm":
+            # adapters written for sessions of an earlier server that did not stop cleanly
+            shutil.rmtree(self.root / SESSION_ADAPTERS, ignore_errors=True)
+            self._start_engines()
+
+    def _start_engines(self) -> None:
+        """One vLLM engine per model directory (names served by the same weights share it),
+        with LoRA adapters per request up to the recipe's max_rank."""
+        from roll_core.backends.infer.vllm_backend import VLLMInferBackend
+        from roll_core.models.loading import resolve_model_path
+
+        cfg = self.cfg
+        try:
+            for m in cfg.models:
+                path = resolve_model_path(m.path)
+                if path in self.engines:
+                    continue
+                longest = max(
+                    x.max_context_length for x in cfg.models if resolve_model_path(x.path) == path
+                )
+                self.engines[path] = VLLMInferBackend(
+                    model_path=path,
+                    tokenizer_path=m.tokenizer,
+                    device=cfg.train.device,
+                    dtype=cfg.train.dtype,
+                    num_threads=cfg.train.num_threads,
+                    cpu_kv_cache_gb=cfg.sample.cpu_kv_cache_gb or 1.0,
+                    max_model_len=longest,
+                    max_lora_rank=cfg.lora.max_rank,
+                    max_loras=cfg.sample.max_samplers,
+                    max_num_seqs=cfg.sample.max_num_seqs,
+                )
+        except BaseException:
+            self._close_engines()
+            raise
+
+    def _close_engines(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
 
     # ---- names -------------------------------------------------------------------------------
     def served(self, name: str | None) -> ServedModel:
@@ -274,7 +320,7 @@ class TinkerService:
 
         def work() -> Result:
             if name is None:  # save_weights_and_get_sampling_client: a sampler, no files
-                sid = self._new_sampler(session_id, model.served, model.merged(), None)
+                sid = self._new_sampler(session_id, model.served, model, None)
                 return Result({"type": "save_weights_for_sampler", "sampling_session_id": sid})
             folder = self._folder(model_id, kind, str(name))
             if folder.exists():
@@ -418,10 +464,40 @@ class TinkerService:
         }
 
     # ---- sampling ----------------------------------------------------------------------------
+    def _make_sampler(
+        self, served: ServedModel, source: TrainedModel | Path | None, model_path: str | None
+    ) -> SamplingSession:
+        """A sampler of `served` with the weights of `source`: a live training client's model,
+        a saved checkpoint's folder, or None (the base model)."""
+        if self.cfg.sample.engine == "vllm":
+            from roll_core.models.loading import resolve_model_path
+
+            engine = self.engines[resolve_model_path(served.path)]
+            owned = None
+            if isinstance(source, TrainedModel):  # its adapter as it is now, in files
+                owned = self.root / SESSION_ADAPTERS / uuid.uuid4().hex[:12]
+                source.save(owned, optimizer=False)
+                source = owned
+            adapter = source / "adapter" if source is not None else None
+            return AdapterSampler(
+                served, engine, adapter_dir=adapter, model_path=model_path, owned=owned
+            )
+        if isinstance(source, TrainedModel):
+            weights = source.merged()
+        elif source is not None:
+            weights = _merged_from(self.cfg, served, source)
+        else:
+            weights = None
+        return Sampler(self.cfg, served, weights=weights, model_path=model_path)
+
     def _new_sampler(
-        self, session_id: str, served: ServedModel, weights: Any, model_path: str | None
+        self,
+        session_id: str,
+        served: ServedModel,
+        source: TrainedModel | Path | None,
+        model_path: str | None,
     ) -> str:
-        sampler = Sampler(self.cfg, served, weights=weights, model_path=model_path)
+        sampler = self._make_sampler(served, source, model_path)
         sid = f"samp-{uuid.uuid4().hex[:12]}"
         with self.lock:
             self.samplers[sid] = sampler
@@ -448,10 +524,8 @@ class TinkerService:
             served = self.served(read_meta(folder)["base_model"])
             if base_model is not None and base_model != served.name:
                 raise UserError(f"{path} was trained on {served.name}, not {base_model}")
-            weights = _merged_from(self.cfg, served, folder)
-        else:
-            served, weights = self.served(base_model), None
-        return self._new_sampler(session_id, served, weights, path)
+            return self._new_sampler(session_id, served, folder, path)
+        return self._new_sampler(session_id, self.served(base_model), None, None)
 
     def get_sampler(self, sampler_id: str) -> dict[str, Any]:
         sampler = self.samplers.get(sampler_id)
@@ -510,8 +584,9 @@ class TinkerService:
     def close(self) -> None:
         """Stop: queued requests cancelled, running ones finished, no thread left running."""
         self.futures.close()
+        self._close_engines()  # vllm: in-flight samples fail (the engine is closed)
         for sampler in list(self.samplers.values()):
-            sampler.close()  # its in-flight samples fail (the engine is closed)
+            sampler.close()  # hf: the same, for its own engine
         self.futures.join()
 
 

@@ -323,6 +323,11 @@ def test_bad_requests_are_refused_with_a_clear_error(backend: HFInferBackend) ->
     image = VisionInputs(torch.zeros(4, 6), torch.tensor([[1, 2, 2]]))
     with pytest.raises(ModelError, match="text-only"):
         backend.generate_request(Request(0, [5, 6], 0, vision=image), GREEDY)
+    # a LoRA adapter per request is the vllm backend's; the hf engine refuses, never ignores
+    with pytest.raises(ConfigError, match="serves no adapters"):
+        backend.generate_request(Request(0, [5, 6], 0, adapter=1), GREEDY)
+    with pytest.raises(ConfigError, match="serves none"):
+        backend.generate([Request(0, [5, 6], 0, adapter=1)], GREEDY)
 
 
 def test_weights_stashed_by_a_colocated_trainer_come_back_and_bf16_runs(model_path: str) -> None:

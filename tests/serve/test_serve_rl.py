@@ -6,10 +6,15 @@ ids below 64 (a fifth of its 320). The mean reward rises."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 from tests.serve.test_serve_tinker import Server
+
+VLLM = ("sample.engine=vllm", "sample.cpu_kv_cache_gb=0.25", "train.num_threads=1")
+"""The overrides that sample on vLLM (a small KV cache: the tiny model's contexts are short)."""
 
 tinker = pytest.importorskip(
     "tinker", reason="the tinker client is not installed (pip install tinker==0.38.0)"
@@ -22,8 +27,23 @@ PROMPTS = [[5, 6, 7], [11, 12, 13, 14]]
 GROUP, TOKENS, STEPS, LR = 8, 4, 12, 5e-2
 
 
-def test_importance_sampling_rl_raises_the_reward(tmp_path) -> None:
-    srv = Server(tmp_path / "ckpt", tmp_path / "cache")
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "hf",
+        pytest.param(
+            "vllm",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"
+            ),
+        ),
+    ],
+)
+def test_importance_sampling_rl_raises_the_reward(tmp_path, engine: str) -> None:
+    """The same loop with each engine sampling: hf (a merged copy per step), vllm (the step's
+    adapter loaded per request)."""
+    extra = VLLM if engine == "vllm" else ()
+    srv = Server(tmp_path / "ckpt", tmp_path / "cache", *extra)
     service = None
     try:
         service = tinker.ServiceClient(base_url=srv.url, api_key="tml-local")

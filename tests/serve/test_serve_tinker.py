@@ -32,10 +32,10 @@ RECIPE = ROOT / "recipes" / "serve" / "tiny.yaml"
 class Server:
     """A `roll serve` subprocess and its base URL."""
 
-    def __init__(self, ckpt: Path, cache: Path) -> None:
+    def __init__(self, ckpt: Path, cache: Path, *overrides: str) -> None:
         env = {**make_cli_env(cache), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [ROLL, "serve", str(RECIPE), "port=0", f"checkpoints_dir={ckpt}"],
+            [ROLL, "serve", str(RECIPE), "port=0", f"checkpoints_dir={ckpt}", *overrides],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -43,7 +43,7 @@ class Server:
             cwd=ROOT,
         )
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        line = self.proc.stdout.readline()  # the first line: nothing else comes before it
         if not line.startswith("serving the Tinker API at "):
             self.proc.kill()
             raise AssertionError(f"roll serve did not start: {line}{self.proc.stderr.read()}")
@@ -147,6 +147,12 @@ def test_sft_loss_falls_and_samples_match_a_forward(service) -> None:
 
 
 def test_stop_tokens_and_greedy(service) -> None:
+    check_stop_tokens_and_greedy(service)
+
+
+def check_stop_tokens_and_greedy(service) -> None:
+    """Greedy repeats itself; a stop token ends a response after it; stop=[] runs to
+    max_tokens (eos included)."""
     sampler = service.create_sampling_client(base_model="roll/tiny-qwen3").result()
     greedy = types.SamplingParams(max_tokens=8, temperature=0.0)
     first = sampler.sample(types.ModelInput.from_ints([5, 6, 7]), 1, greedy).result()
@@ -249,6 +255,11 @@ def test_dry_run_prints_the_plan(roll) -> None:
     res = roll("serve", str(RECIPE), "--dry-run")
     assert res.returncode == 0, res.stderr
     assert "model Qwen/Qwen3-8B" in res.stdout and "recipe is valid" in res.stdout
+    res = roll("serve", str(RECIPE), "--dry-run", "sample.engine=vllm")
+    assert res.returncode == 0, res.stderr
+    assert "vllm: 1 engine(s), one per model directory" in res.stdout  # two names, one model
+    res = roll("serve", str(RECIPE), "--dry-run", "sample.cpu_kv_cache_gb=2")
+    assert res.returncode == 2 and "cpu_kv_cache_gb sizes the vllm engine" in res.stderr
     res = roll("serve", str(RECIPE), "lora.max_rnk=3")
     assert res.returncode == 2
     assert "lora.max_rnk: unknown key; did you mean lora.max_rank?" in res.stderr

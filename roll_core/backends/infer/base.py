@@ -42,12 +42,16 @@ class Request:
     prompt_ids: list[int]
     seed: int
     prefix_ids: list[int] = field(default_factory=list)
-    vision: VisionInputs | None = None
-    """The prompt's images as the model's processor made them (vision-language models): their
-    ``<|image_pad|>`` tokens are already in ``prompt_ids``."""
     """Response tokens generated earlier (partial rollout): the backend continues from
     ``prompt_ids + prefix_ids`` and returns only the new tokens. Needs a backend listed in
     :data:`PREFIX_CONTINUATION_BACKENDS`."""
+    vision: VisionInputs | None = None
+    """The prompt's images as the model's processor made them (vision-language models): their
+    ``<|image_pad|>`` tokens are already in ``prompt_ids``."""
+    adapter: int | None = None
+    """A LoRA adapter to generate with, as the backend's ``add_adapter`` numbered it (the
+    `vllm` backend built with ``max_lora_rank``); a backend that serves no adapters refuses a
+    request that names one."""
 
 
 @dataclass

@@ -30,7 +30,7 @@ from roll_core.backends.infer.base import Completion, Request, SamplingParams
 from roll_core.backends.infer.hf_engine import HFEngine
 from roll_core.backends.train.torch_backend import resolve_device
 from roll_core.data.vision import concat_vision
-from roll_core.errors import ModelError
+from roll_core.errors import ConfigError, ModelError
 from roll_core.models import load_causal_lm, load_tokenizer
 from roll_core.models.loading import is_vision_model
 from roll_core.models.routing import RouteRecorder
@@ -107,6 +107,12 @@ class HFInferBackend:
     @torch.no_grad()
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
         self.restore(["weights"])  # a call outside the turn order still sees its weights
+        if any(r.adapter is not None for r in requests):
+            raise ConfigError(
+                "hf backend: requests name LoRA adapters, but the hf backend serves none.",
+                hint="Merge the adapter into the weights (update_weights), or use the vllm "
+                "backend built with max_lora_rank.",
+            )
         if params.stop_token_ids or params.ignore_eos:
             raise ModelError(
                 "stop_token_ids and ignore_eos are honoured by the request-level engine only.",

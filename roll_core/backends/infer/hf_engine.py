@@ -176,6 +176,13 @@ class HFEngine:
                 f"hf engine: max_new_tokens must be >= 1, got {params.max_new_tokens}.",
                 hint="Set the sampling max_new_tokens to a positive number.",
             )
+        if request.adapter is not None:
+            raise ConfigError(
+                f"hf engine: request {request.request_id} names LoRA adapter "
+                f"{request.adapter}, but the hf engine serves no adapters.",
+                hint="Merge the adapter into the engine's weights (update_weights), or use the "
+                "vllm backend built with max_lora_rank.",
+            )
         if request.vision is not None and not self.backend.is_vision:
             raise ModelError(
                 f"{self.backend.model_path} is a text-only model, but request "

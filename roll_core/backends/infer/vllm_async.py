@@ -56,6 +56,8 @@ class Partial:
     finish_reason: str | None = None
     aborted: bool = False
     started: bool = False
+    prompt_logprobs: list[float] | None = None
+    """Each prompt token's log-prob (NaN for the first), when the request asked for them."""
 
 
 class AsyncEngine:
@@ -143,9 +145,12 @@ class AsyncEngine:
         return self.wait(self._submit(run()))
 
     # ---- requests -----------------------------------------------------------------------------
-    def submit(self, request_id: int, prompt: Any, sampling: Any) -> Future[Partial]:
-        """Start one request; the future gives its :class:`Partial` once it finished or was
-        aborted (finish_reason ``stop``, ``length`` or ``abort``)."""
+    def submit(
+        self, request_id: int, prompt: Any, sampling: Any, lora: Any = None
+    ) -> Future[Partial]:
+        """Start one request (with the LoRA adapter `lora`, a ``LoRARequest``, or none); the
+        future gives its :class:`Partial` once it finished or was aborted (finish_reason
+        ``stop``, ``length`` or ``abort``)."""
         from vllm.sampling_params import RequestOutputKind
 
         sampling.output_kind = RequestOutputKind.DELTA  # stream: keep what is generated
@@ -153,7 +158,7 @@ class AsyncEngine:
         with self._lock:
             self._inflight.setdefault(request_id, []).append(part)
         try:
-            return self._submit(self._generate(request_id, part, prompt, sampling))
+            return self._submit(self._generate(request_id, part, prompt, sampling, lora))
         except BaseException:
             self._forget(request_id, part)
             raise
@@ -167,7 +172,7 @@ class AsyncEngine:
                 self._inflight.pop(request_id, None)
 
     async def _generate(
-        self, request_id: int, part: Partial, prompt: Any, sampling: Any
+        self, request_id: int, part: Partial, prompt: Any, sampling: Any, lora: Any
     ) -> Partial:
         try:
             with self._lock:  # against abort(): either it sees the request started or we see it
@@ -176,7 +181,15 @@ class AsyncEngine:
                     return part
                 part.started = True
             abort_sent = False
-            async for out in self.engine.generate(prompt, sampling, part.vllm_id):
+            async for out in self.engine.generate(
+                prompt, sampling, part.vllm_id, lora_request=lora
+            ):
+                if out.prompt_logprobs is not None and part.prompt_logprobs is None:
+                    ids = prompt["prompt_token_ids"]
+                    part.prompt_logprobs = [
+                        float("nan") if entry is None else float(entry[tok].logprob)
+                        for tok, entry in zip(ids, out.prompt_logprobs, strict=True)
+                    ]
                 done = out.outputs[0]
                 tokens = list(done.token_ids)
                 part.token_ids.extend(tokens)

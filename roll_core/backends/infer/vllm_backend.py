@@ -38,6 +38,7 @@ One engine per backend, never both. The same code runs on the CPU build (`vllm-c
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import threading
@@ -113,6 +114,8 @@ def import_vllm() -> Any:
     """`import vllm`, or a ConfigError that says which extra installs it."""
     # vLLM logs every engine step at INFO; keep roll's console readable unless asked otherwise
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # and on stderr (vLLM's default is stdout): a command's stdout is its output
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError as err:
@@ -201,6 +204,28 @@ def cpu_engine_settings(cpu_kv_cache_gb: float) -> dict[str, Any]:
     }
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM takes for ``max_lora_rank`` (vllm 0.32 ``MaxLoRARanks``)."""
+
+
+def lora_engine_settings(max_rank: int, max_loras: int) -> dict[str, Any]:
+    """Engine settings for LoRA adapters per request: `max_loras` adapters in one batch (and
+    in the engine's cache), ranks up to `max_rank` (rounded up to a value vLLM takes)."""
+    fits = [r for r in LORA_RANKS if r >= max_rank]
+    if not fits:
+        raise ConfigError(
+            f"vllm backend: LoRA rank {max_rank} is above the largest vLLM serves "
+            f"({LORA_RANKS[-1]}).",
+            hint=f"Use adapters of rank at most {LORA_RANKS[-1]}.",
+        )
+    return {
+        "enable_lora": True,
+        "max_lora_rank": fits[0],
+        "max_loras": max_loras,
+        "max_cpu_loras": max_loras,
+    }
+
+
 def _cpu_engine_env(num_threads: int | None, enforce_eager: bool) -> dict[str, str]:
     """Environment of a CPU engine's processes while it starts."""
     # roll shares the cores with the trainer: do not pin OpenMP threads to cores.
@@ -240,6 +265,9 @@ class VLLMInferBackend:
         sync_bucket_mb: float = 256,
         sleep_mode: bool = False,
         serving: str = "request",
+        max_lora_rank: int | None = None,
+        max_loras: int = 4,
+        max_num_seqs: int | None = None,
     ) -> None:
         if serving not in SERVING_MODES:
             raise ConfigError(
@@ -260,6 +288,14 @@ class VLLMInferBackend:
         _check_build(device=device, sleep_mode=sleep_mode, on_cpu=self.on_cpu)
         if sleep_mode:
             extra["enable_sleep_mode"] = True
+        if max_num_seqs is not None:  # sequences decoded at once (vLLM's default: 256)
+            extra["max_num_seqs"] = max_num_seqs
+        if max_lora_rank is not None:  # LoRA adapters per request (add_adapter)
+            extra.update(lora_engine_settings(max_lora_rank, max_loras))
+        self._lora_enabled = max_lora_rank is not None
+        self._adapters: dict[int, Any] = {}
+        self._adapter_ids = itertools.count(1)
+        self._own_ids = itertools.count(1)
         if dtype not in _DTYPES:
             raise ConfigError(f"vllm backend: unknown dtype {dtype!r}; valid: {sorted(_DTYPES)}.")
         self.dtype = _DTYPES[dtype]
@@ -325,6 +361,71 @@ class VLLMInferBackend:
             detokenize=bool(params.stop),  # stop strings are matched on text
         )
 
+    def _lora(self, request: Request) -> Any:
+        """The ``LoRARequest`` of the adapter `request` names (None: the base weights)."""
+        if request.adapter is None:
+            return None
+        try:
+            return self._adapters[request.adapter]
+        except KeyError:
+            raise ConfigError(
+                f"vllm backend: request {request.request_id} names adapter {request.adapter}, "
+                "which is not loaded (never added, or removed).",
+                hint="A bug in the caller: add_adapter first, and remove it only after its "
+                "last request.",
+            ) from None
+
+    def add_adapter(self, path: str) -> int:
+        """Load the PEFT adapter in directory `path` (``adapter_config.json`` +
+        ``adapter_model.safetensors``); requests name it by the number returned. Each call
+        is a new adapter, even for a path loaded before (its files may have changed)."""
+        from vllm.lora.request import LoRARequest
+
+        if not self._lora_enabled:
+            raise ConfigError(
+                "vllm backend: add_adapter on an engine built without LoRA.",
+                hint="Build the backend with max_lora_rank (the largest adapter rank served).",
+            )
+        engine = self._request_engine("add_adapter")
+        number = next(self._adapter_ids)
+        lora = LoRARequest(lora_name=f"adapter-{number}", lora_int_id=number, lora_path=path)
+        try:
+            engine.call(engine.engine.add_lora, lora)
+        except Exception as err:
+            raise ConfigError(
+                f"vllm backend: the engine cannot load the LoRA adapter in {path}: {err}",
+                hint="Its rank must be at most the engine's max_lora_rank and its target "
+                "modules layers vLLM serves LoRA on for this model.",
+            ) from None
+        self._adapters[number] = lora
+        return number
+
+    def remove_adapter(self, number: int) -> None:
+        """Unload adapter `number` (after its last request); unknown numbers are ignored."""
+        if self._adapters.pop(number, None) is not None and self.llm is not None:
+            engine = self._request_engine("remove_adapter")
+            engine.call(engine.engine.remove_lora, number)
+
+    def prompt_logprobs(self, prompt_ids: list[int], adapter: int | None = None) -> list[float]:
+        """log p(prompt[t] | prompt[:t]) under the model (with `adapter`) for t >= 1, NaN at
+        t = 0: vLLM's ``prompt_logprobs`` of a one-token request at temperature 1."""
+        from vllm import SamplingParams as VSamplingParams
+
+        engine = self._request_engine("prompt_logprobs")
+        self._awake()
+        # a negative id: never one of the caller's requests in flight
+        request = Request(
+            request_id=-next(self._own_ids), prompt_ids=list(prompt_ids), seed=0, adapter=adapter
+        )
+        sampling = VSamplingParams(
+            n=1, max_tokens=1, temperature=1.0, seed=0, logprobs=0, prompt_logprobs=0
+        )
+        part = engine.wait(
+            engine.submit(request.request_id, self._prompt(request), sampling, self._lora(request))
+        )
+        assert part.prompt_logprobs is not None
+        return part.prompt_logprobs
+
     @staticmethod
     def _prompt(request: Request) -> Any:
         from vllm.inputs import TokensPrompt
@@ -346,7 +447,9 @@ class VLLMInferBackend:
             engine: AsyncEngine = self.llm
             version = self.version
             futures = [
-                engine.submit(r.request_id, self._prompt(r), self._sampling(r, params))
+                engine.submit(
+                    r.request_id, self._prompt(r), self._sampling(r, params), self._lora(r)
+                )
                 for r in requests
             ]
             try:
@@ -366,6 +469,7 @@ class VLLMInferBackend:
             [self._prompt(r) for r in requests],
             [self._sampling(r, params) for r in requests],
             use_tqdm=False,
+            lora_request=[self._lora(r) for r in requests] if self._adapters else None,
         )
         end = time.time()
         return [
@@ -428,7 +532,10 @@ class VLLMInferBackend:
         version, start = self.version, time.time()
         part = engine.wait(
             engine.submit(
-                request.request_id, self._prompt(request), self._sampling(request, params)
+                request.request_id,
+                self._prompt(request),
+                self._sampling(request, params),
+                self._lora(request),
             )
         )
         done = self._finished(
