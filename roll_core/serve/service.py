@@ -86,7 +86,7 @@ class TinkerService:
                     model_path=path,
                     tokenizer_path=m.tokenizer,
                     device=cfg.train.device,
-                    dtype=cfg.train.dtype,
+                    dtype=_engine_dtype(cfg),
                     num_threads=cfg.train.num_threads,
                     cpu_kv_cache_gb=cfg.sample.cpu_kv_cache_gb or 1.0,
                     max_model_len=longest,
@@ -588,6 +588,20 @@ class TinkerService:
         for sampler in list(self.samplers.values()):
             sampler.close()  # hf: the same, for its own engine
         self.futures.join()
+
+
+def _engine_dtype(cfg: ServeConfig) -> str:
+    """The vLLM engine's dtype: bf16 where the trainers compute in bf16 (its sampled log-probs
+    then come from the precision the trainers recompute them in), else the weights' dtype."""
+    precision = cfg.train.precision
+    if precision == "auto":
+        import torch
+
+        on_cuda = cfg.train.device == "cuda" or (
+            cfg.train.device == "auto" and torch.cuda.is_available()
+        )
+        precision = "bf16" if on_cuda else "fp32"
+    return "bfloat16" if precision == "bf16" else cfg.train.dtype
 
 
 def _prompt_tokens(prompt: dict[str, Any]) -> list[int]:

@@ -181,3 +181,22 @@ def test_close_ends_every_thread_even_with_a_connection_kept_alive(service) -> N
     assert left == [], left
     assert not service.futures._worker.is_alive()  # the training worker too
     conn.close()
+
+
+def test_the_vllm_engine_samples_in_the_trainers_precision() -> None:
+    from roll_core.serve.service import _engine_dtype
+
+    def cfg(**train: str) -> ServeConfig:
+        return ServeConfig.model_validate(
+            {
+                "pipeline": "serve",
+                "models": [{"name": "tiny", "path": "builtin:tiny-qwen3"}],
+                "train": {"device": "cpu", **train},
+                "sample": {"engine": "vllm"},
+            }
+        )
+
+    assert _engine_dtype(cfg()) == "float32"
+    assert _engine_dtype(cfg(precision="bf16")) == "bfloat16"
+    assert _engine_dtype(cfg(precision="auto")) == "float32"  # auto: bf16 on CUDA only
+    assert _engine_dtype(cfg(dtype="bfloat16")) == "bfloat16"
