@@ -226,6 +226,16 @@ def lora_engine_settings(max_rank: int, max_loras: int) -> dict[str, Any]:
     }
 
 
+def _check_serving(serving: str) -> None:
+    if serving not in SERVING_MODES:
+        raise ConfigError(
+            f"vllm backend: unknown serving mode {serving!r}; valid: {', '.join(SERVING_MODES)}.",
+            hint="`request`: requests answered one by one as they finish (vLLM's async "
+            "engine); `batch`: a whole list answered at once (vllm.LLM, the deterministic "
+            "fixed-batch mode).",
+        )
+
+
 def _cpu_engine_env(num_threads: int | None, enforce_eager: bool) -> dict[str, str]:
     """Environment of a CPU engine's processes while it starts."""
     # roll shares the cores with the trainer: do not pin OpenMP threads to cores.
@@ -269,14 +279,7 @@ class VLLMInferBackend:
         max_loras: int = 4,
         max_num_seqs: int | None = None,
     ) -> None:
-        if serving not in SERVING_MODES:
-            raise ConfigError(
-                f"vllm backend: unknown serving mode {serving!r}; valid: "
-                f"{', '.join(SERVING_MODES)}.",
-                hint="`request`: requests answered one by one as they finish (vLLM's async "
-                "engine); `batch`: a whole list answered at once (vllm.LLM, the deterministic "
-                "fixed-batch mode).",
-            )
+        _check_serving(serving)
         self.serving = serving
         vllm = import_vllm()
         from vllm.platforms import current_platform
